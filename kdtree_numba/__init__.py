@@ -1,0 +1,26 @@
+"""kdtree_numba: DDTree speculative decoding on a DeepSeek-V3 / Kimi-K2 (MLA + MoE) target, every stage a
+numba.cuda kernel module, runnable on a GPU, on numba's CUDA simulator and on plain NumPy references."""
+from . import backend
+from .config import ConfigError, TargetConfig
+from .decode.generate import generate
+from .decode.trace import Generation, RoundTrace
+from .kernels.tree_build import Tree, build_tree, build_trees
+from .model.checkpoint import CheckpointError
+from .model.drafters import Drafter, OracleDrafter, RandomDrafter
+from .model.presets import tiny_config, tiny_target
+from .model.target import Target
+
+__version__ = "0.1.0"
+
+
+def load_target(path) -> Target:
+    """Load an HF DeepSeek-V3-family checkpoint directory (config.json + safetensors; FP8 / INT4 dequantized)."""
+    from .model import checkpoint
+
+    cfg, state = checkpoint.load_state_dict(str(path))
+    return Target.from_state_dict(cfg, state)
+
+
+__all__ = ["backend", "TargetConfig", "ConfigError", "CheckpointError", "Target", "load_target", "tiny_target",
+           "tiny_config", "Drafter", "OracleDrafter", "RandomDrafter", "generate", "Generation", "RoundTrace",
+           "Tree", "build_tree", "build_trees", "__version__"]

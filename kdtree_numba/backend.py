@@ -1,0 +1,243 @@
+"""The one process-wide backend: ``cuda`` | ``sim`` | ``numpy``.
+
+Chosen once per process by ``KDTREE_BACKEND=cuda|sim|numpy|auto`` (default ``auto``: ``cuda`` when a GPU and CuPy
+are present, else ``numpy``), read when ``kdtree_numba`` is first imported.
+
+- ``cuda``  arrays are CuPy arrays (cuBLAS GEMMs, memory pool, one non-blocking stream); stage kernels are
+            numba.cuda kernels launched on cached numba views of those arrays.
+- ``sim``   the same numba.cuda kernels on numba's CUDA simulator, arrays are NumPy. ``NUMBA_ENABLE_CUDASIM=1``
+            is set here, before numba is imported.
+- ``numpy`` every stage runs its plain NumPy reference.
+
+``use("numpy")`` switches a block of code to the NumPy references while the process backend is ``cuda`` or
+``sim`` (tests compare kernel and reference in one process; a target remembers the backend it was built on).
+
+Also here: the numpy>=2.5 compat shim numba-cuda 0.30 needs (``np.row_stack``), array helpers (``asarray``,
+``to_host``, ``empty``), ``launch`` (numba views + the stream, in one place) and ``timer`` (device events).
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import sys
+import time
+
+import numpy as np
+
+_CHOICES = ("auto", "cuda", "sim", "numpy")
+
+# numba-cuda 0.30 calls np.row_stack in its first compile; numpy 2.5 removed it (measured on the H200 image).
+if not hasattr(np, "row_stack"):
+    np.row_stack = np.vstack
+
+
+def _requested() -> str:
+    raw = os.environ.get("KDTREE_BACKEND", "auto")
+    choice = raw.strip().lower() or "auto"
+    if choice not in _CHOICES:
+        raise ValueError(f"KDTREE_BACKEND={raw!r}: expected one of cuda, sim, numpy, auto")
+    return choice
+
+
+def gpu_available() -> bool:
+    """True when CuPy imports and sees at least one CUDA device (never imports numba)."""
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+def _resolve(choice: str) -> str:
+    if choice == "auto":
+        return "cuda" if gpu_available() else "numpy"
+    if choice == "cuda" and not gpu_available():
+        raise RuntimeError("KDTREE_BACKEND=cuda: no CUDA GPU visible to CuPy (install the 'gpu' extra, or use "
+                           "KDTREE_BACKEND=sim or numpy)")
+    if choice == "sim":
+        cuda_mod = sys.modules.get("numba.cuda")
+        if cuda_mod is not None and os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
+            raise RuntimeError("KDTREE_BACKEND=sim: numba.cuda was imported before kdtree_numba without "
+                               "NUMBA_ENABLE_CUDASIM=1; import kdtree_numba first or set the variable yourself")
+        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+    return choice
+
+
+#: the backend the process was started with ("cuda" | "sim" | "numpy")
+process_name: str = _resolve(_requested())
+#: the backend in force now (``use`` can switch cuda/sim to numpy for a block)
+name: str = process_name
+
+if process_name == "cuda":
+    import cupy as cp
+
+    xp = cp
+    stream = cp.cuda.Stream(non_blocking=True)
+    stream.use()
+else:
+    cp = None
+    xp = np
+    stream = None
+
+from numba import cuda  # noqa: E402  (after NUMBA_ENABLE_CUDASIM is set)
+
+_host_xp = np
+
+
+def host_backend() -> bool:
+    """True when arrays of the current backend are NumPy arrays (sim, numpy)."""
+    return name != "cuda"
+
+
+@contextlib.contextmanager
+def use(backend: str):
+    """Run a block on another backend: the process backend or ``numpy``.
+
+    >>> with use("numpy"): ...   # references, NumPy arrays
+    """
+    global name, xp
+    if backend not in (process_name, "numpy"):
+        raise ValueError(f"backend: {backend!r} cannot be used in a process started as {process_name!r} "
+                         f"(expected {process_name!r} or 'numpy'; set KDTREE_BACKEND before starting Python)")
+    old = name, xp
+    name = backend
+    xp = cp if backend == "cuda" else np
+    try:
+        yield
+    finally:
+        name, xp = old
+
+
+# ---------------------------------------------------------------------------------------------------- arrays
+def is_device(a) -> bool:
+    return cp is not None and isinstance(a, cp.ndarray)
+
+
+def asarray(a, dtype=None):
+    """``a`` as a C-contiguous array of the current backend (a copy only when needed)."""
+    if name == "cuda":
+        return cp.ascontiguousarray(cp.asarray(a, dtype=dtype))
+    if is_device(a):
+        a = cp.asnumpy(a)
+    return np.ascontiguousarray(a, dtype=dtype)
+
+
+def to_host(a) -> np.ndarray:
+    """NumPy copy (device arrays) or the array itself (host arrays)."""
+    if is_device(a):
+        return cp.asnumpy(a, stream=stream)
+    return np.asarray(a)
+
+
+def empty(shape, dtype=np.float32):
+    return xp.empty(shape, dtype=dtype)
+
+
+def zeros(shape, dtype=np.float32):
+    return xp.zeros(shape, dtype=dtype)
+
+
+def full(shape, value, dtype=np.float32):
+    return xp.full(shape, value, dtype=dtype)
+
+
+def synchronize() -> None:
+    if name == "cuda":
+        stream.synchronize()
+
+
+# ---------------------------------------------------------------------------------------------------- launches
+_VIEW_CACHE: "collections.OrderedDict[tuple, object]" = collections.OrderedDict()
+_VIEW_CACHE_SIZE = 4096
+_nb_stream = None
+
+
+def view(a):
+    """The numba view a kernel is launched with: a cached numba device array over a CuPy array (cuda), the
+    NumPy array itself (sim). Views hold no reference to the CuPy array: a view is keyed by pointer, shape,
+    strides and dtype, so a pointer the pool hands out again for the same layout maps to an identical view."""
+    if not is_device(a):
+        return a
+    key = (a.data.ptr, a.shape, a.strides, a.dtype.str)
+    v = _VIEW_CACHE.get(key)
+    if v is None:
+        v = cuda.from_cuda_array_interface(a.__cuda_array_interface__, owner=None, sync=False)
+        _VIEW_CACHE[key] = v
+        if len(_VIEW_CACHE) > _VIEW_CACHE_SIZE:
+            _VIEW_CACHE.popitem(last=False)
+    else:
+        _VIEW_CACHE.move_to_end(key)
+    return v
+
+
+def launch(kernel, grid, block, *args) -> None:
+    """Launch a numba.cuda kernel on the backend's stream; array arguments become numba views."""
+    global _nb_stream
+    if name == "numpy":
+        raise RuntimeError("launch: the numpy backend runs references, not kernels")
+    args = tuple(view(a) if hasattr(a, "__cuda_array_interface__") else a for a in args)
+    if name == "cuda":
+        if _nb_stream is None:
+            _nb_stream = cuda.external_stream(stream.ptr)
+        kernel[grid, block, _nb_stream](*args)
+    else:
+        kernel[grid, block](*args)
+
+
+def block_size(gpu: int, sim: int = 32) -> int:
+    """Threads per block: ``gpu`` on a real GPU, a small count on the simulator (one OS thread per CUDA thread)."""
+    return gpu if name == "cuda" else sim
+
+
+# ---------------------------------------------------------------------------------------------------- timing
+class Timer:
+    """Elapsed time of a block in milliseconds: CUDA events on the stream (cuda), a host clock otherwise.
+
+    >>> with backend.timer() as t: work()
+    >>> t.ms
+    """
+
+    def __init__(self):
+        self.ms = float("nan")
+        self._events = None
+        self._t0 = 0.0
+
+    def __enter__(self):
+        if name == "cuda":
+            self._events = (cp.cuda.Event(), cp.cuda.Event())
+            self._events[0].record(stream)
+        else:
+            self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        if self._events is not None:
+            self._events[1].record(stream)
+            self._events[1].synchronize()
+            self.ms = cp.cuda.get_elapsed_time(*self._events)
+        else:
+            self.ms = (time.perf_counter() - self._t0) * 1e3
+        return False
+
+
+def timer() -> Timer:
+    return Timer()
+
+
+def mark():
+    """A point on the stream's timeline without a sync: a recorded CUDA event (cuda) or a host clock reading.
+    ``elapsed_ms(a, b)`` reads the interval later (after the work, e.g. at the end of a generation)."""
+    if name == "cuda":
+        ev = cp.cuda.Event()
+        ev.record(stream)
+        return ev
+    return time.perf_counter()
+
+
+def elapsed_ms(a, b) -> float:
+    if isinstance(a, float):
+        return (b - a) * 1e3
+    b.synchronize()
+    return cp.cuda.get_elapsed_time(a, b)

@@ -1,0 +1,1 @@
+"""One module per stage: NumPy reference + numba.cuda kernel(s) + a validating launcher."""

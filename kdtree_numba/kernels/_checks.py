@@ -1,0 +1,70 @@
+"""Argument checks shared by the stage launchers: every error names the argument, what it got and what was expected.
+
+Launchers call these before any launch, so bad input never reaches a kernel.
+"""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from .. import backend
+
+
+def array(x, arg: str, dtype=None, ndim: int | None = None, shape: tuple | None = None, kinds: str | None = None):
+    """Return ``x`` as an array of the current backend after checking it.
+
+    dtype: exact dtype required; kinds: allowed dtype kinds instead (e.g. "iu" for any integer);
+    shape: entries may be None (any size). Host arrays are moved to the device on the cuda backend;
+    non-contiguous arrays are refused rather than silently copied.
+    """
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise ValueError(f"{arg}: expected an array, got {type(x).__name__}")
+    if dtype is not None and np.dtype(x.dtype) != np.dtype(dtype):
+        raise ValueError(f"{arg}: expected dtype {np.dtype(dtype).name}, got {np.dtype(x.dtype).name}")
+    if kinds is not None and np.dtype(x.dtype).kind not in kinds:
+        want = {"iu": "an integer dtype", "f": "a floating dtype"}.get(kinds, f"dtype kind in {kinds!r}")
+        raise ValueError(f"{arg}: expected {want}, got {np.dtype(x.dtype).name}")
+    if ndim is not None and x.ndim != ndim:
+        raise ValueError(f"{arg}: expected {ndim} dimensions, got shape {tuple(x.shape)}")
+    if shape is not None:
+        if len(shape) != x.ndim or any(s is not None and s != d for s, d in zip(shape, x.shape)):
+            want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
+            raise ValueError(f"{arg}: expected shape {want}, got {tuple(x.shape)}")
+    flags = getattr(x, "flags", None)
+    if flags is not None and not flags["C_CONTIGUOUS"]:
+        raise ValueError(f"{arg}: expected a C-contiguous array, got strides {tuple(x.strides)}")
+    return backend.asarray(x)
+
+
+def out_array(out, arg: str, shape: tuple, dtype):
+    """A fresh output array, or the caller's ``out`` after checking its shape and dtype."""
+    if out is None:
+        return backend.empty(shape, dtype)
+    if backend.name == "cuda" and not backend.is_device(out):
+        raise ValueError(f"{arg}: expected a device (CuPy) array on the cuda backend, got {type(out).__name__}")
+    return array(out, arg, dtype=dtype, shape=shape)
+
+
+def integer(value, arg: str, lo: int | None = None, hi: int | None = None) -> int:
+    """A Python int within [lo, hi] (bools and floats are refused)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{arg}: expected an integer, got {value!r}")
+    value = int(value)
+    if lo is not None and value < lo:
+        raise ValueError(f"{arg}: expected an integer >= {lo}, got {value}")
+    if hi is not None and value > hi:
+        raise ValueError(f"{arg}: expected an integer <= {hi}, got {value}")
+    return value
+
+
+def real(value, arg: str, lo: float | None = None, lo_open: bool = False) -> float:
+    """A finite float, optionally >= lo (or > lo when lo_open)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{arg}: expected a number, got {value!r}")
+    value = float(value)
+    if not np.isfinite(value):
+        raise ValueError(f"{arg}: expected a finite number, got {value}")
+    if lo is not None and (value <= lo if lo_open else value < lo):
+        raise ValueError(f"{arg}: expected a number {'>' if lo_open else '>='} {lo}, got {value}")
+    return value

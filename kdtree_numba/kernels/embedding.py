@@ -1,0 +1,55 @@
+"""Embedding: token-row gather, y[t] = table[ids[t]].
+
+Mapping: one thread per output element (token t, column h).
+Shapes: table [V, H] float32, ids [T] int -> y [T, H] float32. Ids outside [0, V) raise before any launch.
+Example: embed([[1, 2], [3, 4]], [1, 1, 0]) -> [[3, 4], [3, 4], [1, 2]]
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+from .. import backend
+from . import _checks
+
+
+def embed_ref(table, ids):
+    return np.asarray(table)[np.asarray(ids)]
+
+
+@cuda.jit
+def _embed_kernel(table, ids, out):
+    H = table.shape[1]
+    idx = cuda.grid(1)
+    if idx >= ids.shape[0] * H:
+        return
+    t = idx // H
+    out[t, idx % H] = table[ids[t], idx % H]
+
+
+def check_ids(ids, vocab_size: int, arg: str = "ids"):
+    """Raise a ValueError naming the first id outside [0, vocab_size)."""
+    host = backend.to_host(ids)
+    bad = np.flatnonzero((host < 0) | (host >= vocab_size))
+    if bad.size:
+        raise ValueError(f"{arg}: token id {int(host.flat[bad[0]])} at index {int(bad[0])} is outside the "
+                         f"vocabulary [0, {vocab_size})")
+
+
+def embed(table, ids, out=None, check: bool = True):
+    """Rows of ``table [V, H]`` for ``ids [T]``; returns ``out [T, H]``.
+
+    ``check=False`` skips the range check (a host read): for ids the engine produced itself on the device."""
+    table = _checks.array(table, "table", dtype=np.float32, ndim=2)
+    ids = _checks.array(ids, "ids", kinds="iu", ndim=1)
+    if check:
+        check_ids(ids, table.shape[0])
+    out = _checks.out_array(out, "out", (ids.shape[0], table.shape[1]), np.float32)
+    if backend.name == "numpy":
+        out[...] = embed_ref(table, ids)
+        return out
+    n = out.size
+    if n:
+        threads = backend.block_size(256, 32)
+        backend.launch(_embed_kernel, (n + threads - 1) // threads, threads, table, ids, out)
+    return out

@@ -1,0 +1,326 @@
+"""MoE routing, DeepSeek-V3 "noaux_tc", and the per-expert grouping of tokens that MoE execution uses.
+
+Routing, per token (fp32):
+    s      = sigmoid(router_logits)                  weights come from s (unbiased)
+    choice = s + e_score_correction_bias             used ONLY to choose experts
+    group score = sum of the top-2 ``choice`` values of each of n_group groups; keep the topk_group best groups;
+    experts of dropped groups get -inf; choose top_k experts by ``choice``
+    w = s[chosen];  if norm_topk_prob: w /= (sum(w) + 1e-20);  w *= routed_scaling_factor
+Equal values: the lower expert (group) index wins, in the reference and the kernel alike. Experts come out in
+descending ``choice`` order.
+
+Mapping (routing): one block per token; threads stride over the experts to fill shared ``s``/``choice``; one thread
+per group sums its top-2; thread 0 keeps the best groups; then ``top_k`` rounds of a block-wide arg-max reduction
+(value, lower index on ties), each removing its winner.
+Shapes: router_logits [T, E] float32, bias [E] float32 -> idx [T, k] int32, weights [T, k] float32.
+Example: logits [[0, 2, -1, 1]], bias 0, 1 group, top-2, norm, scale 1 -> idx [[1, 3]], weights [[0.5227, 0.4773]]
+
+Grouping: ``group_by_expert(idx, E)`` sorts the T*k assignments (a = t*k + j) by expert, stably: ``counts[e]``,
+``offsets`` (exclusive prefix, [E+1]), ``order`` (assignment ids, expert-major) and ``slot`` (its inverse: where
+assignment a sits in ``order``). Execution gathers x[order // k], runs each expert's GEMMs on its contiguous slice
+and ``combine`` adds the weighted rows back per token in a fixed order (no atomics: deterministic).
+Mapping (grouping): one block per expert; counts by a block reduction; the ordered write by a block-wide prefix
+scan over chunks of assignments.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, float32, int32
+
+from .. import backend
+from . import _checks
+
+MAX_EXPERTS = 1024
+MAX_GROUPS = 64
+MAX_THREADS = 256
+
+
+# ------------------------------------------------------------------------------------------------ references
+def route_ref(router_logits, bias, top_k: int, n_group: int, topk_group: int, norm_topk_prob: bool,
+              routed_scaling_factor: float):
+    """noaux_tc routing in plain NumPy: returns (idx [T, k] int32, weights [T, k] float32)."""
+    logits = np.asarray(router_logits, np.float32)
+    T, E = logits.shape
+    with np.errstate(over="ignore"):
+        s = (np.float32(1.0) / (np.float32(1.0) + np.exp(-logits))).astype(np.float32)   # [T, E]
+    choice = s + np.asarray(bias, np.float32)[None, :]                                    # [T, E]
+    gsize = E // n_group
+    if topk_group < n_group:
+        grouped = np.sort(choice.reshape(T, n_group, gsize), axis=-1)                      # [T, G, E/G] ascending
+        gscore = grouped[..., -1] + grouped[..., -2]                                       # [T, G]
+        keep = np.argsort(-gscore, axis=-1, kind="stable")[:, :topk_group]                 # [T, topk_group]
+        mask = np.zeros((T, n_group), bool)
+        np.put_along_axis(mask, keep, True, axis=-1)
+        choice = np.where(np.repeat(mask, gsize, axis=-1), choice, np.float32(-np.inf))
+    idx = np.argsort(-choice, axis=-1, kind="stable")[:, :top_k].astype(np.int32)         # [T, k]
+    w = np.take_along_axis(s, idx, axis=-1)                                                # [T, k]
+    if norm_topk_prob:
+        w = w / (w.sum(axis=-1, keepdims=True, dtype=np.float32) + np.float32(1e-20))
+    return idx, (w * np.float32(routed_scaling_factor)).astype(np.float32)
+
+
+def group_by_expert_ref(idx, n_experts: int):
+    """Stable counting sort of the assignments by expert: (counts [E], offsets [E+1], order [T*k], slot [T*k])."""
+    flat = np.asarray(idx).reshape(-1)
+    counts = np.bincount(flat, minlength=n_experts).astype(np.int32)
+    offsets = np.zeros(n_experts + 1, np.int32)
+    offsets[1:] = np.cumsum(counts)
+    order = np.argsort(flat, kind="stable").astype(np.int32)
+    slot = np.empty_like(order)
+    slot[order] = np.arange(order.size, dtype=np.int32)
+    return counts, offsets, order, slot
+
+
+def combine_ref(expert_out, weights, slot, out=None):
+    """out[t] (+)= sum_j weights[t, j] * expert_out[slot[t*k + j]], j in order 0..k-1 (adds onto ``out``)."""
+    T, k = weights.shape
+    rows = np.asarray(expert_out)[np.asarray(slot).reshape(T, k)]      # [T, k, H]
+    acc = np.zeros((T, rows.shape[-1]), np.float32) if out is None else out
+    for j in range(k):
+        acc += weights[:, j:j + 1] * rows[:, j]
+    return acc
+
+
+# ------------------------------------------------------------------------------------------------ kernels
+@cuda.jit(device=True)
+def _better(v, i, best_v, best_i):
+    """(v, i) beats (best_v, best_i): larger value, or equal value and lower index."""
+    return v > best_v or (v == best_v and i < best_i)
+
+
+@cuda.jit
+def _route_kernel(logits, bias, top_k, n_group, topk_group, norm, scale, idx_out, w_out):
+    t = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    nthreads = cuda.blockDim.x
+    E = logits.shape[1]
+    s = cuda.shared.array(MAX_EXPERTS, float32)
+    choice = cuda.shared.array(MAX_EXPERTS, float32)
+    gscore = cuda.shared.array(MAX_GROUPS, float32)
+    keep = cuda.shared.array(MAX_GROUPS, int32)
+    red_v = cuda.shared.array(MAX_THREADS, float32)
+    red_i = cuda.shared.array(MAX_THREADS, int32)
+    neg_inf = float32(-math.inf)
+
+    for e in range(tid, E, nthreads):
+        sig = float32(1.0) / (float32(1.0) + float32(math.exp(-logits[t, e])))
+        s[e] = sig
+        choice[e] = sig + bias[e]
+    cuda.syncthreads()
+
+    if topk_group < n_group:
+        gsize = E // n_group
+        for g in range(tid, n_group, nthreads):          # one thread per group: sum of its top-2 choices
+            m1 = neg_inf
+            m2 = neg_inf
+            for e in range(g * gsize, (g + 1) * gsize):
+                v = choice[e]
+                if v > m1:
+                    m2 = m1
+                    m1 = v
+                elif v > m2:
+                    m2 = v
+            gscore[g] = m1 + m2
+            keep[g] = 0
+        cuda.syncthreads()
+        if tid == 0:                                      # keep the topk_group best groups (lower index on ties)
+            for _ in range(topk_group):
+                best_g = -1
+                best_v = neg_inf
+                for g in range(n_group):
+                    if keep[g] == 0 and (best_g < 0 or _better(gscore[g], g, best_v, best_g)):
+                        best_v = gscore[g]
+                        best_g = g
+                keep[best_g] = 1
+        cuda.syncthreads()
+        for e in range(tid, E, nthreads):
+            if keep[e // gsize] == 0:
+                choice[e] = neg_inf
+        cuda.syncthreads()
+
+    wsum = float32(0.0)
+    for k in range(top_k):                               # k rounds of a block-wide arg-max
+        best_v = neg_inf
+        best_i = int32(E)
+        for e in range(tid, E, nthreads):
+            v = choice[e]
+            if v == v and _better(v, e, best_v, best_i):  # v == v skips a taken (NaN) slot
+                best_v = v
+                best_i = e
+        red_v[tid] = best_v
+        red_i[tid] = best_i
+        cuda.syncthreads()
+        stride = nthreads // 2
+        while stride > 0:
+            if tid < stride and _better(red_v[tid + stride], red_i[tid + stride], red_v[tid], red_i[tid]):
+                red_v[tid] = red_v[tid + stride]
+                red_i[tid] = red_i[tid + stride]
+            cuda.syncthreads()
+            stride //= 2
+        if tid == 0:
+            e = red_i[0]
+            if e >= E:                                    # only NaN scores left: NaN weights propagate
+                e = 0
+            idx_out[t, k] = e
+            w_out[t, k] = s[e]
+            wsum += s[e]
+            choice[e] = float32(math.nan)                # taken
+        cuda.syncthreads()
+
+    if tid == 0:
+        if norm:
+            denom = wsum + float32(1e-20)
+            for k in range(top_k):
+                w_out[t, k] = w_out[t, k] / denom * scale
+        else:
+            for k in range(top_k):
+                w_out[t, k] = w_out[t, k] * scale
+
+
+@cuda.jit
+def _count_kernel(flat, counts):
+    e = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    nthreads = cuda.blockDim.x
+    red = cuda.shared.array(MAX_THREADS, int32)
+    c = 0
+    for a in range(tid, flat.shape[0], nthreads):
+        if flat[a] == e:
+            c += 1
+    red[tid] = c
+    cuda.syncthreads()
+    stride = nthreads // 2
+    while stride > 0:
+        if tid < stride:
+            red[tid] += red[tid + stride]
+        cuda.syncthreads()
+        stride //= 2
+    if tid == 0:
+        counts[e] = red[0]
+
+
+@cuda.jit
+def _scatter_kernel(flat, offsets, order, slot):
+    e = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    nthreads = cuda.blockDim.x
+    scan = cuda.shared.array(MAX_THREADS, int32)
+    base = offsets[e]
+    if offsets[e + 1] == base:
+        return
+    n = flat.shape[0]
+    for start in range(0, n, nthreads):
+        a = start + tid
+        flag = 1 if a < n and flat[a] == e else 0
+        scan[tid] = flag
+        cuda.syncthreads()
+        step = 1                                          # Hillis-Steele inclusive scan
+        while step < nthreads:
+            add = scan[tid - step] if tid >= step else 0
+            cuda.syncthreads()
+            scan[tid] += add
+            cuda.syncthreads()
+            step *= 2
+        if flag:
+            pos = base + scan[tid] - 1
+            order[pos] = a
+            slot[a] = pos
+        base += scan[nthreads - 1]
+        cuda.syncthreads()
+
+
+@cuda.jit
+def _combine_kernel(expert_out, weights, slot, accumulate, out):
+    k = weights.shape[1]
+    H = out.shape[1]
+    idx = cuda.grid(1)
+    if idx >= out.shape[0] * H:
+        return
+    t = idx // H
+    h = idx % H
+    acc = out[t, h] if accumulate else float32(0.0)
+    for j in range(k):
+        acc += weights[t, j] * expert_out[slot[t * k + j], h]
+    out[t, h] = acc
+
+
+# ------------------------------------------------------------------------------------------------ launchers
+def _pow2_at_most(n: int, cap: int) -> int:
+    p = 1
+    while p * 2 <= min(n, cap):
+        p *= 2
+    return p
+
+
+def route(router_logits, bias, top_k: int, n_group: int = 1, topk_group: int = 1, norm_topk_prob: bool = True,
+          routed_scaling_factor: float = 1.0):
+    """noaux_tc routing; returns (idx [T, k] int32, weights [T, k] float32) on the current backend."""
+    logits = _checks.array(router_logits, "router_logits", dtype=np.float32, ndim=2)
+    T, E = logits.shape
+    bias = _checks.array(bias, "bias", dtype=np.float32, shape=(E,))
+    n_group = _checks.integer(n_group, "n_group", lo=1, hi=min(E, MAX_GROUPS))
+    if E % n_group:
+        raise ValueError(f"n_group: {n_group} does not divide the {E} experts")
+    if topk_group < n_group and E // n_group < 2:
+        raise ValueError(f"n_group: group-limited routing needs >= 2 experts per group, got {E // n_group}")
+    topk_group = _checks.integer(topk_group, "topk_group", lo=1, hi=n_group)
+    top_k = _checks.integer(top_k, "top_k", lo=1, hi=topk_group * (E // n_group))
+    scale = _checks.real(routed_scaling_factor, "routed_scaling_factor")
+    if E > MAX_EXPERTS:
+        raise ValueError(f"router_logits: at most {MAX_EXPERTS} experts supported, got {E}")
+    if backend.name == "numpy":
+        idx, w = route_ref(logits, bias, top_k, n_group, topk_group, norm_topk_prob, scale)
+        return idx, w
+    idx = backend.empty((T, top_k), np.int32)
+    w = backend.empty((T, top_k), np.float32)
+    if T:
+        threads = _pow2_at_most(E, backend.block_size(128, 8))
+        backend.launch(_route_kernel, T, threads, logits, bias, top_k, n_group, topk_group, bool(norm_topk_prob),
+                       np.float32(scale), idx, w)
+    return idx, w
+
+
+def group_by_expert(idx, n_experts: int):
+    """Stable grouping of the assignments by expert: (counts [E], offsets [E+1], order [T*k], slot [T*k]), int32."""
+    idx = _checks.array(idx, "idx", dtype=np.int32, ndim=2)
+    n_experts = _checks.integer(n_experts, "n_experts", lo=1)
+    if backend.name == "numpy":
+        if idx.size and (idx.min() < 0 or idx.max() >= n_experts):
+            raise ValueError(f"idx: expert ids must lie in [0, {n_experts}), got [{idx.min()}, {idx.max()}]")
+        return group_by_expert_ref(idx, n_experts)
+    xp = backend.xp
+    flat = idx.reshape(-1)
+    counts = backend.zeros((n_experts,), np.int32)
+    offsets = backend.zeros((n_experts + 1,), np.int32)
+    order = backend.empty((flat.size,), np.int32)
+    slot = backend.empty((flat.size,), np.int32)
+    if flat.size == 0:
+        return counts, offsets, order, slot
+    threads = _pow2_at_most(flat.size, backend.block_size(256, 8))
+    backend.launch(_count_kernel, n_experts, threads, flat, counts)
+    offsets[1:] = xp.cumsum(counts)
+    backend.launch(_scatter_kernel, n_experts, threads, flat, offsets, order, slot)
+    return counts, offsets, order, slot
+
+
+def combine(expert_out, weights, slot, out=None):
+    """out[t] = sum_j weights[t, j] * expert_out[slot[t*k + j]]; added onto ``out`` when it is given."""
+    weights = _checks.array(weights, "weights", dtype=np.float32, ndim=2)
+    T, k = weights.shape
+    expert_out = _checks.array(expert_out, "expert_out", dtype=np.float32, ndim=2, shape=(T * k, None))
+    slot = _checks.array(slot, "slot", dtype=np.int32, shape=(T * k,))
+    H = expert_out.shape[1]
+    accumulate = out is not None
+    out = _checks.out_array(out, "out", (T, H), np.float32)
+    if backend.name == "numpy":
+        if not accumulate:
+            out[...] = 0.0
+        return combine_ref(expert_out, weights, slot, out)
+    n = T * H
+    if n:
+        threads = backend.block_size(256, 32)
+        backend.launch(_combine_kernel, (n + threads - 1) // threads, threads, expert_out, weights, slot,
+                       accumulate, out)
+    return out

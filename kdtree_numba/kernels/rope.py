@@ -1,0 +1,154 @@
+"""NeoX RoPE ("rotate half") with an explicit position per token, plus inverse frequencies (plain and YaRN) and the
+load-time permutation of interleaved (GPT-J) rope rows into NeoX order.
+
+    angle[t, i] = pos[t] * inv_freq[i]                        i < R/2, float32 as HF computes it
+    y[t, h, i]       = amp * (x[t, h, i] * cos - x[t, h, i + R/2] * sin)
+    y[t, h, i + R/2] = amp * (x[t, h, i + R/2] * cos + x[t, h, i] * sin)
+
+Tree nodes share positions (siblings sit at ``start + depth``), so positions are an input array, never ``arange``.
+``amp`` is YaRN's cos/sin amplitude (1.0 for DeepSeek and Kimi, whose mscale == mscale_all_dim).
+
+Mapping: one thread per (token, head, pair i); each reads its two inputs once and writes its two outputs, so
+``out`` may be ``x`` itself (in place).
+Shapes: x [T, N, R] float32, positions [T] int32/int64, inv_freq [R/2] float32 -> y [T, N, R] float32.
+Example: R = 2, inv_freq = [1], pos = [pi/2]: x = [1, 0] -> [cos, sin] = [0, 1] (rotated by 90 degrees).
+
+DeepSeek/Kimi checkpoints store rope dims as interleaved pairs (x0, x1), (x2, x3), ...; permuting those rows once
+at load to [0, 2, 4, .., R-2, 1, 3, .., R-1] makes NeoX on the permuted layout equal GPT-J on the raw layout.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, float32
+
+from .. import backend
+from . import _checks
+
+
+# ------------------------------------------------------------------------------------------- frequencies
+def rope_inv_freq(dim: int, base: float) -> np.ndarray:
+    """Plain RoPE: inv_freq[i] = base ** (-2i / dim), float32 like HF."""
+    exps = np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)          # [dim/2]
+    return (np.float32(1.0) / (np.float32(base) ** exps)).astype(np.float32)
+
+
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN's m(scale) = 0.1 * mscale * ln(scale) + 1 (1 when scale <= 1)."""
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def yarn_inv_freq(dim: int, base: float, factor: float, original_max_position: int,
+                  beta_fast: float = 32.0, beta_slow: float = 1.0, truncate: bool = True) -> np.ndarray:
+    """YaRN inverse frequencies: a ramp between extrapolated (base) and interpolated (base / factor) frequencies.
+
+    corr(r) = dim * ln(orig / (2 pi r)) / (2 ln base); low = max(floor(corr(beta_fast)), 0);
+    high = min(ceil(corr(beta_slow)), dim - 1); ramp[i] = clamp((i - low) / (high - low), 0, 1);
+    inv_freq = inv_inter * ramp + inv_extra * (1 - ramp).
+    """
+    pos_freqs = np.float32(base) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))   # [dim/2]
+    inv_extra = np.float32(1.0) / pos_freqs
+    inv_inter = np.float32(1.0) / (np.float32(factor) * pos_freqs)
+
+    def corr(rot):
+        return dim * math.log(original_max_position / (rot * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = corr(beta_fast), corr(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - np.float32(low)) / np.float32(high - low), 0, 1)
+    extra_weight = np.float32(1.0) - ramp
+    return (inv_inter * (np.float32(1.0) - extra_weight) + inv_extra * extra_weight).astype(np.float32)
+
+
+# ------------------------------------------------------------------------------------------- row permutation
+def neox_order(rope_dim: int) -> np.ndarray:
+    """[0, 2, 4, .., R-2, 1, 3, .., R-1]: interleaved pair layout -> NeoX half layout."""
+    if rope_dim <= 0 or rope_dim % 2:
+        raise ValueError(f"rope_dim: expected a positive even number, got {rope_dim}")
+    return np.concatenate([np.arange(0, rope_dim, 2), np.arange(1, rope_dim, 2)])
+
+
+def permute_rope_rows(weight: np.ndarray, starts, rope_dim: int, inverse: bool = False) -> np.ndarray:
+    """Copy of ``weight`` whose rows ``[s, s + R)`` for every s in ``starts`` are put in NeoX order
+    (``inverse=True`` undoes it, for saving in the checkpoint's raw interleaved order)."""
+    order = neox_order(rope_dim)
+    if inverse:
+        order = np.argsort(order)
+    out = np.array(weight, copy=True)
+    for s in starts:
+        if s < 0 or s + rope_dim > weight.shape[0]:
+            raise ValueError(f"starts: rope rows [{s}, {s + rope_dim}) outside a weight of {weight.shape[0]} rows")
+        out[s:s + rope_dim] = weight[s:s + rope_dim][order]
+    return out
+
+
+# ------------------------------------------------------------------------------------------- references
+def _angles(positions, inv_freq):
+    return np.asarray(positions).astype(np.float32)[:, None] * np.asarray(inv_freq, np.float32)[None, :]  # [T, R/2]
+
+
+def rope_ref(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray, amp: float = 1.0) -> np.ndarray:
+    """NeoX rotate-half RoPE in plain NumPy (float32)."""
+    ang = _angles(positions, inv_freq)
+    cos = (np.cos(ang) * np.float32(amp)).astype(np.float32)[:, None, :]    # [T, 1, R/2]
+    sin = (np.sin(ang) * np.float32(amp)).astype(np.float32)[:, None, :]
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(np.float32)
+
+
+def rope_gptj_ref(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray, amp: float = 1.0) -> np.ndarray:
+    """GPT-J RoPE: rotate interleaved pairs (x[2i], x[2i+1]) in place - the layout checkpoints store."""
+    ang = _angles(positions, inv_freq)
+    cos = (np.cos(ang) * np.float32(amp)).astype(np.float32)[:, None, :]
+    sin = (np.sin(ang) * np.float32(amp)).astype(np.float32)[:, None, :]
+    out = np.empty_like(x)
+    out[..., 0::2] = x[..., 0::2] * cos - x[..., 1::2] * sin
+    out[..., 1::2] = x[..., 1::2] * cos + x[..., 0::2] * sin
+    return out
+
+
+# ------------------------------------------------------------------------------------------- kernel
+@cuda.jit
+def _rope_kernel(x, positions, inv_freq, amp, out):
+    half = inv_freq.shape[0]
+    n_heads = x.shape[1]
+    idx = cuda.grid(1)
+    if idx >= x.shape[0] * n_heads * half:
+        return
+    i = idx % half                      # pair index within the rope dims
+    h = (idx // half) % n_heads
+    t = idx // (half * n_heads)
+    ang = float32(positions[t]) * inv_freq[i]
+    c = float32(math.cos(ang)) * amp
+    s = float32(math.sin(ang)) * amp
+    x1 = x[t, h, i]
+    x2 = x[t, h, i + half]
+    out[t, h, i] = x1 * c - x2 * s
+    out[t, h, i + half] = x2 * c + x1 * s
+
+
+def apply_rope(x, positions, inv_freq, amp: float = 1.0, out=None):
+    """NeoX RoPE of ``x [T, N, R]`` at ``positions [T]``; ``out`` may be ``x`` (in place)."""
+    x = _checks.array(x, "x", dtype=np.float32, ndim=3)
+    T, N, R = x.shape
+    if R % 2:
+        raise ValueError(f"x: expected an even rope dim (last axis), got shape {tuple(x.shape)}")
+    positions = _checks.array(positions, "positions", kinds="iu", shape=(T,))
+    inv_freq = _checks.array(inv_freq, "inv_freq", dtype=np.float32, shape=(R // 2,))
+    amp = _checks.real(amp, "amp", lo=0.0, lo_open=True)
+    out = _checks.out_array(out, "out", x.shape, np.float32)
+    if backend.name == "numpy":
+        out[...] = rope_ref(x, positions, inv_freq, amp)
+        return out
+    n = T * N * (R // 2)
+    if n == 0:
+        return out
+    threads = backend.block_size(256, 32)
+    backend.launch(_rope_kernel, (n + threads - 1) // threads, threads, x, positions, inv_freq, np.float32(amp), out)
+    return out
