@@ -1,0 +1,98 @@
+"""Drafters: given the committed context and the root token, per-depth draft logits ``[L, V]`` for depths 1..L.
+
+Depth d is the drafter's guess for position ``start + d`` (the root sits at ``start``). DDTree turns these
+per-position distributions into a tree; the drafter never sees the tree.
+
+- ``OracleDrafter(target, noise, seed)``: distributions derived from the target itself. It follows the target's
+  greedy continuation after the root and returns, at depth d, the target's own logits after d - 1 greedy tokens,
+  plus Gaussian noise scaled to each row's spread:
+      draft[d] = target_logits[d] + noise * std(target_logits[d]) * z,   z ~ N(0, 1) seeded by (seed, start, d)
+  noise 0 ranks the target's greedy continuation first at every depth (acceptance L + 1 per round at T = 0);
+  noise 1 keeps a useful signal; noise >= 10 is close to random. It keeps its own KV cache and reuses the
+  continuation it computed last round, so a round costs about as many target steps as the round commits.
+  For tests, tutorials and the demo: it is as slow as the target, so it shows acceptance, not wall-clock speed.
+- ``RandomDrafter(vocab_size, depth, seed)``: standard-normal logits, the worst case.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import backend
+from ..kernels import _checks
+
+
+class Drafter:
+    """Interface. ``depth`` (L) and ``vocab_size`` are fixed; ``draft`` returns float32 ``[L, V]`` logits."""
+    depth: int
+    vocab_size: int
+    name: str = "drafter"
+
+    def reset(self) -> None:
+        """Forget any state (called at the start of every generation)."""
+
+    def draft(self, context: np.ndarray, root: int) -> np.ndarray:
+        raise NotImplementedError
+
+
+class RandomDrafter(Drafter):
+    """Standard-normal draft logits (seeded by (seed, start)): acceptance close to the minimum."""
+    name = "random"
+
+    def __init__(self, vocab_size: int, depth: int = 8, seed: int = 0):
+        self.vocab_size = _checks.integer(vocab_size, "vocab_size", lo=1)
+        self.depth = _checks.integer(depth, "depth", lo=1)
+        self.seed = _checks.integer(seed, "seed", lo=0)
+
+    def draft(self, context, root):
+        rng = np.random.default_rng([self.seed, len(context)])
+        return rng.standard_normal((self.depth, self.vocab_size)).astype(np.float32)
+
+
+class OracleDrafter(Drafter):
+    """Draft distributions derived from the target (module docstring). ``noise`` >= 0 dials acceptance down."""
+    name = "oracle"
+
+    def __init__(self, target, noise: float = 0.5, seed: int = 0, depth: int = 8):
+        self.target = target
+        self.noise = _checks.real(noise, "noise", lo=0.0)
+        self.seed = _checks.integer(seed, "seed", lo=0)
+        self.depth = _checks.integer(depth, "depth", lo=1)
+        self.vocab_size = target.config.vocab_size
+        self.reset()
+
+    def reset(self) -> None:
+        self._seq: list[int] = []          # tokens whose logits are known (their KV is in the cache)
+        self._logits: list[np.ndarray] = []  # _logits[i] = target logits after _seq[:i + 1]
+        self._cache = None
+
+    def _extend(self, tokens: list[int]) -> None:
+        """Run the target over ``tokens`` appended to ``_seq`` (one chunk) and record their logits."""
+        t = self.target
+        need = len(self._seq) + len(tokens)
+        if self._cache is None or self._cache.capacity < need:
+            cap = max(2 * need, 64)
+            old = self._seq
+            self._cache, self._seq, self._logits = t.new_cache(cap), [], []
+            tokens = old + tokens
+        logits, _ = t.forward(np.asarray(tokens, np.int32), self._cache, len(self._seq), check_ids=False)
+        self._seq += tokens
+        self._logits += list(backend.to_host(logits))
+
+    def draft(self, context, root):
+        seq = [int(x) for x in context] + [int(root)]
+        keep = 0
+        limit = min(len(seq), len(self._seq))
+        while keep < limit and self._seq[keep] == seq[keep]:
+            keep += 1
+        del self._seq[keep:], self._logits[keep:]
+        if keep < len(seq):
+            self._extend(seq[keep:])
+        while len(self._seq) < len(seq) + self.depth - 1:            # greedy continuation after the root
+            self._extend([int(np.argmax(self._logits[-1]))])
+        start = len(context)
+        rows = np.stack(self._logits[start:start + self.depth]).astype(np.float32)   # [L, V]
+        if self.noise > 0:
+            rng = np.random.default_rng([self.seed, start])
+            z = rng.standard_normal(rows.shape).astype(np.float32)
+            rows = rows + np.float32(self.noise) * rows.std(axis=1, keepdims=True) * z
+        return rows

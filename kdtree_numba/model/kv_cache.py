@@ -1,0 +1,53 @@
+"""The latent KV cache: one preallocated buffer ``[layers, capacity, Lkv + R]`` (capacity fixed at creation).
+
+Row s of layer l is token s's ``[normed c_kv ; roped k_rot]`` - 576 floats per token and layer for Kimi, shared by
+all heads. One buffer for all layers lets DDTree's compaction move the accepted rows of every layer in one launch.
+``length`` counts the committed rows; rows past it are scratch (a prefill chunk or a verify tree is written there
+before its attention runs).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import backend
+from ..kernels import _checks, kv_compaction
+
+
+class CacheFullError(ValueError):
+    """More rows were asked of a cache than its capacity."""
+
+
+class LatentCache:
+    def __init__(self, n_layers: int, capacity: int, width: int):
+        self.n_layers = _checks.integer(n_layers, "n_layers", lo=1)
+        self.capacity = _checks.integer(capacity, "capacity", lo=1)
+        self.width = _checks.integer(width, "width", lo=1)
+        self.data = backend.zeros((n_layers, capacity, width), np.float32)   # [layers, capacity, Lkv + R]
+        self.length = 0
+
+    def layer(self, i: int):
+        """Layer i's rows ``[capacity, width]`` (a contiguous view)."""
+        return self.data[i]
+
+    def require(self, rows: int, what: str = "rows") -> None:
+        """Raise unless ``length + rows`` fits."""
+        if self.length + rows > self.capacity:
+            raise CacheFullError(f"{what}: {self.length} cached + {rows} new rows exceed the cache capacity of "
+                                 f"{self.capacity} rows")
+
+    def write(self, layer: int, start: int, c_kv, k_rot) -> None:
+        """Store rows ``start .. start + T - 1`` of one layer: ``[c_kv (Lkv) ; k_rot (R)]``."""
+        T, lkv = c_kv.shape
+        if start + T > self.capacity:
+            raise CacheFullError(f"start: rows {start}..{start + T - 1} exceed the cache capacity of {self.capacity}")
+        self.data[layer, start:start + T, :lkv] = c_kv
+        self.data[layer, start:start + T, lkv:] = k_rot
+
+    def crop(self, length: int) -> None:
+        """Forget every row from ``length`` on (the rows stay allocated)."""
+        self.length = _checks.integer(length, "length", lo=0, hi=self.length)
+
+    def compact(self, start: int, accepted, n_accepted=None) -> None:
+        """DDTree commit: the accepted tree rows ``start + accepted[j]`` (ascending) move to ``start + j`` in every
+        layer; the committed length becomes ``start + len(accepted)`` (see kernels/kv_compaction.py)."""
+        kv_compaction.compact(self.data, start, accepted, n_accepted)

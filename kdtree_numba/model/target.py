@@ -1,0 +1,315 @@
+"""The DeepSeek-V3 / Kimi-K2 target, composed from the stage kernels.
+
+    embed -> per layer [ RMSNorm -> MLA -> + residual -> RMSNorm -> dense SwiGLU MLP (first_k_dense_replace
+    layers) or MoE (route -> group tokens per expert -> expert SwiGLU GEMMs -> weighted combine + shared
+    experts) -> + residual ] -> final RMSNorm -> lm_head
+
+MLA, absorbed (per token x after input_layernorm; P nope, R rope, Vd value dims, Lkv latent, N heads):
+    q     = q_b(q_a_norm(q_a(x)))  or  q_proj(x)                 [T, N, P + R]
+    ckv   = kv_a_proj_with_mqa(x);  c = kv_a_norm(ckv[:Lkv]);  k_rot = RoPE(ckv[Lkv:])   -> cache row [c ; k_rot]
+    q_abs = [q_nope @ W_UK[h] ; RoPE(q_rot)]                    [T, N, Lkv + R]
+    o_lat = attention(q_abs, cache)                              [T, N, Lkv]    (kernels/mla_attention.py)
+    out   = o_proj(concat_h(o_lat[h] @ W_UV[h]^T))               [T, H]
+Rope rows of q_b/q_proj and kv_a are permuted once at load (interleaved -> NeoX, kernels/rope.py), so the NeoX
+kernel reproduces the checkpoint's interleaved RoPE; ``save`` undoes it.
+
+MoE runs only the experts a token was routed to: the T*k assignments are sorted by expert, gathered once, and each
+expert with work runs two GEMMs on its contiguous slice (the expert counts are read on the host once per MoE
+layer to size the slices - the one host sync of a forward).
+
+A target lives on the backend it was built on (``self.backend``); its methods run there whatever
+``backend.use`` says.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+
+from .. import backend
+from ..config import TargetConfig
+from ..kernels import embedding, gemm, mla_attention, moe_routing, rmsnorm, rope, swiglu, tree_verify
+from . import checkpoint
+from .kv_cache import LatentCache
+
+QKV_NORM_EPS = 1e-6   # HF's q_a_layernorm / kv_a_layernorm always use 1e-6
+
+
+def _on_backend(method):
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with backend.use(self.backend):
+            return method(self, *args, **kwargs)
+    return run
+
+
+@dataclasses.dataclass
+class TreeInput:
+    """What the verify forward needs besides tokens: per node its rope position (``start + depth``) and its
+    root-to-node path in tree-node indices (``paths [n+1, L+1]``, ``depths [n+1]``; kernels/tree_build.py)."""
+    positions: object
+    paths: object
+    depths: object
+    max_depth: int
+
+
+class Target:
+    """A DeepSeek-V3-family model ready to run. Build with ``load_target``, ``tiny_target`` or ``from_state_dict``."""
+
+    def __init__(self, config: TargetConfig, weights: dict, layers: list[dict]):
+        self.config = config
+        self.backend = backend.name
+        self.w = weights          # embed [V, H], norm [H], lm_head [V, H]
+        self.layers = layers      # per layer: see from_state_dict
+        inv_freq, amp = config.rope_tables()
+        self.inv_freq = backend.asarray(inv_freq)
+        self.rope_amp = amp
+        self.scale = config.softmax_scale
+
+    # ---------------------------------------------------------------------------------------- construction
+    @classmethod
+    def from_state_dict(cls, config: TargetConfig, state: dict[str, np.ndarray]) -> "Target":
+        """Build from HF-layout float32 tensors (keys as in checkpoint.expected_shapes): permute rope rows,
+        fuse gate/up, stack experts, split kv_b into W_UK / W_UV, and move everything to the backend."""
+        cfg = config.validate()
+        shapes = checkpoint.expected_shapes(cfg)
+        for key, shape in shapes.items():
+            if key not in state:
+                raise checkpoint.CheckpointError(f"{key}: missing from the state dict")
+            if tuple(state[key].shape) != shape:
+                raise checkpoint.CheckpointError(f"{key}: expected shape {shape}, got {tuple(state[key].shape)}")
+        N, P, R, Vd, Lkv = (cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim,
+                            cfg.kv_lora_rank)
+        dev = backend.asarray
+        f32 = functools.partial(np.asarray, dtype=np.float32)
+
+        def rope_rows(w, starts):
+            return rope.permute_rope_rows(w, starts, R) if cfg.rope_interleave else w
+
+        weights = {"embed": dev(f32(state["model.embed_tokens.weight"])),
+                   "norm": dev(f32(state["model.norm.weight"]))}
+        weights["lm_head"] = weights["embed"] if cfg.tie_word_embeddings else dev(f32(state["lm_head.weight"]))
+        layers = []
+        for i in range(cfg.num_hidden_layers):
+            p = f"model.layers.{i}."
+            a = p + "self_attn."
+            L = {"in_norm": dev(f32(state[p + "input_layernorm.weight"])),
+                 "post_norm": dev(f32(state[p + "post_attention_layernorm.weight"]))}
+            q_starts = [h * (P + R) + P for h in range(N)]
+            if cfg.q_lora_rank is None:
+                L["q"] = dev(rope_rows(f32(state[a + "q_proj.weight"]), q_starts))
+            else:
+                L["q_a"] = dev(f32(state[a + "q_a_proj.weight"]))
+                L["q_a_norm"] = dev(f32(state[a + "q_a_layernorm.weight"]))
+                L["q_b"] = dev(rope_rows(f32(state[a + "q_b_proj.weight"]), q_starts))
+            L["kv_a"] = dev(rope_rows(f32(state[a + "kv_a_proj_with_mqa.weight"]), [Lkv]))
+            L["kv_a_norm"] = dev(f32(state[a + "kv_a_layernorm.weight"]))
+            kv_b = f32(state[a + "kv_b_proj.weight"]).reshape(N, P + Vd, Lkv)
+            L["w_uk"] = dev(kv_b[:, :P])                                      # [N, P, Lkv]
+            L["w_uv_t"] = dev(np.ascontiguousarray(kv_b[:, P:].transpose(0, 2, 1)))   # [N, Lkv, Vd]
+            L["o"] = dev(f32(state[a + "o_proj.weight"]))
+            m = p + "mlp."
+            if cfg.is_moe_layer(i):
+                E = cfg.n_routed_experts
+                L["gate"] = dev(f32(state[m + "gate.weight"]))
+                L["bias"] = dev(f32(state[m + "gate.e_score_correction_bias"]))
+                L["experts_gu"] = dev(np.stack([np.concatenate([state[m + f"experts.{e}.gate_proj.weight"],
+                                                                state[m + f"experts.{e}.up_proj.weight"]])
+                                                for e in range(E)]).astype(np.float32))      # [E, 2I, H]
+                L["experts_down"] = dev(np.stack([state[m + f"experts.{e}.down_proj.weight"]
+                                                  for e in range(E)]).astype(np.float32))   # [E, H, I]
+                if cfg.n_shared_experts:
+                    L["shared_gu"] = dev(np.concatenate([state[m + "shared_experts.gate_proj.weight"],
+                                                         state[m + "shared_experts.up_proj.weight"]]).astype(
+                        np.float32))
+                    L["shared_down"] = dev(f32(state[m + "shared_experts.down_proj.weight"]))
+            else:
+                L["gu"] = dev(np.concatenate([state[m + "gate_proj.weight"], state[m + "up_proj.weight"]]).astype(
+                    np.float32))
+                L["down"] = dev(f32(state[m + "down_proj.weight"]))
+            layers.append(L)
+        return cls(cfg, weights, layers)
+
+    @_on_backend
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """The HF-layout tensors (raw interleaved rope rows), float32 on the host."""
+        cfg = self.config
+        N, P, R, Vd, Lkv = (cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim,
+                            cfg.kv_lora_rank)
+        h = backend.to_host
+
+        def raw_rows(w, starts):
+            return rope.permute_rope_rows(w, starts, R, inverse=True) if cfg.rope_interleave else w
+
+        sd = {"model.embed_tokens.weight": h(self.w["embed"]), "model.norm.weight": h(self.w["norm"])}
+        if not cfg.tie_word_embeddings:
+            sd["lm_head.weight"] = h(self.w["lm_head"])
+        q_starts = [i * (P + R) + P for i in range(N)]
+        for i, L in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            a = p + "self_attn."
+            sd[p + "input_layernorm.weight"] = h(L["in_norm"])
+            sd[p + "post_attention_layernorm.weight"] = h(L["post_norm"])
+            if cfg.q_lora_rank is None:
+                sd[a + "q_proj.weight"] = raw_rows(h(L["q"]), q_starts)
+            else:
+                sd[a + "q_a_proj.weight"] = h(L["q_a"])
+                sd[a + "q_a_layernorm.weight"] = h(L["q_a_norm"])
+                sd[a + "q_b_proj.weight"] = raw_rows(h(L["q_b"]), q_starts)
+            sd[a + "kv_a_proj_with_mqa.weight"] = raw_rows(h(L["kv_a"]), [Lkv])
+            sd[a + "kv_a_layernorm.weight"] = h(L["kv_a_norm"])
+            kv_b = np.concatenate([h(L["w_uk"]), h(L["w_uv_t"]).transpose(0, 2, 1)], axis=1)   # [N, P+Vd, Lkv]
+            sd[a + "kv_b_proj.weight"] = np.ascontiguousarray(kv_b.reshape(N * (P + Vd), Lkv))
+            sd[a + "o_proj.weight"] = h(L["o"])
+            m = p + "mlp."
+            if "gate" in L:
+                sd[m + "gate.weight"] = h(L["gate"])
+                sd[m + "gate.e_score_correction_bias"] = h(L["bias"])
+                gu, down = h(L["experts_gu"]), h(L["experts_down"])
+                inter = gu.shape[1] // 2
+                for e in range(gu.shape[0]):
+                    sd[m + f"experts.{e}.gate_proj.weight"] = np.ascontiguousarray(gu[e, :inter])
+                    sd[m + f"experts.{e}.up_proj.weight"] = np.ascontiguousarray(gu[e, inter:])
+                    sd[m + f"experts.{e}.down_proj.weight"] = np.ascontiguousarray(down[e])
+                if "shared_gu" in L:
+                    sg = h(L["shared_gu"])
+                    sd[m + "shared_experts.gate_proj.weight"] = np.ascontiguousarray(sg[:sg.shape[0] // 2])
+                    sd[m + "shared_experts.up_proj.weight"] = np.ascontiguousarray(sg[sg.shape[0] // 2:])
+                    sd[m + "shared_experts.down_proj.weight"] = h(L["shared_down"])
+            else:
+                g = h(L["gu"])
+                sd[m + "gate_proj.weight"] = np.ascontiguousarray(g[:g.shape[0] // 2])
+                sd[m + "up_proj.weight"] = np.ascontiguousarray(g[g.shape[0] // 2:])
+                sd[m + "down_proj.weight"] = h(L["down"])
+        return sd
+
+    def save(self, path: str) -> None:
+        """Write an HF directory (config.json + model.safetensors, fp32) that transformers can load."""
+        checkpoint.save_state_dict(str(path), self.config, self.state_dict())
+
+    # ---------------------------------------------------------------------------------------- forward
+    def new_cache(self, capacity: int) -> LatentCache:
+        with backend.use(self.backend):
+            return LatentCache(self.config.num_hidden_layers, capacity, self.config.latent_dim)
+
+    @_on_backend
+    def forward(self, ids, cache: LatentCache, start: int, tree: TreeInput | None = None,
+                hidden_layers=(), check_ids: bool = True):
+        """Run T tokens whose cache rows go to ``start .. start + T - 1``; returns (logits [T, V], hiddens).
+
+        Causal (prefill chunk or decode step): token t sits at position start + t and sees rows 0 .. start + t.
+        Tree (verify): token i sits at ``tree.positions[i]`` and sees rows 0 .. start - 1 plus its path.
+        ``hiddens[k]`` is the residual stream after decoder layer k for k in ``hidden_layers``. The cache's
+        committed ``length`` is not changed here: the caller commits."""
+        cfg = self.config
+        ids = backend.asarray(ids)
+        T = ids.shape[0]
+        if T == 0:
+            raise ValueError("ids: expected at least one token, got an empty sequence")
+        if start + T > cache.capacity:
+            raise ValueError(f"ids: {T} tokens from position {start} exceed the cache capacity of {cache.capacity}")
+        positions = tree.positions if tree is not None else backend.asarray(np.arange(start, start + T,
+                                                                                      dtype=np.int32))
+        x = embedding.embed(self.w["embed"], ids, check=check_ids)                   # [T, H]
+        hiddens = {}
+        for i, L in enumerate(self.layers):
+            h = rmsnorm.rmsnorm(x, L["in_norm"], cfg.rms_norm_eps)
+            x += self._attention(i, L, h, positions, cache, start, tree)
+            h = rmsnorm.rmsnorm(x, L["post_norm"], cfg.rms_norm_eps)
+            x += self._moe(L, h) if "gate" in L else self._mlp(L["gu"], L["down"], h)
+            if i in hidden_layers:
+                hiddens[i] = x.copy()
+        x = rmsnorm.rmsnorm(x, self.w["norm"], cfg.rms_norm_eps)
+        return gemm.linear(x, self.w["lm_head"]), hiddens                            # [T, V]
+
+    def _attention(self, i, L, h, positions, cache, start, tree):
+        cfg = self.config
+        xp = backend.xp
+        T = h.shape[0]
+        N, P, R, Lkv = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
+        if cfg.q_lora_rank is None:
+            q = gemm.linear(h, L["q"])
+        else:
+            qa = rmsnorm.rmsnorm(gemm.linear(h, L["q_a"]), L["q_a_norm"], QKV_NORM_EPS)
+            q = gemm.linear(qa, L["q_b"])
+        q = q.reshape(T, N, P + R)                                                    # [T, N, P+R]
+        ckv = gemm.linear(h, L["kv_a"])                                               # [T, Lkv+R]
+        c_kv = rmsnorm.rmsnorm(xp.ascontiguousarray(ckv[:, :Lkv]), L["kv_a_norm"], QKV_NORM_EPS)
+        k_rot = xp.ascontiguousarray(ckv[:, Lkv:]).reshape(T, 1, R)
+        rope.apply_rope(k_rot, positions, self.inv_freq, self.rope_amp, out=k_rot)
+        cache.write(i, start, c_kv, k_rot.reshape(T, R))
+
+        q_abs = backend.empty((T, N, Lkv + R), np.float32)                            # [T, N, Lkv+R]
+        q_abs[:, :, :Lkv] = gemm.bmm(q[:, :, :P].transpose(1, 0, 2), L["w_uk"]).transpose(1, 0, 2)
+        q_rot = xp.ascontiguousarray(q[:, :, P:])                                     # [T, N, R]
+        q_abs[:, :, Lkv:] = rope.apply_rope(q_rot, positions, self.inv_freq, self.rope_amp, out=q_rot)
+        if tree is None:
+            o_lat = mla_attention.mla_attention(q_abs, cache.layer(i), start, self.scale, Lkv)
+        else:
+            o_lat = tree_verify.tree_attention(q_abs, cache.layer(i), start, tree.paths, tree.depths,
+                                               self.scale, Lkv, max_depth=tree.max_depth)
+        o = gemm.bmm(o_lat.transpose(1, 0, 2), L["w_uv_t"])                          # [N, T, Vd]
+        o = xp.ascontiguousarray(o.transpose(1, 0, 2)).reshape(T, -1)                # [T, N*Vd]
+        return gemm.linear(o, L["o"])                                                 # [T, H]
+
+    @staticmethod
+    def _mlp(gu_w, down_w, h):
+        return gemm.linear(swiglu.swiglu(gemm.linear(h, gu_w)), down_w)
+
+    def _moe(self, L, h):
+        cfg = self.config
+        k = cfg.num_experts_per_tok
+        idx, w = moe_routing.route(gemm.linear(h, L["gate"]), L["bias"], k, cfg.n_group, cfg.topk_group,
+                                   cfg.norm_topk_prob, cfg.routed_scaling_factor)     # [T, k] each
+        counts, offsets, order, slot = moe_routing.group_by_expert(idx, cfg.n_routed_experts)
+        xs = backend.xp.take(h, order // k, axis=0)                                   # [T*k, H] expert-major
+        off = backend.to_host(offsets)                                                # the host sync
+        active = np.flatnonzero(np.diff(off))
+        inter = L["experts_gu"].shape[1] // 2
+        gu = backend.empty((xs.shape[0], 2 * inter), np.float32)                      # [T*k, 2I]
+        for e in active:
+            gemm.linear(xs[off[e]:off[e + 1]], L["experts_gu"][e], out=gu[off[e]:off[e + 1]])
+        act = swiglu.swiglu(gu)                                                       # [T*k, I]
+        ys = backend.empty((xs.shape[0], h.shape[1]), np.float32)                     # [T*k, H]
+        for e in active:
+            gemm.linear(act[off[e]:off[e + 1]], L["experts_down"][e], out=ys[off[e]:off[e + 1]])
+        out = self._mlp(L["shared_gu"], L["shared_down"], h) if "shared_gu" in L else None
+        return moe_routing.combine(ys, w, slot, out=out)                              # [T, H]
+
+    # ---------------------------------------------------------------------------------------- conveniences
+    @_on_backend
+    def logits(self, token_ids) -> np.ndarray:
+        """float32 ``[T, V]`` logits of one prefill over ``token_ids`` on the host; no cache is kept."""
+        ids = self.check_ids(token_ids, "token_ids")
+        cache = self.new_cache(len(ids))
+        out, _ = self.forward(ids, cache, 0, check_ids=False)
+        return backend.to_host(out)
+
+    @_on_backend
+    def hidden_states(self, token_ids, layers) -> dict[int, np.ndarray]:
+        """Residual stream after each decoder layer in ``layers`` (HF output_hidden_states[k + 1]), on the host."""
+        ids = self.check_ids(token_ids, "token_ids")
+        bad = [k for k in layers if not 0 <= k < self.config.num_hidden_layers]
+        if bad:
+            raise ValueError(f"layers: layer {bad[0]} outside [0, {self.config.num_hidden_layers})")
+        _, hid = self.forward(ids, self.new_cache(len(ids)), 0, hidden_layers=tuple(layers), check_ids=False)
+        return {k: backend.to_host(v) for k, v in hid.items()}
+
+    def check_ids(self, token_ids, arg: str = "prompt_ids") -> np.ndarray:
+        """Host int32 copy of a 1-d id sequence, or ValueError naming the offending id."""
+        try:
+            ids = np.asarray(backend.to_host(token_ids) if backend.is_device(token_ids) else token_ids)
+        except Exception:
+            raise ValueError(f"{arg}: expected a sequence of token ids, got {type(token_ids).__name__}") from None
+        if ids.ndim != 1:
+            raise ValueError(f"{arg}: expected a 1-d sequence of token ids, got shape {ids.shape}")
+        if ids.size == 0:
+            raise ValueError(f"{arg}: expected at least one token, got an empty sequence")
+        if ids.dtype.kind not in "iu":
+            if ids.dtype.kind == "f" and np.all(np.isfinite(ids)) and np.all(ids == np.round(ids)):
+                ids = ids.astype(np.int64)
+            else:
+                raise ValueError(f"{arg}: expected integer token ids, got dtype {ids.dtype}")
+        embedding.check_ids(ids, self.config.vocab_size, arg)
+        return ids.astype(np.int32)
