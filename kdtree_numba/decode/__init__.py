@@ -1,0 +1,1 @@
+"""Decoding loops: autoregressive (the baseline) and DDTree; ``generate`` picks one."""

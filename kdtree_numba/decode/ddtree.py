@@ -1,0 +1,127 @@
+"""The DDTree decode loop: draft -> build -> verify -> accept -> commit, one target forward per round.
+
+One round, with ``start`` committed tokens and the root (the last bonus token) at position ``start``:
+  1. draft:   the drafter's logits for depths 1..L                                 [L, V]
+  2. build:   top-K log-probs per depth, then the best-first tree of ``budget`` nodes  (on the device)
+  3. verify:  one target forward over [root, node_1 .. node_n] at positions start + depth, each node attending
+              to the committed cache and its ancestors only                         [n+1, V]
+  4. accept:  the target's token at every node, walk from the root while it matches a child
+  5. commit:  the accepted nodes' cache rows move to start, start+1, ... (every layer, one launch); emit the
+              accepted tokens and the bonus; the bonus is the next root.
+Everything stays on the device except the packed accepted tokens, read once per round; the trees, accepted node
+indices and stage times of all rounds are copied to the host once, at the end, for the RoundTraces.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .. import backend
+from ..kernels import logprobs, tree_accept, tree_build
+from ..model.target import TreeInput
+from .autoregressive import nan_error
+from .trace import STAGES, Generation, RoundTrace
+
+
+def ddtree(target, prompt: np.ndarray, max_new_tokens: int, drafter, budget: int, temperature: float, seed: int,
+           stop_tokens=()) -> Generation:
+    L, V = drafter.depth, target.config.vocab_size
+    K = max(1, min(budget, V))
+    cache = target.new_cache(len(prompt) + max_new_tokens + budget + 1)       # + one tree block
+    drafter.reset()
+    logits, _ = target.forward(prompt, cache, 0, check_ids=False)                # prefill
+    first = logprobs.choose_tokens(logits[-1:], temperature, seed, 0)
+    root = int(backend.to_host(first)[0])
+    if root < 0:
+        raise nan_error()
+    s = _RoundState(L, K, budget, max_new_tokens)
+    start, out, t0 = len(prompt), [root], time.perf_counter()
+    while len(out) < max_new_tokens and root not in stop_tokens:
+        marks = [backend.mark()]
+        draft = _check_draft(drafter.draft(np.concatenate([prompt, out[:-1]]), root), L, V)     # 1. draft
+        marks.append(backend.mark())
+        lp, ids = logprobs.topk_logprobs(draft, K, out=(s.lp, s.ids))                         # 2. build
+        tree = s.builder.build(lp[None], ids[None]) if budget else s.empty_tree
+        marks.append(backend.mark())
+        s.verify_ids[0] = root                                                                 # 3. verify
+        s.verify_ids[1:] = tree.tokens[0, :budget]
+        depth = tree.path_depth[0, :budget + 1]
+        logits, _ = target.forward(s.verify_ids, cache, start, check_ids=False,
+                                   tree=TreeInput(start + depth, tree.paths[0, :budget + 1], depth, L))
+        marks.append(backend.mark())
+        s.acceptor.run(logits, tree.tokens[0], tree.parent[0], tree.n[:1], temperature, seed, len(s.rounds) + 1)
+        result = backend.to_host(s.acceptor.result)                                           # 4. accept
+        marks.append(backend.mark())
+        cache.compact(start, s.acceptor.accepted, s.acceptor.n_acc)                           # 5. commit
+        marks.append(backend.mark())
+        m = int(result[0])
+        if m < 0:
+            raise nan_error()
+        s.record(tree, lp, ids, start, root, marks)
+        out += [int(x) for x in result[1:m + 1]]
+        start, root = start + m, int(result[m])
+        cache.length = start
+    return Generation([int(x) for x in prompt], out[:max_new_tokens], s.traces(), 1 + len(s.rounds),
+                      time.perf_counter() - t0, {"method": "ddtree", "budget": budget, "temperature": temperature,
+                                                 "seed": seed, "drafter": getattr(drafter, "name", "drafter"),
+                                                 "depth": L})
+
+
+def _check_draft(draft, L: int, V: int):
+    shape = tuple(getattr(draft, "shape", ()))
+    if shape != (L, V):
+        raise ValueError(f"drafter: returned draft logits of shape {shape}, expected ({L}, {V}) = (depth, vocab)")
+    draft = backend.asarray(draft, np.float32)
+    if backend.name != "cuda":
+        logprobs.check_rows(draft, "drafter logits")
+    return draft
+
+
+class _RoundState:
+    """Buffers reused by every round, and the per-round records kept on the device until the end."""
+
+    def __init__(self, L: int, K: int, budget: int, max_rounds: int):
+        e = backend.empty
+        self.budget, self.L = budget, L
+        self.lp, self.ids = e((L, K), np.float32), e((L, K), np.int32)
+        self.builder = tree_build.TreeBuilder(1, L, K, budget)
+        self.acceptor = tree_accept.Acceptor(L, budget)
+        self.verify_ids = e((budget + 1,), np.int32)
+        self.empty_tree = self.builder.out
+        if budget == 0:
+            o = self.empty_tree
+            o.n[...], o.paths[...], o.path_depth[...] = 0, -1, 0
+            o.paths[:, :, 0] = 0
+        B1 = max(budget, 1)
+        self.rec = {"tokens": e((max_rounds, B1), np.int32), "depth": e((max_rounds, B1), np.int32),
+                    "parent": e((max_rounds, B1), np.int32), "logw": e((max_rounds, B1), np.float64),
+                    "n": e((max_rounds,), np.int32), "accepted": e((max_rounds, L + 1), np.int32),
+                    "n_acc": e((max_rounds,), np.int32), "result": e((max_rounds, L + 2), np.int32),
+                    "draft_lp": e((max_rounds, L), np.float32)}
+        self.rounds: list[tuple] = []
+
+    def record(self, tree, lp, ids, start, root, marks) -> None:
+        i, r = len(self.rounds), self.rec
+        r["tokens"][i], r["depth"][i], r["parent"][i] = tree.tokens[0], tree.depth[0], tree.parent[0]
+        r["logw"][i], r["n"][i] = tree.logw[0], tree.n[0]
+        a = self.acceptor
+        r["accepted"][i], r["n_acc"][i], r["result"][i] = a.accepted, a.n_acc[0], a.result
+        tree_accept.path_draft_logprobs(a, lp, ids, r["draft_lp"][i])
+        self.rounds.append((start, root, marks))
+
+    def traces(self) -> list[RoundTrace]:
+        """Copy the device records to the host (once) and assemble the RoundTraces."""
+        n = len(self.rounds)
+        h = {k: backend.to_host(v[:n]) for k, v in self.rec.items()}
+        out = []
+        for i, (start, root, marks) in enumerate(self.rounds):
+            k, m = int(h["n"][i]), int(h["n_acc"][i])
+            tree = tree_build.Tree(h["tokens"][i, :k].copy(), h["depth"][i, :k].copy(),
+                                   np.concatenate([[-1], h["parent"][i, :k]]).astype(np.int32),
+                                   h["logw"][i, :k].copy())
+            times = {st: backend.elapsed_ms(marks[j], marks[j + 1]) for j, st in enumerate(STAGES)}
+            probs = [float(np.exp(x)) for x in h["draft_lp"][i, :m]]
+            out.append(RoundTrace(start, root, tree, h["accepted"][i, :m].tolist(), int(h["result"][i, m]), probs,
+                                  times))
+        return out

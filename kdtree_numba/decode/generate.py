@@ -1,0 +1,50 @@
+"""``kd.generate``: validate everything up front, then run DDTree (a drafter given) or plain decoding."""
+from __future__ import annotations
+
+import math
+import numbers
+
+from ..kernels import _checks
+from ..kernels.tree_build import MAX_BUDGET
+from ..model.drafters import Drafter
+from .autoregressive import autoregressive
+from .ddtree import ddtree
+from .trace import Generation
+
+
+def generate(target, prompt_ids, max_new_tokens: int, drafter: Drafter | None = None, budget: int = 64,
+             temperature: float = 0.0, seed: int = 0, stop_tokens=()) -> Generation:
+    """Generate ``max_new_tokens`` tokens after ``prompt_ids``.
+
+    drafter None: autoregressive (one target forward per token). Otherwise DDTree with a tree of ``budget``
+    nodes (0..1024; 0 = one token per round) per round. temperature 0: greedy; > 0: sampling, reproducible from
+    ``seed``. Generation stops early after a token in ``stop_tokens``. Bad arguments raise ValueError before any
+    work is done."""
+    from ..model.target import Target
+
+    if not isinstance(target, Target):
+        raise ValueError(f"target: expected a kdtree_numba Target, got {type(target).__name__}")
+    prompt = target.check_ids(prompt_ids, "prompt_ids")
+    max_new_tokens = _checks.integer(max_new_tokens, "max_new_tokens", lo=1)
+    budget = _checks.integer(budget, "budget", lo=0, hi=MAX_BUDGET)
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or math.isnan(temperature):
+        raise ValueError(f"temperature: expected a number >= 0, got {temperature!r}")
+    temperature = _checks.real(temperature, "temperature", lo=0.0)
+    seed = _checks.integer(seed, "seed", lo=0, hi=2 ** 64 - 1)
+    stop = {_checks.integer(t, "stop_tokens", lo=0, hi=target.config.vocab_size - 1) for t in stop_tokens}
+    limit = target.config.max_position_embeddings
+    if len(prompt) + max_new_tokens > limit:
+        raise ValueError(f"max_new_tokens: prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) = "
+                         f"{len(prompt) + max_new_tokens} exceeds the context limit of {limit} "
+                         f"(max_position_embeddings)")
+    if drafter is None:
+        return autoregressive(target, prompt, max_new_tokens, temperature, seed, stop)
+    if not isinstance(drafter, Drafter):
+        raise ValueError(f"drafter: expected a kdtree_numba Drafter, got {type(drafter).__name__}")
+    if drafter.vocab_size != target.config.vocab_size:
+        raise ValueError(f"drafter: vocabulary of {drafter.vocab_size} tokens does not match the target's "
+                         f"{target.config.vocab_size}")
+    depth = getattr(drafter, "depth", None)
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+        raise ValueError(f"drafter: depth {depth!r} is not a positive integer")
+    return ddtree(target, prompt, max_new_tokens, drafter, budget, temperature, seed, stop)

@@ -1,0 +1,389 @@
+"""Draft log-probabilities with top-K, and the token choice at target logits (argmax or seeded sampling).
+
+**topk_logprobs** - per row of draft logits (a depth of one request):
+    lse = max + log(sum(exp(x - max)))        (fp32, like torch.log_softmax on fp32)
+    ids[r] = the r-th largest logit's token (equal logits: lower token id first),  lp[r] = x[ids[r]] - lse
+Draft logits are never divided by the temperature.
+Mapping: one block per row. Pass 1: each thread folds its strided elements into a running (max, sum of exp) and
+a shared 2048-bin histogram of the top 11 bits of each value's order key (the float's bits flipped so that
+unsigned order = float order). A block scan from the top bin finds the bin b* holding the K-th largest value.
+If everything at or above b* fits the candidate buffer (2048 entries), those candidates - packed as
+``key << 32 | ~index`` so one unsigned compare orders by (value desc, index asc) - go to shared memory and a
+bitonic sort orders them; the first K are the answer. Otherwise the next 11 (then 10) bits of the key refine the
+threshold inside b* with another pass; when all 32 bits are fixed and ties at the threshold still overflow
+(uniform rows), the lowest-index ties are taken by an ordered block scan.
+Shapes: logits [R, V] float32 (rows = requests x depths), K <= 1024 -> lp [R, K] float32, ids [R, K] int32.
+Example: logits [[0, 2, 2, -1]], K 3 -> ids [[1, 2, 0]], lp = [2, 2, 0] - log(1 + 2 e^2 + e^-1)
+
+**choose_tokens** - a token at every row of target logits (one row per tree node or decode step):
+T = 0: argmax (lowest id on ties). T > 0: a sample from softmax(x / T) by the Gumbel-max trick,
+    token = argmax_v (x[v] / T + g[v]),   g[v] = -log(-log(u)),   u = hash(seed, stream, row, v) in (0, 1)
+with a counter-based hash (no RNG state: a run is reproducible from its seed, rows are independent, and the
+reference computes the same u). A row holding NaN gives token -1, which the decode loop turns into an error.
+Mapping: one block per row, strided loop + shared (value, index) arg-max reduction.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, float32, float64, int32, uint32, uint64
+
+from .. import backend
+from . import _checks
+
+MAX_K = 1024
+HIST_BITS = 11
+NBINS = 1 << HIST_BITS
+CAP = 2048                 # candidate buffer (shared), >= MAX_K
+MAX_THREADS = 1024
+M32 = 0xFFFFFFFF
+
+
+# ------------------------------------------------------------------------------------------------ references
+def order_keys(x: np.ndarray) -> np.ndarray:
+    """uint32 keys whose unsigned order is the float32 order (NaN aside)."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    u = np.where(u == 0x80000000, np.uint32(0), u)                  # -0.0 orders as +0.0
+    return np.where(u & 0x80000000, ~u, u | 0x80000000).astype(np.uint32)
+
+
+def topk_logprobs_ref(logits, k: int):
+    """Plain NumPy: (lp [R, K] float32, ids [R, K] int32), ids sorted by (logit desc, id asc)."""
+    x = np.asarray(logits, np.float32)
+    m = x.max(axis=-1, keepdims=True)
+    lse = m + np.log(np.sum(np.exp(x - m), axis=-1, keepdims=True, dtype=np.float32))     # [R, 1]
+    ids = np.argsort(-x, axis=-1, kind="stable")[..., :k].astype(np.int32)               # [R, K]
+    lp = (np.take_along_axis(x, ids, axis=-1) - lse).astype(np.float32)
+    return lp, ids
+
+
+def _mix32(x):
+    x = ((x >> 16) ^ x) * 0x45D9F3B & M32
+    x = ((x >> 16) ^ x) * 0x45D9F3B & M32
+    return (x >> 16) ^ x
+
+
+def uniforms_ref(seed: int, stream: int, row: int, n: int) -> np.ndarray:
+    """The sampler's u in (0, 1) for tokens 0..n-1 of one row (float64); identical to the kernel's."""
+    v = np.arange(n, dtype=np.uint64)
+    h = _mix32(v ^ np.uint64(_mix32(np.uint64(row & M32)) ^ np.uint64(_mix32(np.uint64(stream & M32)) ^
+                                                                            np.uint64(_mix32(np.uint64(seed & M32))))))
+    h = _mix32(h ^ np.uint64((seed >> 32) & M32))
+    return ((h >> np.uint64(8)).astype(np.float64) + 0.5) / float(1 << 24)
+
+
+def choose_tokens_ref(logits, temperature: float, seed: int = 0, stream: int = 0):
+    """T == 0: argmax (first max); T > 0: Gumbel-max sample with the counter-based uniforms. NaN rows -> -1."""
+    x = np.asarray(logits, np.float32)
+    out = np.empty(x.shape[0], np.int32)
+    for r in range(x.shape[0]):
+        if np.isnan(x[r]).any():
+            out[r] = -1
+        elif temperature == 0:
+            out[r] = int(np.argmax(x[r]))
+        else:
+            g = -np.log(-np.log(uniforms_ref(seed, stream, r, x.shape[1])))
+            out[r] = int(np.argmax(x[r].astype(np.float64) / temperature + g))
+    return out
+
+
+def check_rows(x: np.ndarray, arg: str) -> None:
+    """ValueError naming the first row with a NaN or without any finite value."""
+    bad = np.isnan(x).any(axis=1)
+    if bad.any():
+        raise ValueError(f"{arg}: row {int(np.flatnonzero(bad)[0])} contains NaN")
+    empty = ~(x > -np.inf).any(axis=1)
+    if empty.any():
+        raise ValueError(f"{arg}: row {int(np.flatnonzero(empty)[0])} has no finite value (all -inf)")
+
+
+# ------------------------------------------------------------------------------------------------ device helpers
+@cuda.jit(device=True)
+def _order_key(u):
+    """float32 bit pattern (uint32) -> key whose unsigned order is the float order (-0.0 counts as +0.0)."""
+    if u == uint32(0x80000000):
+        u = uint32(0)
+    if u & uint32(0x80000000):
+        return ~u
+    return u | uint32(0x80000000)
+
+
+@cuda.jit(device=True)
+def _dmix(x):
+    x = ((x >> uint64(16)) ^ x) * uint64(0x45D9F3B) & uint64(M32)
+    x = ((x >> uint64(16)) ^ x) * uint64(0x45D9F3B) & uint64(M32)
+    return (x >> uint64(16)) ^ x
+
+
+@cuda.jit(device=True)
+def _block_suffix_scan(buf, tid, nthreads):
+    """In place: buf[t] <- sum of buf[t .. nthreads-1] (Hillis-Steele, log2(nthreads) barriers)."""
+    step = 1
+    while step < nthreads:
+        add = buf[tid + step] if tid + step < nthreads else 0
+        cuda.syncthreads()
+        buf[tid] += add
+        cuda.syncthreads()
+        step *= 2
+
+
+@cuda.jit(device=True)
+def _bitonic_desc(keys, n_pad, tid, nthreads):
+    """Sort keys[0 .. n_pad) descending (n_pad a power of two), all threads of the block."""
+    size = 2
+    while size <= n_pad:
+        stride = size // 2
+        while stride > 0:
+            for i in range(tid, n_pad, nthreads):
+                j = i ^ stride
+                if j > i:
+                    a = keys[i]
+                    b = keys[j]
+                    if (i & size) == 0:
+                        if a < b:
+                            keys[i] = b
+                            keys[j] = a
+                    elif a > b:
+                        keys[i] = b
+                        keys[j] = a
+            cuda.syncthreads()
+            stride //= 2
+        size *= 2
+
+
+# ------------------------------------------------------------------------------------------------ kernels
+@cuda.jit
+def _topk_kernel(x, bits, k, lp_out, ids_out):
+    row = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    nthreads = cuda.blockDim.x
+    V = x.shape[1]
+    hist = cuda.shared.array(NBINS, int32)
+    scan = cuda.shared.array(MAX_THREADS, int32)
+    red_m = cuda.shared.array(MAX_THREADS, float32)
+    red_s = cuda.shared.array(MAX_THREADS, float32)
+    cand = cuda.shared.array(CAP, uint64)
+    info = cuda.shared.array(4, int32)        # 0: threshold bin, 1: count above it, 2: candidates, 3: has NaN
+    lo_key = cuda.shared.array(1, uint32)     # candidates are keys >= lo_key
+
+    # pass 1: running max / sum of exp per thread; block combine -> lse
+    m = float32(-math.inf)
+    ssum = float32(0.0)
+    nan = 0
+    for v in range(tid, V, nthreads):
+        val = x[row, v]
+        if val != val:
+            nan = 1
+        elif val == float32(-math.inf):
+            continue
+        elif val > m:
+            ssum = ssum * float32(math.exp(m - val)) + float32(1.0)
+            m = val
+        else:
+            ssum += float32(math.exp(val - m))
+    red_m[tid] = m
+    red_s[tid] = ssum
+    if tid == 0:
+        info[3] = 0
+    cuda.syncthreads()
+    if nan:
+        info[3] = 1
+    stride = nthreads // 2
+    while stride > 0:
+        if tid < stride:
+            m1 = red_m[tid]
+            m2 = red_m[tid + stride]
+            mx = max(m1, m2)
+            if mx == float32(-math.inf):
+                red_s[tid] = red_s[tid] + red_s[tid + stride]
+            else:
+                red_s[tid] = red_s[tid] * float32(math.exp(m1 - mx)) + red_s[tid + stride] * float32(math.exp(m2 - mx))
+            red_m[tid] = mx
+        cuda.syncthreads()
+        stride //= 2
+    lse = red_m[0] + float32(math.log(red_s[0]))
+    if info[3]:
+        for r in range(tid, k, nthreads):
+            lp_out[row, r] = float32(math.nan)
+            ids_out[row, r] = -1
+        return
+
+    # radix refinement of the threshold: levels of 11, 11, 10 key bits
+    prefix = uint32(0)          # fixed high bits of the threshold key
+    above = 0                   # elements with key above the current prefix range
+    shift = 32
+    need_ties = 0
+    for level in range(3):
+        nb = 11 if level < 2 else 10
+        shift -= nb
+        for b in range(tid, NBINS, nthreads):
+            hist[b] = 0
+        cuda.syncthreads()
+        for v in range(tid, V, nthreads):
+            key = _order_key(bits[row, v])
+            if level == 0 or (key >> uint32(shift + nb)) == prefix:
+                cuda.atomic.add(hist, int32((key >> uint32(shift)) & uint32((1 << nb) - 1)), 1)
+        cuda.syncthreads()
+        # per-thread sums of a contiguous bin range, then a suffix scan over threads
+        per = (NBINS + nthreads - 1) // nthreads
+        b0 = tid * per
+        c = 0
+        for b in range(b0, min(b0 + per, NBINS)):
+            c += hist[b]
+        scan[tid] = c
+        cuda.syncthreads()
+        _block_suffix_scan(scan, tid, nthreads)
+        # the thread whose range holds the crossing finds b*: count(bins > b*) < k - above <= count(bins >= b*)
+        run = above + (scan[tid + 1] if tid + 1 < nthreads else 0)
+        if run < k and run + c >= k:
+            b = min(b0 + per, NBINS) - 1
+            while b >= b0:
+                if run + hist[b] >= k:
+                    info[0] = b
+                    info[1] = run
+                    break
+                run += hist[b]
+                b -= 1
+        cuda.syncthreads()
+        bstar = info[0]
+        above = info[1]
+        prefix = (prefix << uint32(nb)) | uint32(bstar)
+        if above + hist[bstar] <= CAP:
+            break
+        if level == 2:
+            need_ties = k - above          # all 32 bits fixed, ties overflow the buffer
+        cuda.syncthreads()
+    if tid == 0:
+        lo_key[0] = prefix << uint32(shift)
+        info[2] = 0
+    cuda.syncthreads()
+
+    # collect candidates key >= lo_key (or > it, plus the lowest-index ties, when ties overflow)
+    threshold = lo_key[0]
+    for v in range(tid, V, nthreads):
+        key = _order_key(bits[row, v])
+        if key > threshold or (key == threshold and need_ties == 0):
+            slot = cuda.atomic.add(info, 2, 1)
+            cand[slot] = (uint64(key) << uint64(32)) | uint64(M32 - v)
+    cuda.syncthreads()
+    if need_ties > 0:
+        base = 0
+        for start in range(0, V, nthreads):
+            v = start + tid
+            flag = 1 if v < V and _order_key(bits[row, v]) == threshold else 0
+            scan[tid] = flag
+            cuda.syncthreads()
+            _block_suffix_scan(scan, tid, nthreads)       # suffix counts: rank from the end of the chunk
+            total = scan[0]
+            rank = total - scan[tid]                      # ties before v in this chunk
+            if flag and base + rank < need_ties:
+                cand[above + base + rank] = (uint64(threshold) << uint64(32)) | uint64(M32 - v)
+            base += total
+            cuda.syncthreads()
+            if base >= need_ties:
+                break
+        if tid == 0:
+            info[2] = k
+        cuda.syncthreads()
+
+    n = info[2]
+    n_pad = 1
+    while n_pad < n:
+        n_pad *= 2
+    for i in range(n + tid, n_pad, nthreads):
+        cand[i] = uint64(0)
+    cuda.syncthreads()
+    _bitonic_desc(cand, n_pad, tid, nthreads)
+    for r in range(tid, k, nthreads):
+        v = int32(M32 - (cand[r] & uint64(M32)))
+        ids_out[row, r] = v
+        lp_out[row, r] = x[row, v] - lse
+
+
+@cuda.jit
+def _choose_kernel(x, temperature, seed_lo, seed_hi, stream, out):
+    row = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    nthreads = cuda.blockDim.x
+    V = x.shape[1]
+    red_v = cuda.shared.array(MAX_THREADS, float64)
+    red_i = cuda.shared.array(MAX_THREADS, int32)
+    nan_flag = cuda.shared.array(1, int32)
+    if tid == 0:
+        nan_flag[0] = 0
+    cuda.syncthreads()
+    h_row = _dmix(uint64(row)) ^ (_dmix(uint64(stream)) ^ _dmix(uint64(seed_lo)))
+    best = -math.inf
+    best_i = V
+    for v in range(tid, V, nthreads):
+        val = x[row, v]
+        if val != val:
+            nan_flag[0] = 1
+            continue
+        score = float64(val)
+        if temperature > 0:
+            h = _dmix(_dmix(uint64(v) ^ h_row) ^ uint64(seed_hi))
+            u = (float64(h >> uint64(8)) + 0.5) / float64(1 << 24)
+            score = score / temperature - math.log(-math.log(u))
+        if score > best or (score == best and v < best_i):
+            best = score
+            best_i = v
+    red_v[tid] = best
+    red_i[tid] = best_i
+    cuda.syncthreads()
+    stride = nthreads // 2
+    while stride > 0:
+        if tid < stride:
+            ov = red_v[tid + stride]
+            oi = red_i[tid + stride]
+            if ov > red_v[tid] or (ov == red_v[tid] and oi < red_i[tid]):
+                red_v[tid] = ov
+                red_i[tid] = oi
+        cuda.syncthreads()
+        stride //= 2
+    if tid == 0:
+        out[row] = -1 if nan_flag[0] or red_i[0] >= V else red_i[0]
+
+
+# ------------------------------------------------------------------------------------------------ launchers
+def topk_logprobs(logits, k: int, out=None):
+    """Top-``k`` draft log-probs per row of ``logits [R, V]``: (lp [R, k] float32, ids [R, k] int32) sorted by
+    (logit desc, id asc). A row containing NaN raises (host check on host backends; -1 ids on the GPU)."""
+    x = _checks.array(logits, "logits", dtype=np.float32, ndim=2)
+    R, V = x.shape
+    k = _checks.integer(k, "k", lo=1, hi=min(V, MAX_K))
+    if out is None:
+        lp, ids = backend.empty((R, k), np.float32), backend.empty((R, k), np.int32)
+    else:
+        lp = _checks.out_array(out[0], "out[0]", (R, k), np.float32)
+        ids = _checks.out_array(out[1], "out[1]", (R, k), np.int32)
+    if backend.name != "cuda" and R:
+        check_rows(np.asarray(x), "logits")
+    if backend.name == "numpy":
+        lp[...], ids[...] = topk_logprobs_ref(x, k)
+        return lp, ids
+    if R:
+        threads = backend.block_size(1024, 32)
+        backend.launch(_topk_kernel, R, threads, x, x.view(np.uint32), k, lp, ids)
+    return lp, ids
+
+
+def choose_tokens(logits, temperature: float = 0.0, seed: int = 0, stream: int = 0, out=None):
+    """One token per row of ``logits [M, V]``: argmax (T = 0) or a seeded Gumbel-max sample (T > 0).
+
+    ``stream`` separates the random draws of different calls (the decode step or DDTree round); rows are the
+    nodes. Rows with NaN give -1."""
+    x = _checks.array(logits, "logits", dtype=np.float32, ndim=2)
+    temperature = _checks.real(temperature, "temperature", lo=0.0)
+    seed = _checks.integer(seed, "seed", lo=0, hi=2 ** 64 - 1)
+    stream = _checks.integer(stream, "stream", lo=0, hi=M32)
+    out = _checks.out_array(out, "out", (x.shape[0],), np.int32)
+    if backend.name == "numpy":
+        out[...] = choose_tokens_ref(x, temperature, seed, stream)
+        return out
+    if x.shape[0]:
+        threads = backend.block_size(256, 32)
+        backend.launch(_choose_kernel, x.shape[0], threads, x, float(temperature), seed & M32, (seed >> 32) & M32,
+                       stream, out)
+    return out

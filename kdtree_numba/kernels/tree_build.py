@@ -1,0 +1,512 @@
+"""DDTree's best-first draft tree, built on the GPU - the same tree the heap algorithm builds, bit for bit.
+
+**The heap algorithm (the reference, ``build_tree_ref``).** Per-depth candidates come sorted: ``lp[d][r]`` is the
+log-prob of the r-th best token at depth d (d = 1..L, r < K). A node is a rank tuple (r_1, .., r_d), weight
+logw = sum_i lp[i][r_i] (float64). Max-heap on logw, ties by rank tuple (Python tuple order); start with
+(depth 1, rank 0). Pop -> node i (pop order; the root is node 0). Push its next sibling with
+``logw - lp[d][r] + lp[d][r+1]`` (float64, in this order) and its first child with ``logw + lp[d+1][0]``.
+Stop after ``budget`` pops. Candidates whose log-prob is -inf (probability 0) are never pushed, so a row of -inf
+ends its branch (the official code would push them and produce NaN weights).
+
+**Why a parallel version is subtle.** Pop order is not simply "sort by (-logw, tuple)": a sibling's telescoped
+weight can round an ulp *above* its generator's (equal or ulp-close log-probs, e.g. uniform rows), yet the heap
+still pops the generator first, and the sibling right after it. Exactly: the heap is a best-first search over
+the *generation tree* (each node generates its next sibling and its first child). Give each node its record
+parent rp(X) = the nearest generation ancestor whose key (-logw, tuple) is larger than X's (the "previous greater
+element" on its generation path), or none. Best-first order is the preorder of this record tree with children in
+key order: with no rounding inversions every rp is none and the order is a plain sort by key. The comparator
+below walks record parents (usually zero steps) and, for equal weights, trie parents to compare rank tuples.
+
+**The parallel formulation (``_build_kernel``, one block per request).** Level by level, d = 1..L:
+  1. expand: every node of depth d-1 in the current top list G (the root for d = 1) is a parent; one thread per
+     parent walks its children's sibling chain r = 0, 1, .. computing the heap's telescoped float64 weights
+     (w_0 = W_p + lp[d][0], w_{r+1} = (w_r - lp[d][r]) + lp[d][r+1]) and each child's record parent by
+     previous-greater jumps. A chain stops at rank B (r earlier siblings pop first), at a -inf log-prob, or -
+     once G holds B nodes - when its weight falls below tau - margin, tau = the smallest weight in G: any B
+     nodes bound the final B-th weight from below, and no node lighter than that by more than the accumulated
+     rounding (margin = 2^-30 |tau|) can pop within the first B.
+  2. order the candidates with the comparator (bitonic sort of their indices),
+  3. merge them into G (co-ranking by binary search), keep the first B, and rewrite the node table in the new
+     pop order (table index == pop position) with remapped parent / record-parent links.
+After depth L (or when a depth adds no node) G is the tree in pop order. The per-depth top-B is exact for *any*
+total order consistent with the heap (a node's first B at depth d are among the first B of all nodes at depth
+d, and its parent pops before it), which is why the level-by-level split loses nothing.
+
+Worked example (L = 2, K = 2, budget 3): lp = [[-0.1, -2.5], [-0.2, -1.8]].
+  d = 1: chain of the root: (0) w = -0.1, (1) w = -2.5           -> G = [(0), (1)]
+  d = 2: parents (0): (0,0) -0.3, (0,1) -1.9;  (1): (1,0) -2.7 ... G full? no (2 < 3): all kept as candidates;
+         sorted: (0,0) -0.3, (0,1) -1.9, (1,0) -2.7; merge with G -> [(0) -0.1, (0,0) -0.3, (0,1) -1.9]
+  tree: node 1 = (0) depth 1 parent 0; node 2 = (0,0) depth 2 parent 1; node 3 = (0,1) depth 2 parent 1.
+The heap pops (0), (0,0), (0,1) - the same.
+
+Also produced for verify: each node's root-to-node path ``paths [n+1, L+1]`` (node indices by depth, -1 padded)
+and ``path_depth [n+1]`` (0 for the root): the compact ancestor representation tree_verify reads.
+Shapes: lp [R, L, K] float32 (rows sorted desc), ids [R, L, K] int32 -> per request up to B nodes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+
+import numpy as np
+from numba import cuda, float64, int32
+
+from .. import backend
+from . import _checks
+
+MAX_BUDGET = 1024
+MARGIN = 2.0 ** -30
+
+
+# ------------------------------------------------------------------------------------------------ the Tree
+@dataclasses.dataclass
+class Tree:
+    """A draft tree in pop order. Node i (1..n) is ``tokens[i-1]`` at ``depths[i-1]``; ``parents[i]`` is its parent
+    node (0 = the root); ``parents[0] == -1``; ``logw`` the float64 sum of its path's draft log-probs."""
+    tokens: np.ndarray     # (n,) int32
+    depths: np.ndarray     # (n,) int32
+    parents: np.ndarray    # (n+1,) int32
+    logw: np.ndarray       # (n,) float64
+
+    @property
+    def n(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def paths(self, max_depth: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(paths [n+1, L+1] int32, path_depth [n+1] int32): every node's root-to-node node indices."""
+        from .tree_verify import ancestor_paths
+        return ancestor_paths(self.parents, max_depth)
+
+    def __eq__(self, other) -> bool:
+        return (isinstance(other, Tree) and np.array_equal(self.tokens, other.tokens)
+                and np.array_equal(self.depths, other.depths) and np.array_equal(self.parents, other.parents)
+                and np.array_equal(self.logw.view(np.int64), other.logw.view(np.int64)))
+
+
+def _empty_tree() -> Tree:
+    return Tree(np.zeros(0, np.int32), np.zeros(0, np.int32), np.array([-1], np.int32), np.zeros(0, np.float64))
+
+
+# ------------------------------------------------------------------------------------------------ reference
+def build_tree_ref(lp, ids, budget: int) -> Tree:
+    """The heap algorithm, exactly as the official DDTree code runs it (plus: -inf candidates are not pushed)."""
+    lp = np.asarray(lp, np.float32)
+    L, K = lp.shape
+    lp64 = lp.astype(np.float64)
+    heap: list = []
+    if budget > 0 and L > 0 and lp[0, 0] > -np.inf:
+        heap.append((-lp64[0, 0], (0,), 0, 1, 0, lp64[0, 0]))
+    tokens, depths, parents, logw = [], [], [-1], []
+    while heap and len(tokens) < budget:
+        _, tup, parent, depth, rank, w = heapq.heappop(heap)
+        i = len(tokens) + 1
+        tokens.append(int(ids[depth - 1][rank]))
+        depths.append(depth)
+        parents.append(parent)
+        logw.append(w)
+        if rank + 1 < K and lp[depth - 1, rank + 1] > -np.inf:
+            ws = w - lp64[depth - 1, rank] + lp64[depth - 1, rank + 1]
+            heapq.heappush(heap, (-ws, tup[:-1] + (rank + 1,), parent, depth, rank + 1, ws))
+        if depth < L and lp[depth, 0] > -np.inf:
+            wc = w + lp64[depth, 0]
+            heapq.heappush(heap, (-wc, tup + (0,), i, depth + 1, 0, wc))
+    return Tree(np.array(tokens, np.int32), np.array(depths, np.int32), np.array(parents, np.int32),
+                np.array(logw, np.float64))
+
+
+# ------------------------------------------------------------------------------------------------ comparator
+@cuda.jit(device=True)
+def _tuple_less(x, y, depth, tpar, rank):
+    """Rank tuple of node x < that of node y (lexicographic; a prefix sorts first)."""
+    xa = x
+    ya = y
+    while depth[xa] > depth[ya]:
+        xa = tpar[xa]
+    while depth[ya] > depth[xa]:
+        ya = tpar[ya]
+    if xa == ya:
+        return depth[x] < depth[y]
+    while tpar[xa] != tpar[ya]:
+        xa = tpar[xa]
+        ya = tpar[ya]
+    return rank[xa] < rank[ya]
+
+
+@cuda.jit(device=True)
+def _key_less(x, y, w, depth, tpar, rank):
+    """Heap key of x < key of y: heavier first, equal weights by rank tuple."""
+    if w[x] != w[y]:
+        return w[x] > w[y]
+    return _tuple_less(x, y, depth, tpar, rank)
+
+
+@cuda.jit(device=True)
+def _pops_before(a, b, w, depth, tpar, rank, rpar, rdep):
+    """Heap pop order: preorder of the record tree (record ancestors first, siblings by key)."""
+    if rdep[a] == 1 and rdep[b] == 1:
+        return _key_less(a, b, w, depth, tpar, rank)
+    x = a
+    y = b
+    while rdep[x] > rdep[y]:
+        x = rpar[x]
+    if x == b:
+        return False
+    while rdep[y] > rdep[x]:
+        y = rpar[y]
+    if y == a:
+        return True
+    while rpar[x] != rpar[y]:
+        x = rpar[x]
+        y = rpar[y]
+    return _key_less(x, y, w, depth, tpar, rank)
+
+
+@cuda.jit(device=True)
+def _record_parent(gen, wx, w, rpar):
+    """Nearest generation ancestor (starting at the generator) with a strictly smaller weight, i.e. a larger key
+    (ancestors always have smaller rank tuples, so equal weights never make them larger)."""
+    z = gen
+    while z >= 0 and not (w[z] < wx):
+        z = rpar[z]
+    return z
+
+
+# ------------------------------------------------------------------------------------------------ kernel
+@cuda.jit
+def _build_kernel(lp, ids, budget, cap, w_a, dep_a, rank_a, tpar_a, rpar_a, rdep_a, w_b, dep_b, rank_b, tpar_b,
+                  rpar_b, rdep_b, newidx, sidx, out_tokens, out_depth, out_parent, out_logw, paths, path_depth,
+                  n_out, overflow):
+    r = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    nthreads = cuda.blockDim.x
+    L = lp.shape[1]
+    K = lp.shape[2]
+    B = budget
+    sh = cuda.shared.array(3, int32)        # 0: |G|, 1: candidate count, 2: overflow
+    tau_sh = cuda.shared.array(1, float64)
+    redw = cuda.shared.array(256, float64)
+
+    # the table of request r: entries [0, |G|) are G in pop order, candidates are appended after them
+    w = w_a[r]
+    dep = dep_a[r]
+    rank = rank_a[r]
+    tpar = tpar_a[r]
+    rpar = rpar_a[r]
+    rdep = rdep_a[r]
+    w2 = w_b[r]
+    dep2 = dep_b[r]
+    rank2 = rank_b[r]
+    tpar2 = tpar_b[r]
+    rpar2 = rpar_b[r]
+    rdep2 = rdep_b[r]
+    nmap = newidx[r]
+    order = sidx[r]
+    if tid == 0:
+        sh[0] = 0
+        sh[2] = 0
+        tau_sh[0] = -math.inf
+    cuda.syncthreads()
+
+    for d in range(1, L + 1):
+        gn = sh[0]
+        if tid == 0:
+            sh[1] = 0
+        cuda.syncthreads()
+        full = gn == B
+        tau = tau_sh[0]
+        floor_w = tau - MARGIN * max(1.0, abs(tau)) if full else -math.inf
+        lpd = lp[r, d - 1]
+        top_lp = float64(lpd[0])
+        # 1. expand: one thread per parent walks the sibling chain of its children
+        n_par = 1 if d == 1 else gn
+        for pi in range(tid, n_par, nthreads):
+            if d == 1:
+                parent = -1
+                wp = 0.0
+            else:
+                parent = pi
+                if dep[parent] != d - 1:
+                    continue
+                wp = w[parent]
+            if top_lp == -math.inf:
+                continue
+            prev = -1
+            wc = wp + top_lp if d > 1 else top_lp
+            c = 0
+            while True:
+                if wc < floor_w:
+                    break
+                slot = cuda.atomic.add(sh, 1, 1)
+                if slot >= cap:
+                    sh[2] = 1
+                    break
+                x = gn + slot
+                gen = prev if c > 0 else parent
+                z = _record_parent(gen, wc, w, rpar)
+                w[x] = wc
+                dep[x] = d
+                rank[x] = c
+                tpar[x] = parent
+                rpar[x] = z
+                rdep[x] = 1 if z < 0 else rdep[z] + 1
+                prev = x
+                c += 1
+                if c >= K or c >= B:
+                    break
+                nxt = float64(lpd[c])
+                if nxt == -math.inf:
+                    break
+                wc = (wc - float64(lpd[c - 1])) + nxt
+        cuda.syncthreads()
+        cn = min(sh[1], cap)
+        if sh[2] != 0:
+            if tid == 0:
+                overflow[r] = 1
+            break
+        if cn == 0:
+            break
+
+        # 2. sort the candidates by pop order (bitonic over their table indices; -1 pads sort last)
+        n_pad = 1
+        while n_pad < cn:
+            n_pad *= 2
+        for i in range(tid, n_pad, nthreads):
+            order[i] = gn + i if i < cn else -1
+        cuda.syncthreads()
+        size = 2
+        while size <= n_pad:
+            stride = size // 2
+            while stride > 0:
+                for i in range(tid, n_pad, nthreads):
+                    j = i ^ stride
+                    if j > i:
+                        a = order[i]
+                        b = order[j]
+                        if (i & size) == 0:      # ascending half: b first if it pops earlier (pads last)
+                            swap = (a < 0 and b >= 0) or (a >= 0 and b >= 0 and
+                                                         _pops_before(b, a, w, dep, tpar, rank, rpar, rdep))
+                        else:                    # descending half: the reverse
+                            swap = (b < 0 and a >= 0) or (a >= 0 and b >= 0 and
+                                                         _pops_before(a, b, w, dep, tpar, rank, rpar, rdep))
+                        if swap:
+                            order[i] = b
+                            order[j] = a
+                cuda.syncthreads()
+                stride //= 2
+            size *= 2
+
+        # 3. merge with G by co-ranking; keep the first B
+        ck = min(cn, B)
+        for i in range(tid, gn + cn, nthreads):
+            nmap[i] = -1
+        cuda.syncthreads()
+        for i in range(tid, gn + ck, nthreads):
+            if i < gn:                       # a G member: how many kept candidates pop before it
+                lo = 0
+                hi = ck
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if _pops_before(order[mid], i, w, dep, tpar, rank, rpar, rdep):
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                pos = i + lo
+                x = i
+            else:                            # the (i-gn)-th candidate: how many G members pop before it
+                x = order[i - gn]
+                lo = 0
+                hi = gn
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if _pops_before(mid, x, w, dep, tpar, rank, rpar, rdep):
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                pos = (i - gn) + lo
+            if pos < B:
+                nmap[x] = pos
+        cuda.syncthreads()
+        # rewrite the table in the new pop order
+        for x in range(tid, gn + cn, nthreads):
+            p = nmap[x]
+            if p >= 0:
+                w2[p] = w[x]
+                dep2[p] = dep[x]
+                rank2[p] = rank[x]
+                tpar2[p] = nmap[tpar[x]] if tpar[x] >= 0 else -1
+                rpar2[p] = nmap[rpar[x]] if rpar[x] >= 0 else -1
+                rdep2[p] = rdep[x]
+        cuda.syncthreads()
+        w, w2 = w2, w
+        dep, dep2 = dep2, dep
+        rank, rank2 = rank2, rank
+        tpar, tpar2 = tpar2, tpar
+        rpar, rpar2 = rpar2, rpar
+        rdep, rdep2 = rdep2, rdep
+        gn_new = min(B, gn + cn)
+        # tau = the smallest weight in G (a lower bound of the final B-th weight), once G is full
+        m = math.inf
+        for i in range(tid, gn_new, nthreads):
+            m = min(m, w[i])
+        redw[tid] = m
+        cuda.syncthreads()
+        stride = nthreads // 2
+        while stride > 0:
+            if tid < stride:
+                redw[tid] = min(redw[tid], redw[tid + stride])
+            cuda.syncthreads()
+            stride //= 2
+        if tid == 0:
+            sh[0] = gn_new
+            tau_sh[0] = redw[0]
+        cuda.syncthreads()
+
+    # outputs: node i + 1 = table entry i
+    gn = sh[0]
+    for i in range(tid, gn, nthreads):
+        d = dep[i]
+        out_tokens[r, i] = ids[r, d - 1, rank[i]]
+        out_depth[r, i] = d
+        out_parent[r, i] = tpar[i] + 1
+        out_logw[r, i] = w[i]
+        path_depth[r, i + 1] = d
+        node = i
+        for k in range(d, 0, -1):
+            paths[r, i + 1, k] = node + 1
+            node = tpar[node]
+        paths[r, i + 1, 0] = 0
+        for k in range(d + 1, paths.shape[2]):
+            paths[r, i + 1, k] = -1
+    for i in range(gn + tid, B, nthreads):     # padding nodes (fewer than B possible): verified, never accepted
+        out_tokens[r, i] = 0
+        out_depth[r, i] = 1
+        out_parent[r, i] = 0
+        out_logw[r, i] = -math.inf
+        path_depth[r, i + 1] = 1
+        paths[r, i + 1, 0] = 0
+        paths[r, i + 1, 1] = i + 1
+        for k in range(2, paths.shape[2]):
+            paths[r, i + 1, k] = -1
+    if tid == 0:
+        n_out[r] = gn
+        path_depth[r, 0] = 0
+        paths[r, 0, 0] = 0
+        for k in range(1, paths.shape[2]):
+            paths[r, 0, k] = -1
+
+
+# ------------------------------------------------------------------------------------------------ launcher
+@dataclasses.dataclass
+class DeviceTrees:
+    """Trees of R requests on the backend (what the decode loop keeps on the device).
+    Node i of request r (1..n[r]) is at index i-1 of tokens/depth/parent/logw; paths/path_depth include the
+    root at index 0."""
+    tokens: object       # [R, B] int32
+    depth: object        # [R, B] int32
+    parent: object       # [R, B] int32  (parent node index, 0 = root)
+    logw: object         # [R, B] float64
+    paths: object        # [R, B+1, L+1] int32
+    path_depth: object   # [R, B+1] int32
+    n: object            # [R] int32
+
+    def to_trees(self) -> list[Tree]:
+        h = backend.to_host
+        tokens, depth, parent, logw, n = h(self.tokens), h(self.depth), h(self.parent), h(self.logw), h(self.n)
+        return [Tree(tokens[r, :n[r]].copy(), depth[r, :n[r]].copy(),
+                     np.concatenate([[-1], parent[r, :n[r]]]).astype(np.int32), logw[r, :n[r]].copy())
+                for r in range(n.shape[0])]
+
+
+class TreeBuilder:
+    """Preallocated scratch for building trees of R requests, L depths, K candidates, budget B (reused every
+    round by the decode loop: no allocation on the hot path)."""
+
+    def __init__(self, R: int, L: int, K: int, budget: int, capacity: int | None = None):
+        self.R, self.L, self.K, self.B = R, L, K, budget
+        worst = budget * min(K, budget)
+        self.cap = worst if capacity is None else max(1, min(capacity, worst))
+        tab = budget + self.cap
+        sort_cap = 1
+        while sort_cap < self.cap:
+            sort_cap *= 2
+        e = backend.empty
+        self.tables = [e((R, tab), np.float64)] + [e((R, tab), np.int32) for _ in range(5)]
+        self.tables2 = [e((R, tab), np.float64)] + [e((R, tab), np.int32) for _ in range(5)]
+        self.newidx = e((R, tab), np.int32)
+        self.sidx = e((R, sort_cap), np.int32)
+        B1 = max(budget, 1)
+        self.out = DeviceTrees(e((R, B1), np.int32), e((R, B1), np.int32), e((R, B1), np.int32),
+                               e((R, B1), np.float64), e((R, B1 + 1, L + 1), np.int32), e((R, B1 + 1), np.int32),
+                               e((R,), np.int32))
+        self.overflow = backend.zeros((R,), np.int32)
+
+    def build(self, lp, ids) -> DeviceTrees:
+        """Launch the build for ``lp, ids [R, L, K]`` (no host sync); ``self.overflow`` flags a too-small cap."""
+        o = self.out
+        if backend.name == "numpy":
+            host_ids = np.asarray(ids)
+            for r in range(self.R):
+                self._pack(r, build_tree_ref(np.asarray(lp[r]), host_ids[r], self.B))
+            return o
+        self.overflow[...] = 0
+        threads = backend.block_size(256, 8)
+        backend.launch(_build_kernel, self.R, threads, lp, ids, self.B, self.cap, *self.tables, *self.tables2,
+                       self.newidx, self.sidx, o.tokens, o.depth, o.parent, o.logw, o.paths, o.path_depth, o.n,
+                       self.overflow)
+        return o
+
+
+    def _pack(self, r: int, tree: Tree) -> None:
+        """Write a host Tree into request r's output rows, padded like the kernel's (numpy backend)."""
+        o, n, B = self.out, tree.n, self.B
+        o.n[r] = n
+        o.tokens[r, :n], o.depth[r, :n], o.parent[r, :n], o.logw[r, :n] = (tree.tokens, tree.depths,
+                                                                             tree.parents[1:], tree.logw)
+        o.tokens[r, n:B], o.depth[r, n:B], o.parent[r, n:B], o.logw[r, n:B] = 0, 1, 0, -np.inf
+        paths, depth = tree.paths(self.L)
+        o.paths[r, :n + 1], o.path_depth[r, :n + 1] = paths, depth
+        o.paths[r, n + 1:B + 1] = -1
+        o.paths[r, n + 1:B + 1, 0] = 0
+        o.paths[r, n + 1:B + 1, 1] = np.arange(n + 1, B + 1)
+        o.path_depth[r, n + 1:B + 1] = 1
+
+
+def build_trees(top_logprobs, top_ids, budget: int) -> list[Tree]:
+    """Best-first trees of R requests: ``top_logprobs [R, L, K]`` float32 (rows sorted descending),
+    ``top_ids [R, L, K]`` int. Returns R host Trees (the heap reference on the numpy backend)."""
+    lp = _checks.array(top_logprobs, "top_logprobs", dtype=np.float32, ndim=3)
+    R, L, K = lp.shape
+    ids = _checks.array(top_ids, "top_ids", kinds="iu", shape=(R, L, K))
+    budget = _checks.integer(budget, "budget", lo=0, hi=MAX_BUDGET)
+    host_lp = backend.to_host(lp)
+    if np.isnan(host_lp).any():
+        raise ValueError("top_logprobs: contains NaN")
+    if (host_lp == np.inf).any():
+        raise ValueError("top_logprobs: contains +inf (expected log-probabilities)")
+    rising = host_lp[..., 1:] > host_lp[..., :-1]
+    if rising.any():
+        r, d, k = np.argwhere(rising)[0]
+        raise ValueError(f"top_logprobs: row (request {r}, depth {d + 1}) is not sorted in descending order at "
+                         f"rank {k + 1}")
+    if budget == 0 or R == 0 or L == 0 or K == 0:
+        return [_empty_tree() for _ in range(R)]
+    if backend.name == "numpy":
+        host_ids = backend.to_host(ids)
+        return [build_tree_ref(host_lp[r], host_ids[r], budget) for r in range(R)]
+    ids32 = ids if ids.dtype == np.int32 else backend.asarray(backend.to_host(ids).astype(np.int32))
+    small = R * budget * min(K, budget) <= (1 << 22)
+    builder = TreeBuilder(R, L, K, budget, None if small else max(16 * budget, 4096))
+    out = builder.build(lp, ids32)
+    if not small and backend.to_host(builder.overflow).any():
+        builder = TreeBuilder(R, L, K, budget)
+        out = builder.build(lp, ids32)
+    return out.to_trees()
+
+
+def build_tree(top_logprobs, top_ids, budget: int) -> Tree:
+    """The best-first tree of one request: ``top_logprobs [L, K]`` float32 sorted descending per row,
+    ``top_ids [L, K]`` int, ``budget`` nodes at most (0..1024). Same result on every backend."""
+    lp = _checks.array(top_logprobs, "top_logprobs", dtype=np.float32, ndim=2)
+    ids = _checks.array(top_ids, "top_ids", kinds="iu", shape=lp.shape)
+    return build_trees(lp[None], ids[None], budget)[0]
