@@ -25,9 +25,10 @@ from .trace import STAGES, Generation, RoundTrace
 
 
 def ddtree(target, prompt: np.ndarray, max_new_tokens: int, drafter, budget: int, temperature: float, seed: int,
-           stop_tokens=()) -> Generation:
+           stop_tokens=(), top_k: int | None = None) -> Generation:
+    """DDTree decoding (``top_k=1`` with ``budget = depth``: a single draft chain)."""
     L, V = drafter.depth, target.config.vocab_size
-    K = max(1, min(budget, V))
+    K = max(1, min(budget, V) if top_k is None else top_k)
     cache = target.new_cache(len(prompt) + max_new_tokens + budget + 1)       # + one tree block
     drafter.reset()
     logits, _ = target.forward(prompt, cache, 0, check_ids=False)                # prefill
@@ -63,7 +64,7 @@ def ddtree(target, prompt: np.ndarray, max_new_tokens: int, drafter, budget: int
         start, root = start + m, int(result[m])
         cache.length = start
     return Generation([int(x) for x in prompt], out[:max_new_tokens], s.traces(), 1 + len(s.rounds),
-                      time.perf_counter() - t0, {"method": "ddtree", "budget": budget, "temperature": temperature,
+                      time.perf_counter() - t0, {"method": "chain" if top_k == 1 else "ddtree", "budget": budget, "temperature": temperature,
                                                  "seed": seed, "drafter": getattr(drafter, "name", "drafter"),
                                                  "depth": L})
 

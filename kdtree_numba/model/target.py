@@ -188,6 +188,18 @@ class Target:
         """Write an HF directory (config.json + model.safetensors, fp32) that transformers can load."""
         checkpoint.save_state_dict(str(path), self.config, self.state_dict())
 
+    def with_backend(self, name: str) -> "Target":
+        """The same model on another host backend ("sim" <-> "numpy"), sharing the weight arrays (no copy).
+        E.g. an OracleDrafter on the NumPy references while the target's kernels run on the simulator."""
+        if name == self.backend:
+            return self
+        if name == "cuda" or self.backend == "cuda":
+            raise ValueError(f"name: {name!r}: only host backends (sim, numpy) can share weights, this target "
+                             f"is on {self.backend!r}")
+        with backend.use(name):
+            clone = Target(self.config, self.w, self.layers)
+        return clone
+
     # ---------------------------------------------------------------------------------------- forward
     def new_cache(self, capacity: int) -> LatentCache:
         with backend.use(self.backend):

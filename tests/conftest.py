@@ -1,0 +1,54 @@
+"""Test-suite backend: the process backend is chosen before kdtree_numba is imported.
+
+Without KDTREE_BACKEND set, kernels run on numba's CUDA simulator on machines without a GPU and on the GPU where
+one is visible. Tests that want the NumPy references at larger shapes use ``kd.backend.use("numpy")`` (the
+``numpy_backend`` fixture). ``@pytest.mark.gpu`` tests run only on a real GPU.
+"""
+import os
+
+import pytest
+
+
+def _gpu_visible() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+os.environ.setdefault("KDTREE_BACKEND", "cuda" if _gpu_visible() else "sim")
+
+import kdtree_numba as kd  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    if kd.backend.process_name == "cuda":
+        return
+    skip = pytest.mark.skip(reason="needs a real GPU (KDTREE_BACKEND=cuda)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def numpy_backend():
+    with kd.backend.use("numpy"):
+        yield
+
+
+@pytest.fixture
+def kernel_backend():
+    """Skip unless kernels really run (sim or cuda)."""
+    if kd.backend.process_name == "numpy":
+        pytest.skip("kernels need KDTREE_BACKEND=sim or cuda")
+    yield
+
+
+def poisoned(shape, dtype="float32"):
+    """An output buffer full of NaN (or -7 for integers) on the current backend: unwritten entries show up."""
+    import numpy as np
+
+    fill = np.nan if np.dtype(dtype).kind == "f" else -7
+    return kd.backend.full(shape, fill, dtype)
