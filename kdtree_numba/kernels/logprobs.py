@@ -18,8 +18,8 @@ Example: logits [[0, 2, 2, -1]], K 3 -> ids [[1, 2, 0]], lp = [2, 2, 0] - log(1 
 **choose_tokens** - a token at every row of target logits (one row per tree node or decode step):
 T = 0: argmax (lowest id on ties). T > 0: a sample from softmax(x / T) by the Gumbel-max trick,
     token = argmax_v (x[v] / T + g[v]),   g[v] = -log(-log(u)),   u = hash(seed, stream, row, v) in (0, 1)
-with a counter-based hash (no RNG state: a run is reproducible from its seed, rows are independent, and the
-reference computes the same u). A row holding NaN gives token -1, which the decode loop turns into an error.
+from Philox4x32-10, a counter-based generator (no RNG state: a run is reproducible from its seed, every
+(token, row, stream) counter gets an independent draw, and the reference computes the same u). A row holding NaN gives token -1, which the decode loop turns into an error.
 Mapping: one block per row, strided loop + shared (value, index) arg-max reduction.
 """
 from __future__ import annotations
@@ -58,19 +58,30 @@ def topk_logprobs_ref(logits, k: int):
     return lp, ids
 
 
-def _mix32(x):
-    x = ((x >> 16) ^ x) * 0x45D9F3B & M32
-    x = ((x >> 16) ^ x) * 0x45D9F3B & M32
-    return (x >> 16) ^ x
+PHILOX_M = (0xD2511F53, 0xCD9E8D57)
+PHILOX_W = (0x9E3779B9, 0xBB67AE85)
+
+
+def philox_ref(c0, c1, c2, c3, k0: int, k1: int):
+    """Philox4x32-10 (Salmon et al. 2011, as in cuRAND): first output word of counter (c0..c3) under key (k0, k1).
+    Counters may be uint64 arrays holding 32-bit values; every product fits in 64 bits."""
+    c0, c1, c2, c3 = (np.asarray(c, np.uint64) for c in (c0, c1, c2, c3))
+    k0, k1 = np.uint64(k0), np.uint64(k1)
+    m0, m1, mask = np.uint64(PHILOX_M[0]), np.uint64(PHILOX_M[1]), np.uint64(M32)
+    for _ in range(10):
+        p0, p1 = m0 * c0, m1 * c2
+        c0, c1, c2, c3 = (p1 >> np.uint64(32)) ^ c1 ^ k0, p1 & mask, (p0 >> np.uint64(32)) ^ c3 ^ k1, p0 & mask
+        k0, k1 = (k0 + np.uint64(PHILOX_W[0])) & mask, (k1 + np.uint64(PHILOX_W[1])) & mask
+    return c0
 
 
 def uniforms_ref(seed: int, stream: int, row: int, n: int) -> np.ndarray:
-    """The sampler's u in (0, 1) for tokens 0..n-1 of one row (float64); identical to the kernel's."""
+    """The sampler's u in (0, 1) for tokens 0..n-1 of one row (float64); identical to the kernel's:
+    u = (philox(counter = (token, row, stream, 0), key = seed) + 0.5) / 2^32."""
     v = np.arange(n, dtype=np.uint64)
-    h = _mix32(v ^ np.uint64(_mix32(np.uint64(row & M32)) ^ np.uint64(_mix32(np.uint64(stream & M32)) ^
-                                                                            np.uint64(_mix32(np.uint64(seed & M32))))))
-    h = _mix32(h ^ np.uint64((seed >> 32) & M32))
-    return ((h >> np.uint64(8)).astype(np.float64) + 0.5) / float(1 << 24)
+    z = np.zeros(n, np.uint64)
+    h = philox_ref(v, z + np.uint64(row & M32), z + np.uint64(stream & M32), z, seed & M32, (seed >> 32) & M32)
+    return (h.astype(np.float64) + 0.5) / 4294967296.0
 
 
 def choose_tokens_ref(logits, temperature: float, seed: int = 0, stream: int = 0):
@@ -110,10 +121,25 @@ def _order_key(u):
 
 
 @cuda.jit(device=True)
-def _dmix(x):
-    x = ((x >> uint64(16)) ^ x) * uint64(0x45D9F3B) & uint64(M32)
-    x = ((x >> uint64(16)) ^ x) * uint64(0x45D9F3B) & uint64(M32)
-    return (x >> uint64(16)) ^ x
+def _philox_u(v, row, stream, k0, k1):
+    """u in (0, 1) from Philox4x32-10 of counter (v, row, stream, 0) and key (k0, k1) (see philox_ref)."""
+    c0 = uint64(v)
+    c1 = uint64(row)
+    c2 = uint64(stream)
+    c3 = uint64(0)
+    mask = uint64(M32)
+    for _ in range(10):
+        p0 = uint64(PHILOX_M[0]) * c0
+        p1 = uint64(PHILOX_M[1]) * c2
+        n0 = (p1 >> uint64(32)) ^ c1 ^ k0
+        n2 = (p0 >> uint64(32)) ^ c3 ^ k1
+        c1 = p1 & mask
+        c3 = p0 & mask
+        c0 = n0
+        c2 = n2
+        k0 = (k0 + uint64(PHILOX_W[0])) & mask
+        k1 = (k1 + uint64(PHILOX_W[1])) & mask
+    return (float64(c0) + 0.5) / 4294967296.0
 
 
 @cuda.jit(device=True)
@@ -313,7 +339,8 @@ def _choose_kernel(x, temperature, seed_lo, seed_hi, stream, out):
     if tid == 0:
         nan_flag[0] = 0
     cuda.syncthreads()
-    h_row = _dmix(uint64(row)) ^ (_dmix(uint64(stream)) ^ _dmix(uint64(seed_lo)))
+    k0 = uint64(seed_lo)
+    k1 = uint64(seed_hi)
     best = -math.inf
     best_i = V
     for v in range(tid, V, nthreads):
@@ -323,8 +350,7 @@ def _choose_kernel(x, temperature, seed_lo, seed_hi, stream, out):
             continue
         score = float64(val)
         if temperature > 0:
-            h = _dmix(_dmix(uint64(v) ^ h_row) ^ uint64(seed_hi))
-            u = (float64(h >> uint64(8)) + 0.5) / float64(1 << 24)
+            u = _philox_u(v, row, stream, k0, k1)
             score = score / temperature - math.log(-math.log(u))
         if score > best or (score == best and v < best_i):
             best = score
