@@ -281,13 +281,16 @@ def load_state_dict(path: str) -> tuple[TargetConfig, dict[str, np.ndarray]]:
     files = _weight_files(path)
     opened: dict[str, SafetensorsFile] = {}
 
-    def tensor(full_key):
+    def stfile(full_key) -> SafetensorsFile:
         f = files[full_key]
         if f not in opened:
             opened[f] = SafetensorsFile(f)
         if full_key not in opened[f].header:
             raise CheckpointError(f"{full_key}: listed in the index but absent from {os.path.basename(f)}")
-        return opened[f].get(full_key)
+        return opened[f]
+
+    def tensor(full_key):
+        return stfile(full_key).get(full_key)
 
     prefix = cfg.weight_prefix
     expected = expected_shapes(cfg)
@@ -308,6 +311,9 @@ def load_state_dict(path: str) -> tuple[TargetConfig, dict[str, np.ndarray]]:
 
     state: dict[str, np.ndarray] = {}
     for key, parts in sorted(bases.items()):
+        if key not in expected and ".shared_experts." in key and not cfg.n_shared_experts and "value" in parts \
+                and 0 in stfile(parts["value"]).shape(parts["value"]):
+            continue                                          # transformers saves 0-wide shared experts
         if key not in expected:
             raise CheckpointError(f"{prefix}{key}: unexpected tensor for this config (architecture mismatch?)")
         if "weight_packed" in parts:
@@ -325,7 +331,7 @@ def load_state_dict(path: str) -> tuple[TargetConfig, dict[str, np.ndarray]]:
                     raise CheckpointError(f"{prefix}{key}: FP8 scales present but quantization_config is "
                                           f"{method!r}")
                 w = dequant_fp8(w, tensor(parts["weight_scale_inv"]), block)
-            elif opened[files[parts["value"]]].dtype(parts["value"]) == "F8_E4M3":
+            elif stfile(parts["value"]).dtype(parts["value"]) == "F8_E4M3":
                 raise CheckpointError(f"{prefix}{key[:-6]}weight_scale_inv: missing (needed for the FP8 weight)")
         else:
             raise CheckpointError(f"{prefix}{key}: scales without the tensor they scale")
