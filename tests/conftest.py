@@ -44,11 +44,3 @@ def kernel_backend():
     if kd.backend.process_name == "numpy":
         pytest.skip("kernels need KDTREE_BACKEND=sim or cuda")
     yield
-
-
-def poisoned(shape, dtype="float32"):
-    """An output buffer full of NaN (or -7 for integers) on the current backend: unwritten entries show up."""
-    import numpy as np
-
-    fill = np.nan if np.dtype(dtype).kind == "f" else -7
-    return kd.backend.full(shape, fill, dtype)

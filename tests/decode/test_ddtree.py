@@ -1,0 +1,199 @@
+"""DDTree's output against plain decoding: greedy token for token, sampling in distribution; and bad input."""
+import math
+
+import numpy as np
+import pytest
+
+import kdtree_numba as kd
+from kdtree_numba.kernels import tree_accept
+
+CONFIGS = {
+    "default": {},
+    "kimi_like": dict(n_group=1, topk_group=1, q_lora_rank=None, rms_norm_eps=1e-5, rope_theta=50000.0,
+                      rope_scaling={"factor": 32.0, "original_max_position_embeddings": 64, "beta_fast": 1.0,
+                                    "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "truncate": True,
+                                    "attention_factor": None}),
+    "dense_wide_vocab": dict(first_k_dense_replace=2, num_hidden_layers=2, vocab_size=1000, n_shared_experts=0),
+}
+PROMPT = [3, 17, 99, 5, 42]
+
+
+@pytest.fixture(scope="module")
+def targets():
+    with kd.backend.use("numpy"):
+        return {name: kd.tiny_target(i, **kw) for i, (name, kw) in enumerate(CONFIGS.items())}
+
+
+@pytest.fixture(scope="module")
+def references(targets):
+    with kd.backend.use("numpy"):
+        return {name: kd.generate(t, PROMPT, 64).tokens for name, t in targets.items()}
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("budget", [0, 1, 4, 16, 64])
+@pytest.mark.parametrize("drafter", ["oracle0", "oracle1", "oracle50", "random"])
+def test_greedy_ddtree_equals_autoregressive(targets, references, config, budget, drafter, numpy_backend):
+    target = targets[config]
+    if drafter == "random":
+        d = kd.RandomDrafter(target.config.vocab_size, depth=6, seed=1)
+    else:
+        d = kd.OracleDrafter(target, noise=float(drafter[6:]), seed=2, depth=6)
+    res = kd.generate(target, PROMPT, 64, drafter=d, budget=budget)
+    assert res.tokens == references[config]
+    assert res.target_forwards == 1 + len(res.rounds)
+    for r in res.rounds:                                  # the trace is self-consistent
+        assert r.accepted[0] == 0 and r.tree.n <= budget
+    emitted = [res.tokens[0]] + [t for r in res.rounds for t in r.accepted_tokens + [r.bonus]]
+    assert emitted[:64] == res.tokens
+
+
+def test_noise_zero_accepts_the_whole_greedy_chain_in_the_tree(targets, numpy_backend):
+    """With noise 0 every round accepts every rank-0 node below the root that the tree holds: the most possible."""
+    target = targets["default"]
+    res = kd.generate(target, PROMPT, 48, drafter=kd.OracleDrafter(target, noise=0.0, depth=6), budget=64)
+    for r in res.rounds:
+        chain, node = [0], 0
+        while True:                                       # follow the top-ranked child (the first one popped)
+            kids = [j for j in range(1, r.tree.n + 1) if r.tree.parents[j] == node]
+            if not kids:
+                break
+            node = kids[0]
+            chain.append(node)
+        assert r.accepted == chain
+    assert res.acceptance_length > 4
+    noisy = kd.generate(target, PROMPT, 48, drafter=kd.OracleDrafter(target, noise=2.0, depth=6), budget=64)
+    assert noisy.acceptance_length < res.acceptance_length
+
+
+def test_tree_beats_chain_and_budget_helps(targets, numpy_backend):
+    t = targets["default"]
+    mk = lambda: kd.OracleDrafter(t, noise=1.0, seed=3, depth=6)    # noqa: E731
+    chain = kd.generate(t, PROMPT, 64, drafter=mk(), chain=True)
+    small = kd.generate(t, PROMPT, 64, drafter=mk(), budget=4)
+    big = kd.generate(t, PROMPT, 64, drafter=mk(), budget=128)
+    assert chain.tokens == small.tokens == big.tokens
+    assert big.acceptance_length > small.acceptance_length
+    assert big.acceptance_length > chain.acceptance_length
+    assert all(r.tree.n <= 6 for r in chain.rounds)
+
+
+def chi2_critical(df: int, z: float = 3.719) -> float:
+    """Wilson-Hilferty upper quantile of chi-square (z = 3.719: p = 1e-4)."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def exact_three_token_probs(target, prompt, T):
+    V = target.config.vocab_size
+
+    def soft(x):
+        p = np.exp((x - x.max()) / T)
+        return p / p.sum()
+    p = np.zeros((V, V, V))
+    p1 = soft(target.logits(prompt)[-1].astype(np.float64))
+    for a in range(V):
+        la = target.logits(prompt + [a])
+        p2 = soft(la[-1].astype(np.float64))
+        for b in range(V):
+            p3 = soft(target.logits(prompt + [a, b])[-1].astype(np.float64))
+            p[a, b] = p1[a] * p2[b] * p3
+    return p.ravel()
+
+
+@pytest.mark.slow
+def test_sampling_distribution_matches_autoregressive(numpy_backend):
+    """T > 0: the first three tokens of DDTree and of plain sampling follow the target's exact distribution
+    (chi-square goodness of fit, fixed seeds: deterministic)."""
+    target = kd.tiny_target(7, vocab_size=4)
+    prompt, T, runs = [1, 2, 3], 1.3, 2500
+    expected = exact_three_token_probs(target, prompt, T) * runs
+    keep = expected >= 5
+    for method in ("ddtree", "autoregressive"):
+        counts = np.zeros(64)
+        for s in range(runs):
+            d = kd.OracleDrafter(target, noise=1.0, seed=s, depth=3) if method == "ddtree" else None
+            toks = kd.generate(target, prompt, 3, drafter=d, budget=6, temperature=T, seed=s).tokens
+            counts[toks[0] * 16 + toks[1] * 4 + toks[2]] += 1
+        obs = np.append(counts[keep], counts[~keep].sum())
+        exp = np.append(expected[keep], expected[~keep].sum())
+        stat = float(((obs - exp) ** 2 / np.maximum(exp, 1e-9)).sum())
+        assert stat < chi2_critical(len(obs) - 1), (method, stat)
+
+
+def test_sampling_is_reproducible_and_seed_dependent(targets, numpy_backend):
+    t = targets["default"]
+    run = lambda seed: kd.generate(t, PROMPT, 24, drafter=kd.OracleDrafter(t, noise=0.5, depth=4), budget=8,  # noqa
+                                   temperature=0.9, seed=seed).tokens
+    assert run(5) == run(5)
+    assert run(5) != run(6)
+
+
+def test_whole_generation_on_the_kernel_backend(kernel_backend):
+    """DDTree end to end with every kernel on the process backend (the simulator in CI), vs the references."""
+    with kd.backend.use("numpy"):
+        ref_target = kd.tiny_target(1, num_hidden_layers=2, vocab_size=64, hidden_size=32, n_routed_experts=4,
+                                    n_group=1, topk_group=1, num_attention_heads=2, kv_lora_rank=16, q_lora_rank=None)
+        want = kd.generate(ref_target, [1, 2, 3], 7).tokens
+    state = ref_target.state_dict()
+    target = kd.Target.from_state_dict(ref_target.config, state)
+    assert target.backend == kd.backend.process_name
+    drafter = kd.OracleDrafter(ref_target, noise=0.3, depth=3)          # drafting on the references: fast
+    res = kd.generate(target, [1, 2, 3], 7, drafter=drafter, budget=4)
+    assert res.tokens == want
+    assert res.rounds and all(set(r.times) == {"draft", "build", "verify", "accept", "compact"} for r in res.rounds)
+
+
+def test_trace_round_trip(targets, numpy_backend, tmp_path):
+    t = targets["default"]
+    res = kd.generate(t, PROMPT, 20, drafter=kd.OracleDrafter(t, noise=0.5, depth=4), budget=8)
+    again = kd.Generation.from_json(res.to_json(tmp_path / "trace.json"))
+    assert again.tokens == res.tokens and len(again.rounds) == len(res.rounds)
+    assert again.rounds[1].tree == res.rounds[1].tree and again.rounds[1].accepted == res.rounds[1].accepted
+    assert all(0 < p <= 1 or math.isnan(p) for r in res.rounds for p in r.draft_probs)
+
+
+class BadDrafter(kd.Drafter):
+    def __init__(self, V, depth, shape=None, nan=False):
+        self.vocab_size, self.depth, self.shape, self.nan = V, depth, shape, nan
+
+    def draft(self, context, root):
+        x = np.zeros(self.shape or (self.depth, self.vocab_size), np.float32)
+        if self.nan:
+            x[0, 0] = np.nan
+        return x
+
+
+@pytest.mark.parametrize("kwargs, msg", [
+    (dict(budget=-1), "budget: expected an integer >= 0"),
+    (dict(budget=2.5), "budget: expected an integer"),
+    (dict(budget=True), "budget: expected an integer"),
+    (dict(budget=5000), "budget: expected an integer <= 1024"),
+    (dict(temperature=-0.1), "temperature: expected a number >= 0"),
+    (dict(temperature=float("nan")), "temperature: expected a number >= 0"),
+    (dict(max_new_tokens=0), "max_new_tokens: expected an integer >= 1"),
+    (dict(prompt_ids=[]), "prompt_ids: expected at least one token"),
+    (dict(prompt_ids=[1, 256]), "prompt_ids: token id 256 at index 1 is outside the vocabulary"),
+    (dict(prompt_ids=[[1, 2]]), "prompt_ids: expected a 1-d sequence"),
+    (dict(max_new_tokens=4000), "exceeds the context limit of 4096"),
+    (dict(drafter=BadDrafter(255, 4)), "drafter: vocabulary of 255 tokens does not match the target's 256"),
+    (dict(drafter=BadDrafter(256, 0)), "drafter: depth 0 is not a positive integer"),
+    (dict(drafter=BadDrafter(256, 4, shape=(3, 256))), r"drafter: returned draft logits of shape \(3, 256\), "
+                                                        r"expected \(4, 256\)"),
+    (dict(drafter=BadDrafter(256, 4, nan=True)), "drafter logits: row 0 contains NaN"),
+    (dict(drafter="oracle"), "drafter: expected a kdtree_numba Drafter"),
+])
+def test_bad_arguments_raise_clear_errors(targets, kwargs, msg, numpy_backend):
+    args = dict(prompt_ids=PROMPT, max_new_tokens=8)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=msg):
+        kd.generate(targets["default"], **args)
+
+
+def test_nan_target_logits_are_an_error(numpy_backend):
+    t = kd.tiny_target(0)
+    t.w["lm_head"][5, 0] = np.nan
+    with pytest.raises(ValueError, match="NaN logits"):
+        kd.generate(t, PROMPT, 4)
+    with pytest.raises(ValueError, match="NaN logits"):
+        kd.generate(t, PROMPT, 4, drafter=kd.RandomDrafter(256, 3), budget=4)
+    assert tree_accept.walk_ref([-1, 2], [2], [0], 1) == (None, None)

@@ -1,0 +1,81 @@
+"""Top-K draft log-probs and the token choice: ids exactly equal to the reference, values within fp32."""
+import numpy as np
+import pytest
+
+import kdtree_numba as kd
+from kdtree_numba.kernels import logprobs as lpk
+
+from ..helpers import poisoned
+
+pytestmark = pytest.mark.usefixtures("kernel_backend")
+H = kd.backend.to_host
+
+
+@pytest.mark.parametrize("kind,V,k", [("normal", 301, 7), ("normal", 129, 129), ("peaked", 260, 33),
+                                      ("ties", 333, 40), ("uniform", 90, 17), ("neginf", 211, 50),
+                                      ("signed_zero", 64, 5)])
+def test_topk_matches_reference(kind, V, k):
+    rng = np.random.default_rng(V + k)
+    x = rng.standard_normal((3, V)).astype(np.float32)
+    if kind == "peaked":
+        x[:, 3] += 12
+    elif kind == "ties":
+        x = np.round(x * 2) / 2
+    elif kind == "uniform":
+        x[:] = 0.25
+    elif kind == "neginf":
+        x[:, ::3] = -np.inf
+    elif kind == "signed_zero":
+        x[:] = -1
+        x[:, 10], x[:, 4] = -0.0, 0.0
+    lp, ids = poisoned((3, k)), poisoned((3, k), "int32")
+    lpk.topk_logprobs(x, k, out=(lp, ids))
+    rlp, rids = lpk.topk_logprobs_ref(x, k)
+    np.testing.assert_array_equal(H(ids), rids)
+    np.testing.assert_allclose(H(lp), rlp, rtol=1e-5, atol=2e-6)
+    assert np.all(np.diff(H(lp), axis=1) <= 0)
+
+
+def test_topk_tie_overflow_takes_lowest_ids():
+    """More equal values at the threshold than the candidate buffer holds: the ordered tie path."""
+    V = lpk.CAP + 37
+    x = np.zeros((1, V), np.float32)
+    x[0, [5, V - 1]] = 1.0
+    lp, ids = lpk.topk_logprobs(x, 6)
+    np.testing.assert_array_equal(H(ids)[0], [5, V - 1, 0, 1, 2, 3])
+    np.testing.assert_allclose(H(lp), lpk.topk_logprobs_ref(x, 6)[0], rtol=1e-5)
+
+
+def test_topk_rejects_nan_and_bad_k():
+    x = np.zeros((2, 10), np.float32)
+    x[1, 3] = np.nan
+    with pytest.raises(ValueError, match="row 1 contains NaN"):
+        lpk.topk_logprobs(x, 3)
+    with pytest.raises(ValueError, match="k: expected an integer <= 10"):
+        lpk.topk_logprobs(np.zeros((2, 10), np.float32), 11)
+    with pytest.raises(ValueError, match="no finite value"):
+        lpk.topk_logprobs(np.full((1, 4), -np.inf, np.float32), 2)
+
+
+def test_choose_argmax_and_samples_match_reference():
+    rng = np.random.default_rng(21)
+    x = rng.standard_normal((5, 77)).astype(np.float32)
+    x[2, [3, 40]] = 9.0                                                 # tie: lowest id
+    np.testing.assert_array_equal(H(lpk.choose_tokens(x, 0.0)), lpk.choose_tokens_ref(x, 0.0))
+    assert H(lpk.choose_tokens(x, 0.0))[2] == 3
+    for seed, stream in ((0, 0), (7, 3), (2 ** 40 + 5, 11)):
+        got = H(lpk.choose_tokens(x, 0.8, seed, stream))
+        np.testing.assert_array_equal(got, lpk.choose_tokens_ref(x, 0.8, seed, stream))
+    a = H(lpk.choose_tokens(x, 1.0, 1, 0))
+    assert not np.array_equal(a, H(lpk.choose_tokens(x, 1.0, 2, 0))) or not np.array_equal(
+        a, H(lpk.choose_tokens(x, 1.0, 1, 1)))                          # seeds and streams change draws
+    bad = x.copy()
+    bad[4, 0] = np.nan
+    assert H(lpk.choose_tokens(bad, 0.0))[4] == -1
+
+
+def test_sampler_uniforms_are_uniform():
+    u = lpk.uniforms_ref(3, 1, 0, 200_000)
+    assert 0 < u.min() and u.max() < 1
+    hist = np.histogram(u, bins=20, range=(0, 1))[0]
+    assert np.abs(hist - 10_000).max() < 500

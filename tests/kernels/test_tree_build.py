@@ -1,0 +1,101 @@
+"""The GPU/sim tree build against the heap algorithm: same nodes, order, parents, depths, tokens, float64 weights."""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import kdtree_numba as kd
+from kdtree_numba.kernels import tree_build as tb
+
+from ..helpers import softmax_logprobs
+
+pytestmark = pytest.mark.usefixtures("kernel_backend")
+EXAMPLES = 400 if kd.backend.process_name == "cuda" else 25
+
+
+def draft(rng, L, V, kind):
+    x = (rng.standard_normal((L, V)) * rng.choice([0.3, 1.0, 3.0])).astype(np.float32)
+    if kind == "uniform":
+        x[:] = 0.0
+    elif kind == "ties":
+        x = np.round(x)
+    elif kind == "some_uniform":
+        x[rng.random(L) < 0.5] = 1.5
+    elif kind == "peaked":
+        x[:, 0] += 9
+    elif kind == "neginf":
+        x[rng.random((L, V)) < 0.5] = -np.inf
+        x[:, 1] = 0.0
+    return x
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(0, 2 ** 31), L=st.integers(1, 5), K=st.integers(1, 5), extra=st.integers(0, 3),
+       budget=st.integers(1, 30), kind=st.sampled_from(["normal", "uniform", "ties", "some_uniform", "peaked",
+                                                         "neginf"]))
+def test_build_matches_heap(seed, L, K, extra, budget, kind):
+    rng = np.random.default_rng(seed)
+    lp, ids = softmax_logprobs(draft(rng, L, K + extra, kind), K)
+    got = kd.build_tree(lp, ids, budget)
+    want = tb.build_tree_ref(lp, ids, budget)
+    assert got == want, (got, want)
+    # invariants: prefix-closed, pops in non-increasing weight up to rounding, parents before children
+    assert got.parents[0] == -1 and np.all(got.parents[1:] < np.arange(1, got.n + 1))
+    assert np.all(got.depths == np.concatenate([[0], got.depths])[got.parents[1:]] + 1)
+
+
+def test_batch_of_requests_and_budget_beyond_possible_nodes():
+    rng = np.random.default_rng(5)
+    lps, idss = zip(*(softmax_logprobs(draft(rng, 3, 6, k), 3) for k in ("normal", "uniform", "peaked")))
+    trees = kd.build_trees(np.stack(lps), np.stack(idss), 50)          # 3 + 9 + 27 = 39 possible nodes
+    for lp, ids, tree in zip(lps, idss, trees):
+        assert tree == tb.build_tree_ref(lp, ids, 50)
+        assert tree.n == 39
+
+
+def test_single_depth_and_single_candidate():
+    lp, ids = softmax_logprobs(np.array([[0.0, 2.0, 1.0]]), 3)
+    t = kd.build_tree(lp, ids, 2)
+    np.testing.assert_array_equal(t.tokens, [1, 2])
+    np.testing.assert_array_equal(t.parents, [-1, 0, 0])
+    lp, ids = softmax_logprobs(np.random.default_rng(0).standard_normal((4, 9)), 1)
+    t = kd.build_tree(lp, ids, 10)                                      # K = 1: a chain
+    np.testing.assert_array_equal(t.parents, [-1, 0, 1, 2, 3])
+    assert kd.build_tree(lp, ids, 0).n == 0
+
+
+def test_docstring_worked_example():
+    lp = np.array([[-0.1, -2.5], [-0.2, -1.8]], np.float32)
+    ids = np.array([[10, 11], [20, 21]], np.int32)
+    t = kd.build_tree(lp, ids, 3)
+    np.testing.assert_array_equal(t.tokens, [10, 20, 21])
+    np.testing.assert_array_equal(t.parents, [-1, 0, 1, 1])
+    assert t == tb.build_tree_ref(lp, ids, 3)
+
+
+def test_paths_and_padding_for_verify():
+    lp, ids = softmax_logprobs(np.random.default_rng(3).standard_normal((3, 2)), 2)
+    builder = tb.TreeBuilder(1, 3, 2, 20)                               # 14 possible nodes < budget 20
+    out = builder.build(kd.backend.asarray(lp[None]), kd.backend.asarray(ids[None]))
+    H = kd.backend.to_host
+    n = int(H(out.n)[0])
+    tree = out.to_trees()[0]
+    paths, depth = tree.paths(3)
+    np.testing.assert_array_equal(H(out.paths)[0, :n + 1], paths)
+    np.testing.assert_array_equal(H(out.path_depth)[0, :n + 1], depth)
+    assert n == 14
+    pad = H(out.paths)[0, n + 1:]                                       # padding nodes: children of the root
+    np.testing.assert_array_equal(pad[:, 0], 0)
+    np.testing.assert_array_equal(pad[:, 1], np.arange(n + 1, 21))
+
+
+@pytest.mark.parametrize("lp, ids, budget, msg", [
+    (np.array([[-1.0, -0.5]], np.float32), np.array([[0, 1]]), 2, "not sorted in descending order"),
+    (np.array([[np.nan, -1.0]], np.float32), np.array([[0, 1]]), 2, "contains NaN"),
+    (np.array([[-1.0, -2.0]], np.float32), np.array([[0, 1]]), -1, "budget: expected an integer >= 0"),
+    (np.array([[-1.0, -2.0]], np.float32), np.array([[0, 1]]), 2.0, "budget: expected an integer"),
+    (np.array([[-1.0, -2.0]], np.float32), np.array([[0, 1, 2]]), 2, r"top_ids: expected shape \(1, 2\)"),
+    (np.array([[-1.0, -2.0]], np.float64), np.array([[0, 1]]), 2, "top_logprobs: expected dtype float32"),
+])
+def test_bad_input(lp, ids, budget, msg):
+    with pytest.raises(ValueError, match=msg):
+        kd.build_tree(lp, ids, budget)
