@@ -1,0 +1,18 @@
+"""Pictures of DDTree decoding, made from the traces ``kd.generate`` returns.
+
+* ``plot_tree`` / ``plot_rounds`` (trees.py): one round's draft tree, the accepted path and the bonus token.
+* ``acceptance_histogram``, ``tree_shape``, ``budget_sweep``, ``stage_times`` (rounds.py): statistics over
+  rounds and runs; ``sweep_rows`` runs the generations a budget sweep needs.
+* ``write_html`` (html.py): a self-contained page that steps through the rounds interactively.
+* ``token_label`` / ``text_of`` (labels.py): readable tokens and text (byte-level or ids).
+
+Every plotting function returns a ``matplotlib.figure.Figure`` and saves it when given ``path``. Figures are
+made without pyplot (no GUI backend is touched, nothing is shown), so the package works headless.
+"""
+from .html import write_html
+from .labels import text_of, token_label
+from .rounds import acceptance_histogram, budget_sweep, stage_times, sweep_rows, tree_shape
+from .trees import plot_rounds, plot_tree
+
+__all__ = ["plot_tree", "plot_rounds", "acceptance_histogram", "tree_shape", "budget_sweep", "stage_times",
+           "sweep_rows", "write_html", "token_label", "text_of"]

@@ -1,0 +1,320 @@
+"""Plots over many rounds: how much each round accepts, what shape the trees take, what a bigger budget buys,
+and where the time goes.
+
+How to read them:
+  * ``acceptance_histogram``: for every round, the tokens it committed (accepted drafts + the bonus token, so
+    at least 1); the dashed line is tau, the mean. More mass to the right = fewer target forwards per token.
+  * ``tree_shape``: left, how many of the budget's nodes sit at each depth (a best-first tree is wide near the
+    root and thins out); right, the mean number of children of a node at each depth (its branching factor).
+  * ``budget_sweep``: tau and target forwards per generated token against the tree budget (log-2 axis). The
+    tree (solid) should beat the single draft chain of the same drafter (dashed) and approach 1/tau forwards
+    per token; autoregressive decoding is the dotted line at 1.
+  * ``stage_times``: per round, the milliseconds of the five stages (draft, build, verify, accept, compact)
+    stacked; right, their totals over the generation, with shares.
+
+Every function returns a matplotlib Figure and saves it when ``path`` is given (.png / .svg / .pdf).
+``sweep_rows`` runs the generations a ``budget_sweep`` plot needs.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullLocator
+
+from ..decode.trace import STAGES
+from .trees import ACCENT, GRID, MUTED_TEXT, save
+
+TREE_COLOUR = "#2767b0"     # DDTree (the blue of the tree pictures)
+CHAIN_COLOUR = ACCENT       # the single chain baseline
+SERIES = [TREE_COLOUR, ACCENT, "#2b9348", "#7b2cbf", "#c9184a", "#6c757d"]
+STAGE_COLOURS = {"draft": "#4c8bd6", "build": "#9b6fc4", "verify": "#f08c3a", "accept": "#2b9348",
+                 "compact": "#e6b800"}
+
+
+def _style(ax, grid_axis: str = "y") -> None:
+    for s in ("top", "right"):
+        ax.spines[s].set_visible(False)
+    for s in ("left", "bottom"):
+        ax.spines[s].set_color("#b0b4b9")
+    ax.tick_params(colors=MUTED_TEXT, labelsize=8)
+    ax.grid(axis=grid_axis, color=GRID, lw=0.9)
+    ax.set_axisbelow(True)
+
+
+def _label(ax, xlabel: str, ylabel: str, title: str | None = None) -> None:
+    ax.set_xlabel(xlabel, fontsize=8.5, color=MUTED_TEXT)
+    ax.set_ylabel(ylabel, fontsize=8.5, color=MUTED_TEXT)
+    if title:
+        ax.set_title(title, fontsize=9.5, loc="left", color="#202124")
+
+
+def _empty(ax, msg: str) -> None:
+    ax.text(0.5, 0.5, msg, ha="center", va="center", color=MUTED_TEXT, fontsize=9, transform=ax.transAxes)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _name(gen) -> str:
+    s = getattr(gen, "settings", {}) or {}
+    method = s.get("method", "ddtree")
+    if method == "chain":
+        return f"single chain (depth {s.get('depth', '?')})"
+    if "budget" in s:
+        return f"{method} B={s['budget']}"
+    return method
+
+
+def _new(ncols: int, size, axes, ratios=None):
+    if axes is not None:
+        axes = list(np.atleast_1d(axes))
+        if len(axes) != ncols:
+            raise ValueError(f"axes: expected {ncols} matplotlib Axes, got {len(axes)}")
+        return axes[0].figure, axes
+    fig = Figure(figsize=size, layout="constrained")
+    return fig, list(fig.subplots(1, ncols, squeeze=False, width_ratios=ratios)[0])
+
+
+# ---------------------------------------------------------------------------------------------- acceptance
+def acceptance_histogram(gen_or_gens, labels=None, path=None, ax=None) -> Figure:
+    """Histogram of tokens committed per round (``len(accepted)``: accepted drafts + bonus), tau marked.
+
+    gen_or_gens: one ``Generation`` or a list of them (drawn as grouped bars, one colour each, as shares of
+    rounds so runs of different lengths compare); labels: legend names (default from each run's settings,
+    e.g. ``ddtree B=64``); ax: draw into this Axes; path: save there."""
+    gens = [gen_or_gens] if hasattr(gen_or_gens, "rounds") else list(gen_or_gens)
+    if labels is None:
+        labels = [_name(g) for g in gens]
+    if len(labels) != len(gens):
+        raise ValueError(f"labels: {len(labels)} labels for {len(gens)} generations")
+    if ax is None:
+        fig = Figure(figsize=(7.0, 3.8), layout="constrained")
+        ax = fig.add_subplot()
+    fig = ax.figure
+    _style(ax)
+    lengths = [np.array([len(r.accepted) for r in g.rounds], int) for g in gens]
+    top = max([int(x.max()) for x in lengths if x.size] + [1])
+    xs = np.arange(1, top + 1)
+    k = len(gens)
+    width = 0.8 / max(k, 1)
+    shares = k > 1
+    ymax = 0.0
+    for j, (g, x, lab) in enumerate(zip(gens, lengths, labels)):
+        c = SERIES[j % len(SERIES)]
+        if not x.size:
+            ax.bar([], [], color=c, label=f"{lab}: no rounds (autoregressive)")
+            continue
+        counts = np.bincount(x, minlength=top + 1)[1:]
+        h = counts / x.size * 100 if shares else counts
+        ymax = max(ymax, float(h.max()))
+        ax.bar(xs + (j - (k - 1) / 2) * width, h, width=width * 0.92, color=c, alpha=0.85,
+               label=f"{lab}  (\u03c4 = {x.mean():.2f}, {x.size} rounds)")
+    for j, x in enumerate(lengths):
+        if x.size:
+            tau = float(x.mean())
+            c = SERIES[j % len(SERIES)]
+            ax.axvline(tau, color=c, ls="--", lw=1.4)
+            if k == 1:                                  # several runs: tau is in the legend
+                ax.annotate(f"\u03c4 = {tau:.2f}", (tau, 1.0), xycoords=("data", "axes fraction"),
+                            xytext=(4, -4), textcoords="offset points", ha="left", va="top", fontsize=9,
+                            color=c, fontweight="bold")
+    ax.set_xticks(xs)
+    ax.set_xlim(0.4, top + 0.6)
+    ax.set_ylim(0, max(ymax * (1.15 + 0.07 * k if shares else 1.15), 1))
+    if not shares:
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    title = "Acceptance length per round"
+    if k == 1:
+        title += f": {labels[0]}, {lengths[0].size} rounds"
+    _label(ax, "tokens committed per round (accepted drafts + bonus)", "% of rounds" if shares else "rounds",
+           title)
+    if k > 1 or not lengths[0].size:
+        ax.legend(fontsize=8, frameon=False, loc="upper right")
+    save(fig, path)
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------- tree shape
+def _shape_stats(gen):
+    """(depths 1..L, mean nodes per depth, depths 0..L-1, mean children per node at that depth)."""
+    L = max([int(r.tree.depths.max(initial=0)) for r in gen.rounds] + [1])
+    nodes = np.zeros(L + 1)
+    kids = np.zeros(L + 1)
+    parents_at = np.zeros(L + 1)
+    for r in gen.rounds:
+        t = r.tree
+        d = np.concatenate([[0], t.depths]).astype(int)
+        nodes += np.bincount(d, minlength=L + 1)[:L + 1]
+        ch = np.bincount(t.parents[1:], minlength=t.n + 1)
+        kids += np.bincount(d, weights=ch, minlength=L + 1)[:L + 1]
+        parents_at += np.bincount(d, minlength=L + 1)[:L + 1]
+    R = max(len(gen.rounds), 1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        branch = kids / parents_at
+    return np.arange(1, L + 1), nodes[1:] / R, np.arange(0, L), branch[:L]
+
+
+def tree_shape(gen, path=None, axes=None) -> Figure:
+    """Two panels over all rounds of ``gen``: mean nodes per depth, mean branching factor per depth.
+
+    The branching factor at depth d is the mean number of children of a node at depth d (depth 0 = the root),
+    leaves included. axes: two Axes to draw into; path: save there."""
+    fig, (a1, a2) = _new(2, (9.0, 3.6), axes)
+    for a in (a1, a2):
+        _style(a)
+    if not gen.rounds:
+        _empty(a1, "no DDTree rounds (autoregressive decoding)")
+        _empty(a2, "")
+        save(fig, path)
+        return fig
+    d, nodes, d0, branch = _shape_stats(gen)
+    a1.bar(d, nodes, color=TREE_COLOUR, alpha=0.85, width=0.7, label="nodes at this depth")
+    acc_depth = np.array([len(r.accepted) - 1 for r in gen.rounds])
+    reach = [(acc_depth >= k).mean() for k in d]
+    ax_r = a1.twinx()
+    ax_r.plot(d, reach, color=ACCENT, marker="o", lw=1.8, ms=4, label="share of rounds accepting this deep")
+    h1, l1 = a1.get_legend_handles_labels()
+    h2, l2 = ax_r.get_legend_handles_labels()
+    ax_r.legend(h1 + h2, l1 + l2, fontsize=7.5, frameon=False, loc="upper right")
+    ax_r.set_ylim(0, 1.05)
+    ax_r.set_ylabel("share of rounds", fontsize=8, color=ACCENT)
+    ax_r.tick_params(colors=ACCENT, labelsize=7.5)
+    for s in ("top", "left", "bottom"):
+        ax_r.spines[s].set_visible(False)
+    ax_r.spines["right"].set_color(ACCENT)
+    a1.set_xticks(d)
+    a1.set_ylim(0, nodes.max() * 1.18 if nodes.size else 1)
+    s = gen.settings or {}
+    _label(a1, "depth", "mean nodes per round",
+           f"Nodes per depth (budget {s.get('budget', '?')}, {len(gen.rounds)} rounds)")
+    b2 = a2.bar(d0, np.nan_to_num(branch), color="#5b9bd5", alpha=0.9, width=0.7)
+    a2.bar_label(b2, fmt="%.2f", fontsize=7, color=MUTED_TEXT, padding=2)
+    a2.set_xticks(d0)
+    a2.set_xticklabels(["root"] + [str(k) for k in d0[1:]])
+    a2.set_ylim(0, max(np.nanmax(branch) if np.isfinite(branch).any() else 1, 1) * 1.18)
+    _label(a2, "depth of the parent", "mean children per node", "Branching factor per depth")
+    save(fig, path)
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------- budget sweep
+def budget_sweep(rows, path=None, axes=None) -> Figure:
+    """Tau and target forwards per token vs the tree budget, DDTree vs the single draft chain.
+
+    rows: list of dicts ``{"budget", "tree_tau", "tree_fpt", "chain_tau", "chain_fpt"}`` (as ``sweep_rows``
+    returns; the chain values are the same in every row, the first finite one is drawn). axes: two Axes to
+    draw into; path: save there."""
+    rows = sorted(rows, key=lambda r: r["budget"])
+    fig, (a1, a2) = _new(2, (9.0, 3.7), axes)
+    if not rows:
+        _empty(a1, "no rows")
+        _empty(a2, "")
+        save(fig, path)
+        return fig
+    b = np.array([float(r["budget"]) for r in rows])
+    positive = b > 0
+    for ax, key, ylabel, title in ((a1, "tau", "mean tokens per round (\u03c4)", "Acceptance length"),
+                                   (a2, "fpt", "target forwards per generated token", "Target forwards per token")):
+        _style(ax, "both")
+        tree = np.array([float(r[f"tree_{key}"]) for r in rows])
+        ax.plot(b[positive], tree[positive], color=TREE_COLOUR, marker="o", lw=2.2, ms=5.5, label="DDTree",
+                zorder=3)
+        for x, y in zip(b[positive], tree[positive]):
+            ax.annotate(f"{y:.2f}", (x, y), xytext=(0, 7 if key == "tau" else -12), textcoords="offset points",
+                        ha="center", fontsize=7, color=TREE_COLOUR)
+        chain = [float(r.get(f"chain_{key}", math.nan)) for r in rows]
+        chain = next((c for c in chain if math.isfinite(c)), math.nan)
+        if math.isfinite(chain):
+            ax.axhline(chain, color=CHAIN_COLOUR, ls="--", lw=1.8, label="single draft chain")
+            ax.annotate(f"{chain:.2f}", (1.0, chain), xycoords=("axes fraction", "data"), xytext=(-2, 3),
+                        textcoords="offset points", ha="right", va="bottom", fontsize=7, color=CHAIN_COLOUR)
+        if key == "fpt":
+            ax.axhline(1.0, color="#80868b", ls=":", lw=1.4, label="autoregressive (1 per token)")
+            ax.set_ylim(0, max(1.08, float(np.nanmax(tree)) * 1.1, chain * 1.1 if math.isfinite(chain) else 0))
+        else:
+            top = max(float(np.nanmax(tree)), chain if math.isfinite(chain) else 0, 1.0)
+            ax.set_ylim(0, top * 1.2)
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_locator(FixedLocator(b[positive]))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{int(round(v))}"))
+        if positive.any():
+            ax.set_xlim(b[positive].min() / 1.35, b[positive].max() * 1.35)
+        _label(ax, "tree budget (nodes per round, log\u2082 scale)", ylabel, title)
+    handles, names = a2.get_legend_handles_labels()
+    if axes is None:
+        fig.legend(handles, names, loc="outside lower center", ncol=len(names), frameon=False, fontsize=8.5)
+    else:
+        a2.legend(handles, names, fontsize=8, frameon=False)
+    save(fig, path)
+    return fig
+
+
+def sweep_rows(target, make_drafter, prompt_ids, budgets, max_new_tokens: int, temperature: float = 0.0,
+               seed: int = 0) -> list[dict]:
+    """Run DDTree once per budget and the single chain once; return rows for ``budget_sweep``.
+
+    target: a Target; make_drafter: a zero-argument callable returning a fresh drafter (called once per run);
+    prompt_ids / max_new_tokens / temperature / seed: as in ``kd.generate``; budgets: tree budgets to try.
+    Each row: ``{"budget", "tree_tau", "tree_fpt", "chain_tau", "chain_fpt"}`` where fpt = target forwards /
+    generated tokens (the prefill included) and tau = mean tokens committed per round."""
+    from ..decode.generate import generate
+
+    chain = generate(target, prompt_ids, max_new_tokens, drafter=make_drafter(), temperature=temperature,
+                     seed=seed, chain=True)
+    c_tau, c_fpt = chain.acceptance_length, chain.target_forwards / max(len(chain.tokens), 1)
+    rows = []
+    for b in budgets:
+        g = generate(target, prompt_ids, max_new_tokens, drafter=make_drafter(), budget=int(b),
+                     temperature=temperature, seed=seed)
+        rows.append({"budget": int(b), "tree_tau": float(g.acceptance_length),
+                     "tree_fpt": g.target_forwards / max(len(g.tokens), 1), "chain_tau": float(c_tau),
+                     "chain_fpt": float(c_fpt)})
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------- stage times
+def stage_times(gen, path=None, axes=None) -> Figure:
+    """Per-round stacked bars of the stage times (ms), plus the total per stage with its share.
+
+    Stages, bottom to top: draft, build, verify, accept, compact (``RoundTrace.times``). axes: two Axes to draw
+    into; path: save there."""
+    R = len(gen.rounds)
+    fig, (a1, a2) = _new(2, (10.5, 3.8), axes, ratios=[2.6, 1])
+    for a in (a1, a2):
+        _style(a)
+    if not R:
+        _empty(a1, "no DDTree rounds (autoregressive decoding)")
+        _empty(a2, "")
+        save(fig, path)
+        return fig
+    x = np.arange(1, R + 1)
+    bottom = np.zeros(R)
+    for s in STAGES:
+        v = np.array([r.times.get(s, 0.0) for r in gen.rounds])
+        a1.bar(x, v, bottom=bottom, color=STAGE_COLOURS[s], width=0.8 if R < 60 else 1.0, label=s,
+               edgecolor="white" if R < 60 else "none", linewidth=0.4)
+        bottom += v
+    a1.set_xlim(0.3, R + 0.7)
+    a1.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=12))
+    a1.legend(fontsize=8, frameon=False, ncol=5, loc="upper center", bbox_to_anchor=(0.5, 1.0))
+    a1.set_ylim(0, bottom.max() * 1.22 if bottom.max() > 0 else 1)
+    _label(a1, "round", "milliseconds", f"Stage times per round ({R} rounds)")
+    tot = gen.stage_totals()
+    vals = np.array([tot[s] for s in STAGES])
+    total = vals.sum()
+    y = np.arange(len(STAGES))[::-1]
+    a2.barh(y, vals, color=[STAGE_COLOURS[s] for s in STAGES], height=0.65)
+    a2.set_yticks(y)
+    a2.set_yticklabels(STAGES, fontsize=8.5)
+    a2.grid(axis="y", visible=False)
+    a2.grid(axis="x", color=GRID)
+    for yy, v in zip(y, vals):
+        share = v / total * 100 if total > 0 else 0.0
+        a2.annotate(f"{v:.1f} ms  ({share:.0f}%)", (v, yy), xytext=(4, 0), textcoords="offset points",
+                    va="center", fontsize=7.5, color=MUTED_TEXT)
+    a2.set_xlim(0, vals.max() * 1.6 if vals.max() > 0 else 1)
+    _label(a2, "milliseconds (all rounds)", "", f"Total {total:.1f} ms")
+    save(fig, path)
+    return fig
