@@ -21,6 +21,14 @@ def load_target(path) -> Target:
     return Target.from_state_dict(cfg, state)
 
 
+def __getattr__(name):
+    if name == "viz":                  # matplotlib loads only when plots are asked for
+        import importlib
+
+        return importlib.import_module(".viz", __name__)
+    raise AttributeError(f"module 'kdtree_numba' has no attribute {name!r}")
+
+
 __all__ = ["backend", "TargetConfig", "ConfigError", "CheckpointError", "Target", "load_target", "tiny_target",
            "tiny_config", "Drafter", "OracleDrafter", "RandomDrafter", "generate", "Generation", "RoundTrace",
            "Tree", "build_tree", "build_trees", "__version__"]

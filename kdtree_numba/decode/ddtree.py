@@ -25,7 +25,7 @@ from .trace import STAGES, Generation, RoundTrace
 
 
 def ddtree(target, prompt: np.ndarray, max_new_tokens: int, drafter, budget: int, temperature: float, seed: int,
-           stop_tokens=(), top_k: int | None = None) -> Generation:
+           stop_tokens=(), top_k: int | None = None, progress=None) -> Generation:
     """DDTree decoding (``top_k=1`` with ``budget = depth``: a single draft chain)."""
     L, V = drafter.depth, target.config.vocab_size
     K = max(1, min(budget, V) if top_k is None else top_k)
@@ -63,6 +63,8 @@ def ddtree(target, prompt: np.ndarray, max_new_tokens: int, drafter, budget: int
         out += [int(x) for x in result[1:m + 1]]
         start, root = start + m, int(result[m])
         cache.length = start
+        if progress is not None:
+            progress(min(len(out), max_new_tokens), max_new_tokens)
     return Generation([int(x) for x in prompt], out[:max_new_tokens], s.traces(), 1 + len(s.rounds),
                       time.perf_counter() - t0, {"method": "chain" if top_k == 1 else "ddtree", "budget": budget, "temperature": temperature,
                                                  "seed": seed, "drafter": getattr(drafter, "name", "drafter"),

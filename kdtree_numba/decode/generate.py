@@ -13,14 +13,16 @@ from .trace import Generation
 
 
 def generate(target, prompt_ids, max_new_tokens: int, drafter: Drafter | None = None, budget: int = 64,
-             temperature: float = 0.0, seed: int = 0, stop_tokens=(), chain: bool = False) -> Generation:
+             temperature: float = 0.0, seed: int = 0, stop_tokens=(), chain: bool = False,
+             progress=None) -> Generation:
     """Generate ``max_new_tokens`` tokens after ``prompt_ids``.
 
     drafter None: autoregressive (one target forward per token). Otherwise DDTree with a tree of ``budget``
     nodes (0..1024; 0 = one token per round) per round. temperature 0: greedy; > 0: sampling, reproducible from
     ``seed``. Generation stops early after a token in ``stop_tokens``. ``chain=True`` drafts a single chain
     instead of a tree (the drafter's top-1 token per depth, DFlash-style; ``budget`` is then the drafter's depth),
-    the baseline a tree is compared with. Bad arguments raise ValueError before any work is done."""
+    the baseline a tree is compared with. ``progress(done, total)`` is called after every DDTree round.
+    Bad arguments raise ValueError before any work is done."""
     from ..model.target import Target
 
     if not isinstance(target, Target):
@@ -49,5 +51,6 @@ def generate(target, prompt_ids, max_new_tokens: int, drafter: Drafter | None = 
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
         raise ValueError(f"drafter: depth {depth!r} is not a positive integer")
     if chain:
-        return ddtree(target, prompt, max_new_tokens, drafter, depth, temperature, seed, stop, top_k=1)
-    return ddtree(target, prompt, max_new_tokens, drafter, budget, temperature, seed, stop)
+        return ddtree(target, prompt, max_new_tokens, drafter, depth, temperature, seed, stop, top_k=1,
+                      progress=progress)
+    return ddtree(target, prompt, max_new_tokens, drafter, budget, temperature, seed, stop, progress=progress)

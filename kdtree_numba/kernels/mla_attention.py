@@ -40,22 +40,22 @@ MAX_SUBS = 8      # threads per score (blockDim / 32)
 NEG_INF = -math.inf
 
 
-def attention_ref(q, keys_per_token, scale: float, lkv: int):
-    """Softmax attention of each token's heads over its own list of cache rows (float64 math): [T, N, Lkv]."""
-    T, N, _ = q.shape
-    out = np.empty((T, N, lkv), np.float32)
-    for t in range(T):
-        keys = np.asarray(keys_per_token[t], np.float64)                           # [S_t, D]
-        s = np.asarray(q[t], np.float64) @ keys.T * scale                          # [N, S_t]
-        p = np.exp(s - s.max(axis=1, keepdims=True))
-        out[t] = (p / p.sum(axis=1, keepdims=True)) @ keys[:, :lkv]
-    return out
+def masked_attention_ref(q, keys, visible, scale: float, lkv: int):
+    """Softmax attention with an explicit boolean mask (float64 math): q [T, N, D], keys [S, D],
+    visible [T, S] -> out [T, N, Lkv]. The plain spec every attention kernel here is checked against."""
+    k = np.asarray(keys, np.float64)                                               # [S, D]
+    s = np.einsum("tnd,sd->tns", np.asarray(q, np.float64), k) * scale             # [T, N, S]
+    s = np.where(np.asarray(visible)[:, None, :], s, -np.inf)
+    p = np.exp(s - s.max(axis=2, keepdims=True))
+    p /= p.sum(axis=2, keepdims=True)
+    return np.einsum("tns,sd->tnd", p, k[:, :lkv]).astype(np.float32)              # [T, N, Lkv]
 
 
 def mla_attention_ref(q, cache, start: int, scale: float, lkv: int):
     """Causal absorbed-MLA attention in plain NumPy: token t sees cache rows 0 .. start + t."""
-    cache = np.asarray(cache)
-    return attention_ref(q, [cache[:start + t + 1] for t in range(q.shape[0])], scale, lkv)
+    T = q.shape[0]
+    visible = np.arange(start + T)[None, :] <= start + np.arange(T)[:, None]       # [T, start+T]
+    return masked_attention_ref(q, np.asarray(cache)[:start + T], visible, scale, lkv)
 
 
 # ------------------------------------------------------------------------------------------------ kernels

@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import backend
 from . import _checks
-from .mla_attention import attention_ref, launch_attention
+from .mla_attention import launch_attention, masked_attention_ref
 
 
 def ancestor_paths(parents: np.ndarray, max_depth: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -47,12 +47,11 @@ def tree_attention_ref(q, cache, start: int, parents, scale: float, lkv: int):
     """The spec: every tree token attends to the committed rows and to its ancestors-or-self (explicit mask)."""
     parents = np.asarray(parents)
     n1 = parents.shape[0]
-    visible = np.eye(n1, dtype=bool)                      # visible[i, j]: tree token i may see tree token j
+    tree = np.eye(n1, dtype=bool)                          # tree[i, j]: tree token i may see tree token j
     for i in range(1, n1):
-        visible[i] |= visible[parents[i]]
-    cache = np.asarray(cache)
-    keys = [np.concatenate([cache[:start], cache[start:start + n1][visible[i]]]) for i in range(n1)]
-    return attention_ref(q, keys, scale, lkv)
+        tree[i] |= tree[parents[i]]
+    visible = np.concatenate([np.ones((n1, start), bool), tree], axis=1)          # [n+1, start+n+1]
+    return masked_attention_ref(q, np.asarray(cache)[:start + n1], visible, scale, lkv)
 
 
 def tree_attention(q, cache, start: int, paths, depths, scale: float, lkv: int, max_depth: int | None = None,
@@ -73,10 +72,12 @@ def tree_attention(q, cache, start: int, paths, depths, scale: float, lkv: int, 
         max_depth = paths.shape[1] - 1
     out = _checks.out_array(out, "out", (n1, N, lkv), np.float32)
     if backend.name == "numpy":
-        host_paths, host_depths = np.asarray(paths), np.asarray(depths)
-        keys = [np.concatenate([cache[:start], cache[start + host_paths[i, :host_depths[i] + 1]]])
-                for i in range(n1)]
-        out[...] = attention_ref(q, keys, scale, lkv)
+        visible = np.zeros((n1, start + n1), bool)                                 # [n+1, start+n+1]
+        visible[:, :start] = True
+        for d in range(paths.shape[1]):                                            # each node's path rows
+            rows = np.flatnonzero(np.asarray(depths) >= d)
+            visible[rows, start + np.asarray(paths)[rows, d]] = True
+        out[...] = masked_attention_ref(q, cache[:start + n1], visible, scale, lkv)
         return out
     return launch_attention(q, cache, start, scale, lkv, out, paths=paths, depths=depths,
                             max_keys=start + max_depth + 1, splits=splits)

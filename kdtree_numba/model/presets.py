@@ -48,3 +48,28 @@ def tiny_target(seed: int = 0, **overrides) -> Target:
     """A random tiny target of any DeepseekV3 config (``overrides`` are TargetConfig fields)."""
     cfg = tiny_config(**overrides)
     return Target.from_state_dict(cfg, random_state_dict(cfg, seed))
+
+
+# ------------------------------------------------------------------------------------------------ the default pair
+def default_target() -> Target:
+    """The embedded default model the demo and the CLI use: a tiny byte-level (256-token) target.
+
+    It is random, so its text is not English; it has the full architecture (MLA with q_lora, YaRN-free plain
+    rope, 1 dense + 2 MoE layers, 8 experts top-2 in 2 groups, 1 shared expert). Replace this function and
+    ``default_drafter`` together to ship a trained pair; callers do not change."""
+    return tiny_target(0)
+
+
+def default_drafter(target: Target, noise: float = 0.3, depth: int = 8, seed: int = 0):
+    """The drafter paired with ``default_target``: the oracle drafter (module drafters.py)."""
+    from .drafters import OracleDrafter
+
+    return OracleDrafter(target, noise=noise, seed=seed, depth=depth)
+
+
+def describe(target: Target) -> str:
+    c = target.config
+    moe = sum(c.is_moe_layer(i) for i in range(c.num_hidden_layers))
+    return (f"{c.num_hidden_layers} layers ({moe} MoE, {c.n_routed_experts} experts top-{c.num_experts_per_tok}), "
+            f"hidden {c.hidden_size}, {c.num_attention_heads} heads, latent {c.kv_lora_rank}+{c.qk_rope_head_dim}, "
+            f"vocab {c.vocab_size}")

@@ -1,0 +1,106 @@
+"""Shared benchmark helpers: device-event timing (median of reps after warm-up), the measured copy and GEMM
+ceilings, a table printer, and a JSON dump under $OUT (the device machine's result folder) or ./bench_results."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("KDTREE_BACKEND", "cuda")
+
+import kdtree_numba as kd  # noqa: E402
+
+RESULTS: dict = {}
+
+
+def args(description: str, extra=None):
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--quick", action="store_true", help="small sizes: a smoke run, numbers meaningless")
+    p.add_argument("--reps", type=int, default=20)
+    if extra:
+        extra(p)
+    a = p.parse_args()
+    if kd.backend.name != "cuda" and not a.quick:
+        sys.exit("benchmarks need a GPU (KDTREE_BACKEND=cuda); use --quick for a CPU smoke run")
+    return a
+
+
+def sync():
+    kd.backend.synchronize()
+
+
+def median_ms(fn, reps: int = 20, warmup: int = 3) -> float:
+    """Median device time of ``fn()`` in ms (CUDA events on the backend stream; host clock elsewhere)."""
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(reps):
+        with kd.backend.timer() as t:
+            fn()
+        times.append(t.ms)
+    return float(np.median(times))
+
+
+def host_median_ms(fn, reps: int = 5, warmup: int = 1) -> float:
+    """Median wall time of ``fn()`` (which must synchronize itself)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return float(np.median(times))
+
+
+def copy_bandwidth_gbs(nbytes: int = 2 << 30, reps: int = 10) -> float:
+    """Device-to-device copy bandwidth, bytes read + written per second (GB/s), measured now."""
+    xp = kd.backend.xp
+    a = xp.ones(nbytes // 4, np.float32)
+    b = xp.empty_like(a)
+    ms = median_ms(lambda: b.__setitem__(slice(None), a), reps)
+    return 2 * nbytes / (ms * 1e-3) / 1e9
+
+
+def gemm_tflops(n: int = 8192, reps: int = 5) -> float:
+    xp = kd.backend.xp
+    a = xp.random.standard_normal((n, n), dtype=np.float32)
+    b = xp.random.standard_normal((n, n), dtype=np.float32)
+    ms = median_ms(lambda: xp.matmul(a, b), reps, 2)
+    return 2 * n ** 3 / (ms * 1e-3) / 1e12
+
+
+def table(title: str, header: list[str], rows: list[list]) -> str:
+    cells = [[str(c) for c in r] for r in [header] + rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = [f"### {title}", "| " + " | ".join(h.ljust(w) for h, w in zip(cells[0], widths)) + " |",
+             "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |" for r in cells[1:]]
+    text = "\n".join(lines)
+    print(text, flush=True)
+    RESULTS.setdefault("tables", []).append({"title": title, "header": header, "rows": rows})
+    return text
+
+
+def save(name: str) -> None:
+    out = os.environ.get("OUT") or os.path.join(os.getcwd(), "bench_results")
+    os.makedirs(out, exist_ok=True)
+    RESULTS["device"] = device_name()
+    RESULTS["date"] = time.strftime("%Y-%m-%d")
+    with open(os.path.join(out, f"{name}.json"), "w") as f:
+        json.dump(RESULTS, f, indent=1, default=float)
+
+
+def device_name() -> str:
+    if kd.backend.name != "cuda":
+        return f"{kd.backend.name} (no GPU)"
+    import cupy
+
+    props = cupy.cuda.runtime.getDeviceProperties(0)
+    return props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
