@@ -42,8 +42,9 @@ def test_routing_kimi_shape():
     ridx, rw = moe_routing.route_ref(logits, bias, 8, 1, 1, True, 2.827)
     assert (H(idx) == ridx).mean() > 0.999             # sigmoid rounding may swap a near-tie
     np.testing.assert_allclose(np.sort(H(w), 1), np.sort(rw, 1), rtol=1e-4)
-    idx, w = moe_routing.route(logits[:999, :256], bias[:256], 8, 8, 4, True, 2.5)    # DeepSeek-V3 groups
-    assert (H(idx) == moe_routing.route_ref(logits[:999, :256], bias[:256], 8, 8, 4, True, 2.5)[0]).mean() > 0.999
+    ds, ds_bias = np.ascontiguousarray(logits[:999, :256]), np.ascontiguousarray(bias[:256])   # DeepSeek-V3 groups
+    idx, w = moe_routing.route(ds, ds_bias, 8, 8, 4, True, 2.5)
+    assert (H(idx) == moe_routing.route_ref(ds, ds_bias, 8, 8, 4, True, 2.5)[0]).mean() > 0.999
     c, o, order, slot = (H(a) for a in moe_routing.group_by_expert(idx, 256))
     np.testing.assert_array_equal(order, moe_routing.group_by_expert_ref(H(idx), 256)[2])
 

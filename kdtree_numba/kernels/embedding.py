@@ -1,6 +1,6 @@
 """Embedding: token-row gather, y[t] = table[ids[t]].
 
-Mapping: one thread per output element (token t, column h).
+Mapping: one block per token; its threads copy the row's columns, four per loop step (loads in flight).
 Shapes: table [V, H] float32, ids [T] int -> y [T, H] float32. Ids outside [0, V) raise before any launch.
 Example: embed([[1, 2], [3, 4]], [1, 1, 0]) -> [[3, 4], [3, 4], [1, 2]]
 """
@@ -19,12 +19,24 @@ def embed_ref(table, ids):
 
 @cuda.jit
 def _embed_kernel(table, ids, out):
+    t = cuda.blockIdx.x
+    n = cuda.blockDim.x
     H = table.shape[1]
-    idx = cuda.grid(1)
-    if idx >= ids.shape[0] * H:
-        return
-    t = idx // H
-    out[t, idx % H] = table[ids[t], idx % H]
+    src = ids[t]
+    c = cuda.threadIdx.x
+    while c + 3 * n < H:
+        v0 = table[src, c]
+        v1 = table[src, c + n]
+        v2 = table[src, c + 2 * n]
+        v3 = table[src, c + 3 * n]
+        out[t, c] = v0
+        out[t, c + n] = v1
+        out[t, c + 2 * n] = v2
+        out[t, c + 3 * n] = v3
+        c += 4 * n
+    while c < H:
+        out[t, c] = table[src, c]
+        c += n
 
 
 def check_ids(ids, vocab_size: int, arg: str = "ids"):
@@ -48,8 +60,6 @@ def embed(table, ids, out=None, check: bool = True):
     if backend.name == "numpy":
         out[...] = embed_ref(table, ids)
         return out
-    n = out.size
-    if n:
-        threads = backend.block_size(256, 32)
-        backend.launch(_embed_kernel, (n + threads - 1) // threads, threads, table, ids, out)
+    if out.size:
+        backend.launch(_embed_kernel, ids.shape[0], backend.block_size(256, 16), table, ids, out)
     return out

@@ -37,7 +37,9 @@ MAX_D = 576       # widest cache row the kernel supports (Kimi / DeepSeek: 512 +
 MAX_LKV = 512
 ROW = MAX_D + 1   # padded shared row stride
 MAX_SUBS = 8      # threads per score (blockDim / 32)
+PAIRS = 32        # HG * BK (head, row) scores per tile; a literal: numba types shared shapes from constants
 NEG_INF = -math.inf
+assert PAIRS == HG * BK and ROW == MAX_D + 1
 
 
 def masked_attention_ref(q, keys, visible, scale: float, lkv: int):
@@ -75,7 +77,7 @@ def _attention_kernel(q, cache, start, scale, paths, depths, tree, split_len, di
     ks = cuda.shared.array((BK, ROW), float32)
     sc = cuda.shared.array((HG, BK), float32)
     o = cuda.shared.array((HG, MAX_LKV), float32)
-    red = cuda.shared.array((MAX_SUBS, HG * BK), float32)
+    red = cuda.shared.array((MAX_SUBS, PAIRS), float32)
     m_run = cuda.shared.array(HG, float32)
     l_run = cuda.shared.array(HG, float32)
     alpha = cuda.shared.array(HG, float32)

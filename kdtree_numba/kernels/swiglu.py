@@ -2,7 +2,9 @@
 
 The model concatenates gate_proj and up_proj at load, so one GEMM gives ``gu = [g | u]`` per token and this kernel
 reads both halves in one pass.
-Mapping: one thread per output element (token t, column j): reads gu[t, j] and gu[t, I + j], writes y[t, j].
+Mapping: one block per token row; its threads stride over the columns j, each reading gu[t, j] and gu[t, I + j]
+and writing y[t, j], four columns per loop step so that eight loads are in flight per thread (a thread per
+element with 64-bit index division reached only 36 % of the copy bandwidth).
 Shapes: gu [T, 2I] float32 -> y [T, I] float32.
 Example: swiglu([[0, 1, 2, 3]]) -> [[0 * 2, silu(1) * 3]] = [[0, 2.1932]]
 """
@@ -24,16 +26,34 @@ def swiglu_ref(gu: np.ndarray) -> np.ndarray:
         return (g / (np.float32(1.0) + np.exp(-g)) * u).astype(np.float32)
 
 
+@cuda.jit(device=True, inline=True)
+def _silu_mul(g, u):
+    return g / (float32(1.0) + float32(math.exp(-g))) * u
+
+
 @cuda.jit
 def _swiglu_kernel(gu, out):
+    t = cuda.blockIdx.x
+    n = cuda.blockDim.x
     inter = out.shape[1]
-    idx = cuda.grid(1)
-    if idx >= out.shape[0] * inter:
-        return
-    t = idx // inter
-    j = idx % inter
-    g = gu[t, j]
-    out[t, j] = g / (float32(1.0) + float32(math.exp(-g))) * gu[t, inter + j]
+    j = cuda.threadIdx.x
+    while j + 3 * n < inter:
+        g0 = gu[t, j]
+        g1 = gu[t, j + n]
+        g2 = gu[t, j + 2 * n]
+        g3 = gu[t, j + 3 * n]
+        u0 = gu[t, inter + j]
+        u1 = gu[t, inter + j + n]
+        u2 = gu[t, inter + j + 2 * n]
+        u3 = gu[t, inter + j + 3 * n]
+        out[t, j] = _silu_mul(g0, u0)
+        out[t, j + n] = _silu_mul(g1, u1)
+        out[t, j + 2 * n] = _silu_mul(g2, u2)
+        out[t, j + 3 * n] = _silu_mul(g3, u3)
+        j += 4 * n
+    while j < inter:
+        out[t, j] = _silu_mul(gu[t, j], gu[t, inter + j])
+        j += n
 
 
 def swiglu(gu, out=None):
@@ -46,9 +66,7 @@ def swiglu(gu, out=None):
     if backend.name == "numpy":
         out[...] = swiglu_ref(gu)
         return out
-    n = T * inter
-    if n == 0:
+    if T == 0 or inter == 0:
         return out
-    threads = backend.block_size(256, 32)
-    backend.launch(_swiglu_kernel, (n + threads - 1) // threads, threads, gu, out)
+    backend.launch(_swiglu_kernel, T, backend.block_size(256, 16), gu, out)
     return out

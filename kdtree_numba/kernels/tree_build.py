@@ -174,9 +174,7 @@ def _record_parent(gen, wx, w, rpar):
 
 # ------------------------------------------------------------------------------------------------ kernel
 @cuda.jit
-def _build_kernel(lp, ids, budget, cap, w_a, dep_a, rank_a, tpar_a, rpar_a, rdep_a, w_b, dep_b, rank_b, tpar_b,
-                  rpar_b, rdep_b, newidx, sidx, out_tokens, out_depth, out_parent, out_logw, paths, path_depth,
-                  n_out, overflow):
+def _build_kernel(lp, ids, budget, cap, wtab, itab, scratch, out_i, out_logw, paths, path_depth, n_out, overflow):
     r = cuda.blockIdx.x
     tid = cuda.threadIdx.x
     nthreads = cuda.blockDim.x
@@ -187,25 +185,30 @@ def _build_kernel(lp, ids, budget, cap, w_a, dep_a, rank_a, tpar_a, rpar_a, rdep
     tau_sh = cuda.shared.array(1, float64)
     redw = cuda.shared.array(256, float64)
 
-    # the table of request r: entries [0, |G|) are G in pop order, candidates are appended after them
-    w = w_a[r]
-    dep = dep_a[r]
-    rank = rank_a[r]
-    tpar = tpar_a[r]
-    rpar = rpar_a[r]
-    rdep = rdep_a[r]
-    w2 = w_b[r]
-    dep2 = dep_b[r]
-    rank2 = rank_b[r]
-    tpar2 = tpar_b[r]
-    rpar2 = rpar_b[r]
-    rdep2 = rdep_b[r]
-    nmap = newidx[r]
-    order = sidx[r]
+    # the table of request r (two copies, swapped every depth): entries [0, |G|) are G in pop order, candidates
+    # are appended after them. Fields: weight (float64); depth, rank, trie parent, record parent, record depth.
+    w = wtab[0, r]
+    dep = itab[0, 0, r]
+    rank = itab[0, 1, r]
+    tpar = itab[0, 2, r]
+    rpar = itab[0, 3, r]
+    rdep = itab[0, 4, r]
+    w2 = wtab[1, r]
+    dep2 = itab[1, 0, r]
+    rank2 = itab[1, 1, r]
+    tpar2 = itab[1, 2, r]
+    rpar2 = itab[1, 3, r]
+    rdep2 = itab[1, 4, r]
+    nmap = scratch[0, r]        # old table index -> new pop position (or -1)
+    order = scratch[1, r]       # candidate indices being sorted
+    out_tokens = out_i[0]
+    out_depth = out_i[1]
+    out_parent = out_i[2]
     if tid == 0:
         sh[0] = 0
         sh[2] = 0
         tau_sh[0] = -math.inf
+        overflow[r] = 0
     cuda.syncthreads()
 
     for d in range(1, L + 1):
@@ -431,14 +434,14 @@ class TreeBuilder:
         while sort_cap < self.cap:
             sort_cap *= 2
         e = backend.empty
-        self.tables = [e((R, tab), np.float64)] + [e((R, tab), np.int32) for _ in range(5)]
-        self.tables2 = [e((R, tab), np.float64)] + [e((R, tab), np.int32) for _ in range(5)]
-        self.newidx = e((R, tab), np.int32)
-        self.sidx = e((R, sort_cap), np.int32)
+        # few, packed arrays: every array argument costs host time at each launch
+        self.wtab = e((2, R, tab), np.float64)                 # [copy, request, entry]
+        self.itab = e((2, 5, R, tab), np.int32)                # [copy, field, request, entry]
+        self.scratch = e((2, R, max(tab, sort_cap)), np.int32)  # node map, sort buffer
         B1 = max(budget, 1)
-        self.out = DeviceTrees(e((R, B1), np.int32), e((R, B1), np.int32), e((R, B1), np.int32),
-                               e((R, B1), np.float64), e((R, B1 + 1, L + 1), np.int32), e((R, B1 + 1), np.int32),
-                               e((R,), np.int32))
+        self.out_i = e((3, R, B1), np.int32)                   # tokens, depth, parent
+        self.out = DeviceTrees(self.out_i[0], self.out_i[1], self.out_i[2], e((R, B1), np.float64),
+                               e((R, B1 + 1, L + 1), np.int32), e((R, B1 + 1), np.int32), e((R,), np.int32))
         self.overflow = backend.zeros((R,), np.int32)
 
     def build(self, lp, ids) -> DeviceTrees:
@@ -449,11 +452,9 @@ class TreeBuilder:
             for r in range(self.R):
                 self._pack(r, build_tree_ref(np.asarray(lp[r]), host_ids[r], self.B))
             return o
-        self.overflow[...] = 0
         threads = backend.block_size(256, 8)
-        backend.launch(_build_kernel, self.R, threads, lp, ids, self.B, self.cap, *self.tables, *self.tables2,
-                       self.newidx, self.sidx, o.tokens, o.depth, o.parent, o.logw, o.paths, o.path_depth, o.n,
-                       self.overflow)
+        backend.launch(_build_kernel, self.R, threads, lp, ids, self.B, self.cap, self.wtab, self.itab, self.scratch,
+                       self.out_i, o.logw, o.paths, o.path_depth, o.n, self.overflow)
         return o
 
 

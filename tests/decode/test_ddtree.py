@@ -174,7 +174,7 @@ class BadDrafter(kd.Drafter):
     (dict(prompt_ids=[]), "prompt_ids: expected at least one token"),
     (dict(prompt_ids=[1, 256]), "prompt_ids: token id 256 at index 1 is outside the vocabulary"),
     (dict(prompt_ids=[[1, 2]]), "prompt_ids: expected a 1-d sequence"),
-    (dict(max_new_tokens=4000), "exceeds the context limit of 4096"),
+    (dict(max_new_tokens=4092), "= 4097 exceeds the context limit of 4096"),
     (dict(drafter=BadDrafter(255, 4)), "drafter: vocabulary of 255 tokens does not match the target's 256"),
     (dict(drafter=BadDrafter(256, 0)), "drafter: depth 0 is not a positive integer"),
     (dict(drafter=BadDrafter(256, 4, shape=(3, 256))), r"drafter: returned draft logits of shape \(3, 256\), "

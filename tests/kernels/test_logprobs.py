@@ -37,13 +37,29 @@ def test_topk_matches_reference(kind, V, k):
 
 
 def test_topk_tie_overflow_takes_lowest_ids():
-    """More equal values at the threshold than the candidate buffer holds: the ordered tie path."""
+    """Uniform rows longer than the candidate buffer: the local-top fast path still finds the lowest ids."""
     V = lpk.CAP + 37
     x = np.zeros((1, V), np.float32)
     x[0, [5, V - 1]] = 1.0
     lp, ids = lpk.topk_logprobs(x, 6)
     np.testing.assert_array_equal(H(ids)[0], [5, V - 1, 0, 1, 2, 3])
     np.testing.assert_allclose(H(lp), lpk.topk_logprobs_ref(x, 6)[0], rtol=1e-5)
+
+
+def test_topk_fallback_when_one_thread_holds_more_than_four():
+    """Five winners in one thread's stride defeat the local-top fast path: the radix fallback, including its
+    ordered scan when the ties at the threshold overflow the buffer."""
+    stride = kd.backend.block_size(1024, 32)                  # the kernel's threads per row
+    V = lpk.CAP + 3 * stride
+    x = np.zeros((2, V), np.float32)
+    x[0, [0, stride, 2 * stride, 3 * stride, 4 * stride]] = 1.0           # row 0: ties overflow -> ordered scan
+    x[1] = np.random.default_rng(9).standard_normal(V)
+    x[1, [7 + j * stride for j in range(6)]] = 5.0 + np.arange(6)         # row 1: plain radix refinement
+    lp, ids = lpk.topk_logprobs(x, 10)
+    rlp, rids = lpk.topk_logprobs_ref(x, 10)
+    np.testing.assert_array_equal(H(ids), rids)
+    np.testing.assert_array_equal(H(ids)[0], [0, stride, 2 * stride, 3 * stride, 4 * stride, 1, 2, 3, 4, 5])
+    np.testing.assert_allclose(H(lp), rlp, rtol=1e-5, atol=1e-6)
 
 
 def test_topk_rejects_nan_and_bad_k():
