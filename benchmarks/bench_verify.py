@@ -51,8 +51,9 @@ for S in contexts:
         for N in heads:
             q = xp.asarray(rng.standard_normal((n + 1, N, D), dtype=np.float32))
             out = xp.empty((n + 1, N, LKV), np.float32)
+            reps = a.reps if S * n * N < 2 ** 26 else 5
             ms = median_ms(lambda: tree_verify.tree_attention(q, cache, S, paths_d, depth_d, 0.13, LKV,
-                                                              max_depth=paths.shape[1] - 1, out=out), a.reps)
+                                                              max_depth=paths.shape[1] - 1, out=out), reps)
             flops = 2 * (n + 1) * N * (S + depth.mean() + 1) * (D + LKV)
             nbytes = 4 * ((S + n + 1) * D + (n + 1) * N * (D + LKV))
             roof = max(flops / FLOP_CEIL, nbytes / BW_CEIL) * 1e3
@@ -65,7 +66,7 @@ for S in contexts:
                 mask = torch.where(torch.from_numpy(visible).cuda(), 0.0, float("-inf")).float()
                 try:
                     ms_t = median_ms(lambda: F.scaled_dot_product_attention(tq, tk, tv, attn_mask=mask, scale=0.13),
-                                     a.reps)
+                                     reps)
                     check = F.scaled_dot_product_attention(tq, tk, tv, attn_mask=mask, scale=0.13)[0].permute(1, 0, 2)
                     err = float((check - torch.from_dlpack(out)).abs().max())
                     assert err < 1e-3, err
