@@ -47,6 +47,24 @@ def median_ms(fn, reps: int = 20, warmup: int = 3) -> float:
     return float(np.median(times))
 
 
+def torch_median_ms(fn, reps: int = 20, warmup: int = 3) -> float:
+    """Median device time of torch work ``fn()`` on torch's current stream (torch CUDA events)."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return float(np.median(times))
+
+
 def host_median_ms(fn, reps: int = 5, warmup: int = 1) -> float:
     """Median wall time of ``fn()`` (which must synchronize itself)."""
     for _ in range(warmup):

@@ -12,7 +12,7 @@ by a stride-0 view), float mask [n+1, S+n+1] with -inf outside committed rows + 
 """
 import numpy as np
 
-from _common import args, kd, median_ms, save, table
+from _common import args, kd, median_ms, save, table, torch_median_ms
 
 a = args(__doc__)
 xp = kd.backend.xp
@@ -65,8 +65,8 @@ for S in contexts:
                 tv = tc[None, None, :, :LKV].expand(1, N, S + n + 1, LKV)
                 mask = torch.where(torch.from_numpy(visible).cuda(), 0.0, float("-inf")).float()
                 try:
-                    ms_t = median_ms(lambda: F.scaled_dot_product_attention(tq, tk, tv, attn_mask=mask, scale=0.13),
-                                     reps)
+                    ms_t = torch_median_ms(
+                        lambda: F.scaled_dot_product_attention(tq, tk, tv, attn_mask=mask, scale=0.13), reps)
                     check = F.scaled_dot_product_attention(tq, tk, tv, attn_mask=mask, scale=0.13)[0].permute(1, 0, 2)
                     err = float((check - torch.from_dlpack(out)).abs().max())
                     assert err < 1e-3, err
