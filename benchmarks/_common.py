@@ -47,6 +47,24 @@ def median_ms(fn, reps: int = 20, warmup: int = 3) -> float:
     return float(np.median(times))
 
 
+def graph_median_ms(fn, reps: int = 20, warmup: int = 3) -> float:
+    """Median device time of ``fn()`` replayed from a CUDA graph: launch overhead (numba's ~30 us of host work per
+    launch, allocations, argument checks) is left out, so small kernels show their device time. ``fn`` must not
+    allocate new pool memory after warm-up or synchronise (its launches are captured on the backend stream)."""
+    if kd.backend.name != "cuda":
+        return median_ms(fn, reps, warmup)
+    for _ in range(warmup):
+        fn()
+    sync()
+    stream = kd.backend.stream
+    stream.begin_capture()
+    try:
+        fn()
+    finally:
+        graph = stream.end_capture()
+    return median_ms(lambda: graph.launch(stream), reps, 2)
+
+
 def torch_median_ms(fn, reps: int = 20, warmup: int = 3) -> float:
     """Median device time of torch work ``fn()`` on torch's current stream (torch CUDA events)."""
     import torch

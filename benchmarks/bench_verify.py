@@ -5,8 +5,9 @@ Per shape: context S committed rows, n tree nodes (+ root), N heads, cache rows 
     FLOPs  = 2 * (n+1) * N * (S + depth + 1) * (576 + 512)      (scores + weighted values; ~ S for long contexts)
     bytes  = 4 * ((S + n + 1) * 576 + (n+1) * N * (576 + 512))   (cache once, queries in, outputs out)
     roofline time = max(FLOPs / 51 TFLOP/s, bytes / 4.25 TB/s)   (the H200 ceilings measured here)
-SDPA baseline: q [1, N, n+1, 576], k [1, N, S+n+1, 576] and v [1, N, S+n+1, 512] (the latent expanded to every head
-by a stride-0 view), float mask [n+1, S+n+1] with -inf outside committed rows + ancestors.
+SDPA baseline: q [1, N, n+1, 576], k [1, N, S+n+1, 576] and v [1, N, S+n+1, 512] (the latent copied to every head),
+float mask [n+1, S+n+1] with -inf outside committed rows + ancestors. Both outputs are compared with a float64
+reference on one shape; the table reports each one's max error.
 
     PYTHONPATH=$PWD python3 benchmarks/bench_verify.py
 """
@@ -61,16 +62,22 @@ for S in contexts:
             if torch is not None and kd.backend.name == "cuda":
                 tq = torch.from_dlpack(q).permute(1, 0, 2)[None]                       # [1, N, n+1, D]
                 tc = torch.from_dlpack(cache)
-                tk = tc[None, None].expand(1, N, S + n + 1, D)
-                tv = tc[None, None, :, :LKV].expand(1, N, S + n + 1, LKV)
+                tk = tc[None, None].expand(1, N, S + n + 1, D).contiguous()
+                tv = tc[None, None, :, :LKV].expand(1, N, S + n + 1, LKV).contiguous()
                 mask = torch.where(torch.from_numpy(visible).cuda(), 0.0, float("-inf")).float()
                 try:
                     ms_t = torch_median_ms(
                         lambda: F.scaled_dot_product_attention(tq, tk, tv, attn_mask=mask, scale=0.13), reps)
                     check = F.scaled_dot_product_attention(tq, tk, tv, attn_mask=mask, scale=0.13)[0].permute(1, 0, 2)
-                    err = float((check - torch.from_dlpack(out)).abs().max())
-                    assert err < 1e-3, err
-                    ratio = f"{ms_t:.3f} ms ({ms_t / ms:.2f}x)"
+                    diff = float((check - torch.from_dlpack(out)).abs().max())
+                    ratio = f"{ms_t:.3f} ms ({ms_t / ms:.2f}x; max |ours - SDPA| {diff:.1e})"
+                    if S == contexts[0] and n == nodes[0] and N == heads[0]:
+                        want = tree_verify.tree_attention_ref(kd.backend.to_host(q), kd.backend.to_host(cache), S,
+                                                              parents, 0.13, LKV)
+                        print(f"float64 reference, S={S} n={n} N={N}: max error ours "
+                              f"{np.abs(kd.backend.to_host(out) - want).max():.1e}, SDPA "
+                              f"{np.abs(check.cpu().numpy() - want).max():.1e}", flush=True)
+                    del tk, tv
                 except torch.OutOfMemoryError:
                     ratio = "SDPA out of memory"
                     torch.cuda.empty_cache()
