@@ -7,7 +7,7 @@ Draft logits are never divided by the temperature.
 Mapping: one block per row; every (value, index) is packed as ``order_key << 32 | ~index`` (the float's bits
 flipped so that unsigned order = float order), so one unsigned compare orders by (value desc, index asc) and no
 two elements tie. Pass 1: each thread folds its strided elements into a running (max, sum of exp) and keeps its
-own 4 largest composites in registers (and the row max); a second streaming pass sums exp(x - max). The 4 x threads local tops are bitonic-sorted in shared memory; tau = the
+own 4 largest composites in registers. The 4 x threads local tops are bitonic-sorted in shared memory; tau = the
 K-th of them. Pass 2 counts the row's composites >= tau: when exactly K (no thread held more than 4 of the top K
 - the common case, uniform rows included), the sorted local tops are the answer. Otherwise a radix fallback
 finds the threshold key exactly (a 2048-bin shared histogram of the top 11 key bits, a block scan for the bin b*
@@ -209,41 +209,37 @@ def _topk_kernel(x, bits, k, lp_out, ids_out):
     info = cuda.shared.array(4, int32)        # 0: threshold bin, 1: count above it, 2: candidates, 3: has NaN
     lo_key = cuda.shared.array(1, uint32)     # candidates are keys >= lo_key
 
-    # pass 1: the row max and this thread's 4 largest (value, index) composites, two elements per step
+    # pass 1: running max / sum of exp, and this thread's 4 largest (value, index) composites
     m = float32(-math.inf)
+    ssum = float32(0.0)
     nan = 0
     c0 = uint64(0)
     c1 = uint64(0)
     c2 = uint64(0)
     c3 = uint64(0)
-    v = tid
-    while v < V:
-        va = x[row, v]
-        ka = bits[row, v]
-        vb = float32(-math.inf)
-        kb = uint32(0)
-        if v + nthreads < V:
-            vb = x[row, v + nthreads]
-            kb = bits[row, v + nthreads]
-        for j in range(2):
-            val = va if j == 0 else vb
-            if j == 1 and v + nthreads >= V:
-                break
-            if val != val:
-                nan = 1
-                continue
-            m = max(m, val)
-            comp = _composite(_order_key(ka if j == 0 else kb), v + j * nthreads)
-            if comp > c3:                          # insert into the sorted 4 (c0 largest)
-                c3 = comp
-                if c3 > c2:
-                    c2, c3 = c3, c2
-                    if c2 > c1:
-                        c1, c2 = c2, c1
-                        if c1 > c0:
-                            c0, c1 = c1, c0
-        v += 2 * nthreads
+    for v in range(tid, V, nthreads):
+        val = x[row, v]
+        if val != val:
+            nan = 1
+            continue
+        comp = _composite(_order_key(bits[row, v]), v)
+        if comp > c3:                          # insert into the sorted 4 (c0 largest)
+            c3 = comp
+            if c3 > c2:
+                c2, c3 = c3, c2
+                if c2 > c1:
+                    c1, c2 = c2, c1
+                    if c1 > c0:
+                        c0, c1 = c1, c0
+        if val == float32(-math.inf):
+            continue
+        if val > m:
+            ssum = ssum * float32(math.exp(m - val)) + float32(1.0)
+            m = val
+        else:
+            ssum += float32(math.exp(val - m))
     red_m[tid] = m
+    red_s[tid] = ssum
     if tid == 0:
         info[3] = 0
     cuda.syncthreads()
@@ -252,38 +248,22 @@ def _topk_kernel(x, bits, k, lp_out, ids_out):
     stride = nthreads // 2
     while stride > 0:
         if tid < stride:
-            red_m[tid] = max(red_m[tid], red_m[tid + stride])
+            m1 = red_m[tid]
+            m2 = red_m[tid + stride]
+            mx = max(m1, m2)
+            if mx == float32(-math.inf):
+                red_s[tid] = red_s[tid] + red_s[tid + stride]
+            else:
+                red_s[tid] = red_s[tid] * float32(math.exp(m1 - mx)) + red_s[tid + stride] * float32(math.exp(m2 - mx))
+            red_m[tid] = mx
         cuda.syncthreads()
         stride //= 2
-    m = red_m[0]
+    lse = red_m[0] + float32(math.log(red_s[0]))
     if info[3]:
         for r in range(tid, k, nthreads):
             lp_out[row, r] = float32(math.nan)
             ids_out[row, r] = -1
         return
-    # sum of exp(x - max): four independent loads per step
-    ssum = float32(0.0)
-    v = tid
-    while v + 3 * nthreads < V:
-        e0 = x[row, v]
-        e1 = x[row, v + nthreads]
-        e2 = x[row, v + 2 * nthreads]
-        e3 = x[row, v + 3 * nthreads]
-        ssum += (float32(math.exp(e0 - m)) + float32(math.exp(e1 - m))) + \
-            (float32(math.exp(e2 - m)) + float32(math.exp(e3 - m)))
-        v += 4 * nthreads
-    while v < V:
-        ssum += float32(math.exp(x[row, v] - m))
-        v += nthreads
-    red_s[tid] = ssum
-    cuda.syncthreads()
-    stride = nthreads // 2
-    while stride > 0:
-        if tid < stride:
-            red_s[tid] += red_s[tid + stride]
-        cuda.syncthreads()
-        stride //= 2
-    lse = m + float32(math.log(red_s[0]))
 
     # fast path: sort the local tops; if exactly k elements of the row reach the k-th of them, they are the answer
     n_local = 4 * nthreads
@@ -296,19 +276,9 @@ def _topk_kernel(x, bits, k, lp_out, ids_out):
         _bitonic_desc(cand, n_local, tid, nthreads)
         tau = cand[k - 1]
         cnt = 0
-        v = tid
-        while v + 3 * nthreads < V:
-            b0 = bits[row, v]
-            b1 = bits[row, v + nthreads]
-            b2 = bits[row, v + 2 * nthreads]
-            b3 = bits[row, v + 3 * nthreads]
-            cnt += (_composite(_order_key(b0), v) >= tau) + (_composite(_order_key(b1), v + nthreads) >= tau) + \
-                (_composite(_order_key(b2), v + 2 * nthreads) >= tau) + \
-                (_composite(_order_key(b3), v + 3 * nthreads) >= tau)
-            v += 4 * nthreads
-        while v < V:
-            cnt += _composite(_order_key(bits[row, v]), v) >= tau
-            v += nthreads
+        for v in range(tid, V, nthreads):
+            if _composite(_order_key(bits[row, v]), v) >= tau:
+                cnt += 1
         scan[tid] = cnt
         cuda.syncthreads()
         stride = nthreads // 2

@@ -2,9 +2,9 @@
 
 Mapping: one block per token row; the block's threads stride over the hidden dim, each summing the squares of
 its elements; a shared-memory tree reduction gives the row's sum; then every thread scales its elements.
-Each thread issues eight (then four) independent loads per loop step (elements c, c + n, c + 2n, .. for n
-threads): with one load in flight per thread the kernel reached 35 % of the H200's copy bandwidth
-(latency-bound), with four 54 % (docs/PERFORMANCE.md).
+Each thread issues four independent loads per loop step (elements c, c + n, c + 2n, c + 3n for n threads): with
+one load in flight per thread the kernel reached 35 % of the H200's copy bandwidth (latency-bound); four keep
+enough bytes in flight to stream (measured in docs/PERFORMANCE.md).
 Shapes: x [T, H] float32, w [H] float32 -> y [T, H] float32.
 Example: rmsnorm([[3, 4]], [1, 1], 0) -> [[0.8485, 1.1314]]   (mean square 12.5, 1/sqrt(12.5) = 0.2828)
 """
@@ -36,20 +36,16 @@ def _rmsnorm_kernel(x, w, out, eps):
     H = x.shape[1]
     partial = cuda.shared.array(MAX_THREADS, float32)
 
-    # each thread: sum of squares over columns tid, tid + nthreads, ... (eight independent loads per step)
+    # each thread: sum of squares over columns tid, tid + nthreads, ... (four independent loads per step)
     acc = float32(0.0)
     c = tid
-    while c + 7 * nthreads < H:
+    while c + 3 * nthreads < H:
         v0 = x[row, c]
         v1 = x[row, c + nthreads]
         v2 = x[row, c + 2 * nthreads]
         v3 = x[row, c + 3 * nthreads]
-        v4 = x[row, c + 4 * nthreads]
-        v5 = x[row, c + 5 * nthreads]
-        v6 = x[row, c + 6 * nthreads]
-        v7 = x[row, c + 7 * nthreads]
-        acc += ((v0 * v0 + v1 * v1) + (v2 * v2 + v3 * v3)) + ((v4 * v4 + v5 * v5) + (v6 * v6 + v7 * v7))
-        c += 8 * nthreads
+        acc += (v0 * v0 + v1 * v1) + (v2 * v2 + v3 * v3)
+        c += 4 * nthreads
     while c < H:
         v0 = x[row, c]
         acc += v0 * v0

@@ -9,7 +9,7 @@ Tree nodes share positions (siblings sit at ``start + depth``), so positions are
 ``amp`` is YaRN's cos/sin amplitude (1.0 for DeepSeek and Kimi, whose mscale == mscale_all_dim).
 
 Mapping: one block per token; thread j owns pair i = j mod R/2 (its cos/sin computed once) and heads
-h = j div (R/2), stepping by threads / (R/2) - no division in the loop, four heads (eight loads) per step. Each
+h = j div (R/2), stepping by threads / (R/2) - no division in the loop, two heads (four loads) per step. Each
 thread reads its inputs before writing its outputs, so ``out`` may be ``x`` itself (in place). (A thread per
 (token, head, pair) with 64-bit index division reached 20 % of the copy bandwidth.)
 Shapes: x [T, N, R] float32, positions [T] int32/int64, inv_freq [R/2] float32 -> y [T, N, R] float32.
@@ -127,25 +127,17 @@ def _rope_kernel(x, positions, inv_freq, amp, out):
     ang = float32(positions[t]) * inv_freq[i]
     c = float32(math.cos(ang)) * amp
     s = float32(math.sin(ang)) * amp
-    while h + 3 * step < n_heads:                  # four heads (eight loads) per step
+    while h + step < n_heads:
         a1 = x[t, h, i]
         a2 = x[t, h, i + half]
         b1 = x[t, h + step, i]
         b2 = x[t, h + step, i + half]
-        d1 = x[t, h + 2 * step, i]
-        d2 = x[t, h + 2 * step, i + half]
-        e1 = x[t, h + 3 * step, i]
-        e2 = x[t, h + 3 * step, i + half]
         out[t, h, i] = a1 * c - a2 * s
         out[t, h, i + half] = a2 * c + a1 * s
         out[t, h + step, i] = b1 * c - b2 * s
         out[t, h + step, i + half] = b2 * c + b1 * s
-        out[t, h + 2 * step, i] = d1 * c - d2 * s
-        out[t, h + 2 * step, i + half] = d2 * c + d1 * s
-        out[t, h + 3 * step, i] = e1 * c - e2 * s
-        out[t, h + 3 * step, i + half] = e2 * c + e1 * s
-        h += 4 * step
-    while h < n_heads:
+        h += 2 * step
+    if h < n_heads:
         a1 = x[t, h, i]
         a2 = x[t, h, i + half]
         out[t, h, i] = a1 * c - a2 * s
