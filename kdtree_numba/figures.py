@@ -23,7 +23,7 @@ def make_all(out: str = "figures", progress=None) -> list[str]:
         paths.append(os.path.join(out, name))
         return paths[-1]
 
-    steps = 7
+    steps = 6
     tick = (lambda i: progress(i, steps)) if progress else (lambda i: None)
     gen = generate(target, PROMPT, 96, drafter=presets.default_drafter(target, noise=0.3), budget=64)
     tick(1)
@@ -45,7 +45,4 @@ def make_all(out: str = "figures", progress=None) -> list[str]:
                           [1, 2, 4, 8, 16, 32, 64, 128, 256], 64)
     viz.budget_sweep(rows, path=save("budget_sweep.png"))
     tick(6)
-    viz.write_html(gen, os.path.join(out, "viewer.html"), vocab_size=V)
-    paths.append(os.path.join(out, "viewer.html"))
-    tick(7)
     return paths
