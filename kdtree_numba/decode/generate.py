@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import numbers
 
+from .. import backend
 from ..kernels import _checks
 from ..kernels.tree_build import MAX_BUDGET
 from ..model.drafters import Drafter
@@ -27,6 +28,12 @@ def generate(target, prompt_ids, max_new_tokens: int, drafter: Drafter | None = 
 
     if not isinstance(target, Target):
         raise ValueError(f"target: expected a kdtree_numba Target, got {type(target).__name__}")
+    with backend.use(target.backend):          # every stage runs where the target's weights live
+        return _generate(target, prompt_ids, max_new_tokens, drafter, budget, temperature, seed, stop_tokens, chain,
+                         progress)
+
+
+def _generate(target, prompt_ids, max_new_tokens, drafter, budget, temperature, seed, stop_tokens, chain, progress):
     prompt = target.check_ids(prompt_ids, "prompt_ids")
     max_new_tokens = _checks.integer(max_new_tokens, "max_new_tokens", lo=1)
     budget = _checks.integer(budget, "budget", lo=0, hi=MAX_BUDGET)

@@ -7,7 +7,8 @@ per-position distributions into a tree; the drafter never sees the tree.
   greedy continuation after the root and returns, at depth d, the target's own logits after d - 1 greedy tokens,
   plus Gaussian noise scaled to each row's spread:
       draft[d] = target_logits[d] + noise * std(target_logits[d]) * z,   z ~ N(0, 1) seeded by (seed, start, d)
-  noise 0 ranks the target's greedy continuation first at every depth (acceptance L + 1 per round at T = 0);
+  noise 0 ranks the target's greedy continuation first at every depth (at T = 0 every round accepts the whole
+  top-1 chain the tree holds: L + 1 tokens when the budget is large enough to hold the chain);
   noise 1 keeps a useful signal; noise >= 10 is close to random. It keeps its own KV cache and reuses the
   continuation it computed last round, so a round costs about as many target steps as the round commits.
   For tests, tutorials and the demo: it is as slow as the target, so it shows acceptance, not wall-clock speed.

@@ -197,3 +197,18 @@ def test_nan_target_logits_are_an_error(numpy_backend):
     with pytest.raises(ValueError, match="NaN logits"):
         kd.generate(t, PROMPT, 4, drafter=kd.RandomDrafter(256, 3), budget=4)
     assert tree_accept.walk_ref([-1, 2], [2], [0], 1) == (None, None)
+
+
+def test_generate_runs_on_the_targets_backend():
+    """A target built under use("numpy") decodes on the references even in a sim/cuda process."""
+    seen = []
+
+    class Spy(kd.RandomDrafter):
+        def draft(self, context, root):
+            seen.append(kd.backend.name)
+            return super().draft(context, root)
+
+    with kd.backend.use("numpy"):
+        t = kd.tiny_target(2)
+    kd.generate(t, PROMPT, 6, drafter=Spy(256, 3), budget=4)
+    assert seen and set(seen) == {"numpy"}

@@ -1,0 +1,268 @@
+"""Tutorial 07: draft distributions -> top-K log-probs per depth -> DDTree's best-first draft tree.
+
+Run:  KDTREE_BACKEND=sim python tutorials/07_draft_tree.py [--size small|large] [--out DIR]
+"""
+# %% [markdown]
+# # 07 - From draft distributions to the best-first tree
+#
+# A DDTree round starts with the drafter's logits for depths 1..L (`[L, V]`): depth d is its guess for the token
+# at position `start + d` (the root, the last committed token, sits at `start`). The drafter proposes one
+# distribution per *position*, not a tree; DDTree builds the tree:
+#
+# 1. **Top-K per depth.** `K = min(budget, V)`. For each depth the K best tokens and their log-probs from an fp32
+#    log-softmax: `lp[d][r] = logit[d][ids[d][r]] - logsumexp(logits[d])`, sorted descending (equal logits: lower
+#    token id first). Draft logits are never divided by the temperature.
+# 2. **Best-first tree.** A node is a rank tuple `(r_1, .., r_d)` = "the r_i-th best token at depth i". Its weight
+#
+#        logw = sum_i lp[i][r_i]          (float64)   = log of the product of the per-depth draft probabilities
+#
+#    is a *surrogate* for "probability that the whole path gets accepted" - exact if the positions were
+#    independent and the draft were the target. The tree is the `budget` nodes of largest weight; a max-heap
+#    finds them without enumerating all K^L tuples: pop the best, push its next sibling (same parent, rank+1) and
+#    its first child (depth+1, rank 0).
+#
+# **Why the node set is prefix-closed**: log-probs are <= 0, so a child never outweighs its parent, and a
+# sibling of rank r+1 never outweighs rank r. Whenever a node is among the best, its parent (and its elder
+# siblings) are too - so every node's path to the root is in the tree, which is what verification needs (a node
+# is only useful if its parent is accepted). Summing `exp(logw)` over the tree gives the expected number of
+# accepted draft tokens under the surrogate; the top-`budget` set maximises it.
+
+# %%
+import numpy as np
+
+from _common import (banner, check, check_true, finish, host, parse_args, rng, save_figure, section, stopwatch,
+                     table)
+
+import kdtree_numba as kd
+from kdtree_numba.kernels import logprobs, tree_build
+
+args = parse_args(__doc__)
+banner("Tutorial 07 - draft distributions and the best-first tree", args)
+Rng = rng(args, 7)
+LARGE = args.size == "large"
+L, V, BUDGET = (15, 32000, 256) if LARGE else (4, 40, 10)     # depths, vocabulary, tree budget
+K = min(BUDGET, V)
+
+# %% [markdown]
+# ## Draft logits and their top-K log-probs
+#
+# Made-up draft logits with a clear favourite at each depth (like a good drafter) plus noise.
+
+# %%
+section("top-K log-probs per depth: reference")
+draft = Rng.standard_normal((L, V)).astype(np.float32)
+draft[np.arange(L), Rng.integers(0, V, L)] += np.linspace(4.0, 1.5, L).astype(np.float32)   # peaks fade with depth
+m = draft.max(axis=1, keepdims=True)
+lse = m + np.log(np.exp(draft - m).sum(axis=1, keepdims=True))            # logsumexp per depth
+ids_plain = np.argsort(-draft, axis=1, kind="stable")[:, :K]              # best K tokens (lower id on ties)
+lp_plain = np.take_along_axis(draft, ids_plain, 1) - lse
+lp_ref, ids_ref = logprobs.topk_logprobs_ref(draft, K)
+check("plain NumPy == topk_logprobs_ref: ids", ids_ref, ids_plain.astype(np.int32))
+check("plain NumPy == topk_logprobs_ref: log-probs", lp_ref, lp_plain, atol=1e-6, rtol=1e-6)
+
+# %% [markdown]
+# ## The kernel: `kernels/logprobs.py::_topk_kernel`
+#
+# Thread mapping: **one block per row** (a depth), 1024 threads on a GPU (32 on the simulator).
+# Every (value, index) is packed into one 64-bit number `order_key << 32 | ~index` (the float's bits flipped so
+# that unsigned order = float order): one unsigned compare then orders by (value desc, index asc), and no two
+# elements tie.
+# * Pass 1: each thread folds its strided elements into a running (max, sum of exp) - an "online" log-sum-exp,
+#   combined across the block by a shared-memory reduction into the row's lse - and keeps its own 4 largest
+#   composites in registers.
+# * The 4 x threads local tops are **bitonic-sorted** in shared memory; tau = the K-th of them. Pass 2 counts the
+#   row's composites >= tau: if exactly K (no thread held more than 4 of the top K - the usual case), the sorted
+#   local tops are the answer.
+# * Otherwise a radix fallback finds the exact threshold: a shared **2048-bin histogram of the top 11 key bits**
+#   and a block scan locate the bin holding the K-th value (refined by the next 11, then 10 bits while too many
+#   candidates share it); the candidates are collected and sorted; remaining exact ties are broken by an ordered
+#   block scan (lowest ids first).
+
+# %%
+section("top-K log-probs: kernel vs reference")
+with stopwatch() as t:
+    lp, ids = logprobs.topk_logprobs(draft, K)
+print(f"_topk_kernel[grid={L}, block={kd.backend.block_size(1024, 32)}] on [{L}, {V}], K={K}: {t.ms:.1f} ms")
+lp, ids = host(lp), host(ids)
+check("topk_logprobs kernel vs reference: ids (exact)", ids, ids_ref)
+check("topk_logprobs kernel vs reference: log-probs", lp, lp_ref, atol=1e-5, rtol=1e-5)
+if not LARGE:
+    table([(d + 1, " ".join(f"{v:3d}" for v in ids[d, :5]), " ".join(f"{np.exp(v):.3f}" for v in lp[d, :5]),
+            f"{np.exp(lp[d]).sum():.3f}")
+           for d in range(L)], ("depth", "top-5 tokens", "draft probabilities", f"mass in top-{K}"))
+
+# %% [markdown]
+# ## The heap reference and the GPU formulation
+#
+# `tree_build.build_tree_ref(lp, ids, budget)` is the heap algorithm exactly as the official DDTree code runs it
+# (entries `(-logw, rank_tuple, parent, depth, rank, logw)`; equal weights pop in rank-tuple order; sibling
+# weights telescoped in float64 as `logw - lp[d][r] + lp[d][r+1]`).
+#
+# `kd.build_tree(lp, ids, budget)` runs `_build_kernel` on the device (the numpy backend runs the heap): **one block
+# per request**, level by level d = 1..L:
+# 1. *expand* - one thread per kept node of depth d-1 walks its children's sibling chain with the heap's exact
+#    float64 arithmetic (stopping at rank `budget`, a -inf log-prob, or once the list is full, below the current
+#    budget-th weight);
+# 2. *sort* the candidates in heap pop order (bitonic sort with a comparator that reproduces the heap's tie order,
+#    even when telescoped weights differ by an ulp);
+# 3. *merge* them with the kept list (co-ranking by binary search) and keep the first `budget`.
+#
+# It must give **the same tree**: same tokens, depths, parents, and bit-identical float64 weights (`Tree.__eq__`
+# compares the weights' bit patterns).
+
+# %%
+section("best-first tree: heap reference vs kd.build_tree")
+ref_tree = tree_build.build_tree_ref(lp, ids, BUDGET)          # same inputs as the device build
+with stopwatch() as t:
+    tree = kd.build_tree(lp, ids, BUDGET)
+print(f"kd.build_tree ({'heap reference' if kd.backend.process_name == 'numpy' else '_build_kernel'}): "
+      f"{tree.n} nodes in {t.ms:.1f} ms")
+check_true("kd.build_tree == build_tree_ref (Tree ==, incl. float64 weights)", tree == ref_tree, f"{tree.n} nodes")
+check("weights bit-identical", tree.logw.view(np.int64), ref_tree.logw.view(np.int64))
+
+parents = tree.parents
+check_true("pop order: parents[i] < i", all(parents[i] < i for i in range(1, tree.n + 1)))
+check_true("depth[i] == depth[parent] + 1", all(tree.depths[i - 1] == (tree.depths[parents[i] - 1] if parents[i]
+                                                                    else 0) + 1 for i in range(1, tree.n + 1)))
+check_true("pops come out in non-increasing weight", bool(np.all(np.diff(tree.logw) <= 1e-12)))
+check_true("prefix-closed: a node never outweighs its parent",
+           all(parents[i] == 0 or tree.logw[i - 1] <= tree.logw[parents[i] - 1] for i in range(1, tree.n + 1)))
+
+# %% [markdown]
+# ## The tree as an outline
+#
+# `q` = the draft probability of the node's token at its depth (`exp(lp)`), `w` = `exp(logw)`, the product of the
+# q's along the path (the surrogate weight). Children are listed in pop order.
+
+# %%
+section("the tree")
+
+
+def outline(tree, max_lines=40):
+    children = {i: [] for i in range(tree.n + 1)}
+    for i in range(1, tree.n + 1):
+        children[int(tree.parents[i])].append(i)
+    lines = ["root (position start)"]
+
+    def walk(node, prefix):
+        kids = children[node]
+        for j, c in enumerate(kids):
+            last = j == len(kids) - 1
+            par_w = tree.logw[tree.parents[c] - 1] if tree.parents[c] else 0.0
+            q, w = np.exp(tree.logw[c - 1] - par_w), np.exp(tree.logw[c - 1])
+            lines.append(f"{prefix}{'`-- ' if last else '|-- '}[{c}] token {tree.tokens[c - 1]:>5d}   "
+                         f"q={q:.3f}  w={w:.4f}")
+            walk(c, prefix + ("    " if last else "|   "))
+
+    walk(0, "")
+    print("\n".join(lines[:max_lines]) + ("\n..." if len(lines) > max_lines else ""))
+
+
+outline(tree)
+print(f"\nsum of exp(logw) = {np.exp(tree.logw).sum():.3f} expected accepted draft tokens under the surrogate "
+      f"(a chain of the top-1 tokens: {np.exp(np.cumsum(lp[:, 0].astype(np.float64))).sum():.3f})")
+
+# %% [markdown]
+# ## It really is the top-`budget` set of prefixes
+#
+# For a small problem we can enumerate every rank tuple up to depth L (K + K^2 + .. + K^L of them) and compare the
+# tree's weights with the `budget` largest.
+
+# %%
+if K ** L <= 200_000:
+    section("brute force: all prefixes")
+    lp64 = lp.astype(np.float64)
+    weights, level = [], np.zeros(1)
+    for d in range(L):
+        level = (level[:, None] + lp64[d][None, :]).ravel()         # all tuples of depth d + 1
+        weights.append(level)
+    allw = np.sort(np.concatenate(weights))[::-1]
+    print(f"{allw.size} prefixes enumerated")
+    check("tree weights == the budget largest prefix weights", np.sort(tree.logw)[::-1], allw[:BUDGET],
+          atol=1e-12, rtol=0)
+
+# %% [markdown]
+# ## Ties: uniform rows
+#
+# With all draft logits equal every tuple of a depth has the same weight, and only the heap's tie rule (rank
+# tuples in Python tuple order) decides. Telescoped float64 weights may even differ by an ulp between tuples
+# that are mathematically equal - the GPU version reproduces the heap's order anyway.
+
+# %%
+section("ties: uniform and partly tied rows")
+uniform = np.zeros((L, V), np.float32)
+lp_u, ids_u = (host(a) for a in logprobs.topk_logprobs(uniform, K))
+lp_u_ref, ids_u_ref = logprobs.topk_logprobs_ref(uniform, K)
+check("uniform rows: top-K ids == lowest ids first", ids_u, ids_u_ref)
+check("uniform rows: log-probs == -log V", lp_u, np.full((L, K), -np.log(V), np.float32), atol=1e-5, rtol=1e-5)
+tu = kd.build_tree(lp_u, ids_u, BUDGET)
+check_true("uniform rows: kd.build_tree == build_tree_ref", tu == tree_build.build_tree_ref(lp_u, ids_u, BUDGET),
+           f"{tu.n} nodes")
+tied = np.round(Rng.standard_normal((L, V)) * 2).astype(np.float32) / 2        # values on a 0.5 grid: many ties
+lp_t, ids_t = (host(a) for a in logprobs.topk_logprobs(tied, K))
+lp_t_ref, ids_t_ref = logprobs.topk_logprobs_ref(tied, K)
+check("partly tied rows: top-K ids (exact)", ids_t, ids_t_ref)
+tt = kd.build_tree(lp_t, ids_t, BUDGET)
+check_true("partly tied rows: kd.build_tree == build_tree_ref",
+           tt == tree_build.build_tree_ref(lp_t, ids_t, BUDGET), f"{tt.n} nodes")
+
+ex = kd.build_tree(np.array([[-0.1, -2.5], [-0.2, -1.8]], np.float32), np.array([[10, 11], [20, 21]]), 3)
+check("docstring example: tokens [10, 20, 21], parents [-1, 0, 1, 1]",
+      np.concatenate([ex.tokens, ex.parents]), np.array([10, 20, 21, -1, 0, 1, 1], np.int32))
+
+# %% [markdown]
+# ## Pictures: the draft probabilities and the tree
+
+# %%
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def draw_tree(ax, tree, max_nodes=40):
+    n = min(tree.n, max_nodes)
+    children = {i: [] for i in range(n + 1)}
+    for i in range(1, n + 1):
+        children[int(tree.parents[i])].append(i)
+    xs, counter = {}, [0]
+
+    def place(node):                                       # leaves left to right, parents centred over children
+        if not children[node]:
+            xs[node] = counter[0]
+            counter[0] += 1
+        else:
+            for c in children[node]:
+                place(c)
+            xs[node] = np.mean([xs[c] for c in children[node]])
+
+    place(0)
+    depth = {0: 0, **{i: int(tree.depths[i - 1]) for i in range(1, n + 1)}}
+    for i in range(1, n + 1):
+        p = int(tree.parents[i])
+        ax.plot([xs[p], xs[i]], [-depth[p], -depth[i]], "-", color="0.6", lw=1, zorder=1)
+    w = np.concatenate([[1.0], np.exp(tree.logw[:n])])
+    sc = ax.scatter([xs[i] for i in range(n + 1)], [-depth[i] for i in range(n + 1)], c=w, cmap="viridis",
+                    vmin=0, vmax=1, s=260, zorder=2, edgecolors="k")
+    for i in range(1, n + 1):
+        ax.annotate(str(tree.tokens[i - 1]), (xs[i], -depth[i]), ha="center", va="center", fontsize=7, color="w")
+    ax.annotate("root", (xs[0], 0), ha="center", va="center", fontsize=7, color="k")
+    ax.set_yticks([-d for d in range(max(depth.values()) + 1)])
+    ax.set_yticklabels([f"depth {d}" for d in range(max(depth.values()) + 1)])
+    ax.set_xticks([])
+    return sc
+
+
+fig, ax = plt.subplots(1, 2, figsize=(12, 3.8), gridspec_kw={"width_ratios": [1, 2]})
+kk = min(K, 16)
+im = ax[0].imshow(np.exp(lp[:, :kk]), cmap="viridis", vmin=0, aspect="auto")
+fig.colorbar(im, ax=ax[0])
+ax[0].set_xlabel("rank r")
+ax[0].set_yticks(range(L))
+ax[0].set_yticklabels([f"depth {d + 1}" for d in range(L)])
+ax[0].set_title("draft probability exp(lp[d][r])")
+sc = draw_tree(ax[1], tree)
+ax[1].set_title(f"best-first tree, budget {BUDGET} (colour: path weight w)")
+fig.colorbar(sc, ax=ax[1])
+save_figure(fig, args, "07_draft_tree.png")
+
+
+# %%
+finish()
