@@ -6,8 +6,6 @@ target; "target side" counts build + verify + accept + compact only (what a chea
 
     PYTHONPATH=$PWD python3 benchmarks/bench_e2e.py
 """
-import numpy as np
-
 from _common import args, kd, save, table
 
 a = args(__doc__)

@@ -83,14 +83,6 @@ else:
 
 from numba import cuda  # noqa: E402  (after NUMBA_ENABLE_CUDASIM is set)
 
-_host_xp = np
-
-
-def host_backend() -> bool:
-    """True when arrays of the current backend are NumPy arrays (sim, numpy)."""
-    return name != "cuda"
-
-
 @contextlib.contextmanager
 def use(backend: str):
     """Run a block on another backend: the process backend or ``numpy``.

@@ -16,8 +16,6 @@ import os
 import sys
 import time
 
-import numpy as np
-
 DEFAULT_PROMPT = "DDTree drafts a whole tree of continuations, then the target checks them all at once. "
 
 
@@ -250,8 +248,15 @@ def cmd_bench(args) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ parser
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``error: <what>`` (``--help`` shows the usage)."""
+
+    def error(self, message):
+        self.exit(2, f"error: {self.prog.split()[-1]}: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kdtree-numba", description=__doc__.split("\n\n")[0],
+    p = _Parser(prog="kdtree-numba", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Backend: set KDTREE_BACKEND=cuda|sim|numpy (default: cuda if a GPU is "
                                        "visible, else numpy).")
