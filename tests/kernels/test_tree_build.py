@@ -10,6 +10,8 @@ from ..helpers import softmax_logprobs
 
 pytestmark = pytest.mark.usefixtures("kernel_backend")
 EXAMPLES = 400 if kd.backend.process_name == "cuda" else 25
+# CI (simulator) draws the same examples every run so it cannot flake; the GPU run explores fresh ones
+DERANDOMIZE = kd.backend.process_name != "cuda"
 
 
 def draft(rng, L, V, kind):
@@ -28,7 +30,7 @@ def draft(rng, L, V, kind):
     return x
 
 
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=DERANDOMIZE)
 @given(seed=st.integers(0, 2 ** 31), L=st.integers(1, 5), K=st.integers(1, 5), extra=st.integers(0, 3),
        budget=st.integers(1, 30), kind=st.sampled_from(["normal", "uniform", "ties", "some_uniform", "peaked",
                                                          "neginf"]))
