@@ -255,6 +255,18 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {self.prog.split()[-1]}: {message}\n")
 
 
+def _source_args(p, max_new_tokens: int) -> None:
+    """Options shared by the commands that generate: model, prompt, length, oracle drafter settings, seed."""
+    p.add_argument("--model", help="HF checkpoint directory (default: the embedded default model)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt", help="prompt text (byte-level vocabularies)")
+    src.add_argument("--ids", type=_int_list, help="prompt token ids, comma-separated")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=max_new_tokens)
+    p.add_argument("--noise", type=float, default=0.3, help="oracle drafter noise (default 0.3)")
+    p.add_argument("--depth", type=_positive_int, default=8, help="draft depth L (default 8)")
+    p.add_argument("--seed", type=int, default=0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="kdtree-numba", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -272,18 +284,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     g = sub.add_parser("generate", help="generate from a checkpoint (or the default model)")
-    g.add_argument("--model", help="HF checkpoint directory (default: the embedded default model)")
-    src = g.add_mutually_exclusive_group()
-    src.add_argument("--prompt", help="prompt text (byte-level vocabularies)")
-    src.add_argument("--ids", type=_int_list, help="prompt token ids, comma-separated")
-    g.add_argument("--max-new-tokens", type=_positive_int, default=64)
+    _source_args(g, max_new_tokens=64)
     g.add_argument("--budget", type=int, default=64)
     g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--seed", type=int, default=0)
     g.add_argument("--drafter", choices=["oracle", "random", "none"], default="oracle",
                    help="oracle (from the target, --noise), random, or none (plain decoding)")
-    g.add_argument("--noise", type=float, default=0.3)
-    g.add_argument("--depth", type=_positive_int, default=8)
     g.add_argument("--trace", help="write the generation trace (JSON) here")
     g.set_defaults(func=cmd_generate)
 
@@ -295,14 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_trees)
 
     s = sub.add_parser("sweep", help="budget sweep figure")
-    s.add_argument("--model")
-    s.add_argument("--prompt")
-    s.add_argument("--ids", type=_int_list)
+    _source_args(s, max_new_tokens=96)
     s.add_argument("--budgets", type=_int_list, default=[1, 2, 4, 8, 16, 32, 64, 128, 256])
-    s.add_argument("--max-new-tokens", type=_positive_int, default=96)
-    s.add_argument("--noise", type=float, default=0.3)
-    s.add_argument("--depth", type=_positive_int, default=8)
-    s.add_argument("--seed", type=int, default=0)
     s.add_argument("--out", default="budget_sweep.png")
     s.set_defaults(func=cmd_sweep)
 
