@@ -26,6 +26,10 @@ def test_elementwise_large():
     out = poisoned(x.shape)
     rmsnorm.rmsnorm(x, w, 1e-6, out=out)
     np.testing.assert_allclose(H(out), rmsnorm.rmsnorm_ref(x, w, 1e-6), rtol=2e-5, atol=2e-5)
+    wide = rng.standard_normal((37, rmsnorm.STAGE + 1811)).astype(np.float32)   # columns past the shared copy
+    ww = rng.standard_normal(wide.shape[1]).astype(np.float32)
+    np.testing.assert_allclose(H(rmsnorm.rmsnorm(wide, ww, 1e-6, out=poisoned(wide.shape))),
+                               rmsnorm.rmsnorm_ref(wide, ww, 1e-6), rtol=2e-5, atol=2e-5)
     q = rng.standard_normal((517, 64, 64)).astype(np.float32)
     pos = rng.integers(0, 100000, 517).astype(np.int32)
     inv = rope.yarn_inv_freq(64, 50000.0, 32.0, 4096, 1, 1)

@@ -19,6 +19,13 @@ def test_rmsnorm_matches_reference(rng=np.random.default_rng(1)):
     np.testing.assert_allclose(H(out), rmsnorm.rmsnorm_ref(x, w, 1e-6), rtol=1e-5, atol=1e-6)
 
 
+def test_rmsnorm_row_wider_than_the_shared_copy(rng=np.random.default_rng(11)):
+    x = rng.standard_normal((1, rmsnorm.STAGE + 5)).astype(np.float32)     # last 5 columns re-read from memory
+    w = rng.standard_normal(x.shape[1]).astype(np.float32)
+    out = rmsnorm.rmsnorm(x, w, 1e-6, out=poisoned(x.shape))
+    np.testing.assert_allclose(H(out), rmsnorm.rmsnorm_ref(x, w, 1e-6), rtol=1e-5, atol=1e-6)
+
+
 def test_rmsnorm_docstring_example_and_scale_invariance():
     np.testing.assert_allclose(H(rmsnorm.rmsnorm(np.array([[3, 4]], np.float32), np.ones(2, np.float32), 0.0)),
                                [[0.8485281, 1.1313709]], rtol=1e-6)
