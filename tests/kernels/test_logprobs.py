@@ -37,7 +37,8 @@ def test_topk_matches_reference(kind, V, k):
 
 
 def test_topk_tie_overflow_takes_lowest_ids():
-    """Uniform rows longer than the candidate buffer: the local-top fast path still finds the lowest ids."""
+    """Uniform rows longer than the candidate buffer: every element reaches the threshold bin; the 4 local tops
+    per thread (equal values ordered by index) still find the lowest ids."""
     V = lpk.CAP + 37
     x = np.zeros((1, V), np.float32)
     x[0, [5, V - 1]] = 1.0
@@ -46,15 +47,26 @@ def test_topk_tie_overflow_takes_lowest_ids():
     np.testing.assert_allclose(H(lp), lpk.topk_logprobs_ref(x, 6)[0], rtol=1e-5)
 
 
-def test_topk_fallback_when_one_thread_holds_more_than_four():
-    """Five winners in one thread's stride defeat the local-top fast path: the radix fallback, including its
-    ordered scan when the ties at the threshold overflow the buffer."""
+def test_topk_sorts_many_candidates_with_the_bitonic_network():
+    """More than RANK_SORT candidates (but within CAP): all values tie, so the threshold takes the whole row."""
+    x = (np.random.default_rng(3).random((1, lpk.RANK_SORT + 700)) < 0.7).astype(np.float32)
+    lp, ids = lpk.topk_logprobs(x, 40)
+    rlp, rids = lpk.topk_logprobs_ref(x, 40)
+    np.testing.assert_array_equal(H(ids), rids)
+    np.testing.assert_allclose(H(lp), rlp, rtol=1e-5, atol=1e-6)
+
+
+def test_topk_radix_fallback_when_the_threshold_bin_overflows():
+    """Rows where more than CAP elements reach the threshold bin and one thread holds more than four of the top
+    k: the radix fallback, including its ordered scan when the ties at the threshold overflow the buffer."""
     stride = kd.backend.block_size(1024, 32)                  # the kernel's threads per row
     V = lpk.CAP + 3 * stride
     x = np.zeros((2, V), np.float32)
     x[0, [0, stride, 2 * stride, 3 * stride, 4 * stride]] = 1.0           # row 0: ties overflow -> ordered scan
-    x[1] = np.random.default_rng(9).standard_normal(V)
-    x[1, [7 + j * stride for j in range(6)]] = 5.0 + np.arange(6)         # row 1: plain radix refinement
+    # row 1 (distinct values): six huge values in one thread's stride stretch the histogram, so the threshold bin
+    # holds the whole row, and defeat the 4-local-tops pass -> plain radix refinement
+    x[1] = np.random.default_rng(9).random(V).astype(np.float32)
+    x[1, [j * stride for j in range(6)]] = 1000.0 + np.arange(6)
     lp, ids = lpk.topk_logprobs(x, 10)
     rlp, rids = lpk.topk_logprobs_ref(x, 10)
     np.testing.assert_array_equal(H(ids), rids)
