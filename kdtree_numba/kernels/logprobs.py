@@ -21,8 +21,14 @@ two elements tie.
   for the bin holding the K-th value, refined by the next 11 and 10 bits while the candidates at or above it
   overflow the buffer), then collect and sort; when all 32 bits are fixed and ties at the threshold still
   overflow, the lowest-index ties are taken by an ordered scan (contiguous groups of TIE_GROUP per thread).
-History (240 rows of 163840, k = 256, H200): a histogram of every value: 690 us (shared atomics on the few hot
-bins of a peaked row serialise); 4 local tops per thread + a 4096-entry bitonic sort + a counting pass: 505 us.
+Split rows (V >= 2 x SPLIT_CHUNK, i.e. draft vocabularies): too few rows to fill the GPU with one block each (a
+request's 15 rows use 15 of 132 SMs), so each row is spread over ceil(V / SPLIT_CHUNK) blocks in four launches:
+stats (pass 1 per chunk: thread tops, per-block max and sum of exp), threshold (per row: lse, histogram, b*),
+collect (pass 2 per chunk into a per-row buffer) and select (per row: sort, or on overflow the one-block
+algorithm). The proof is unchanged: the thread tops of all chunks are values of distinct elements.
+History (163840 columns, k = 256, H200; 15 rows / 240 rows): a histogram of every value: - / 690 us (shared
+atomics on the few hot bins of a peaked row serialise); 4 local tops per thread + a 4096-entry bitonic sort + a
+counting pass: 229 / 505 us; thresholded, one block per row: 105 / 280 us; split: 64 / 254 us.
 Shapes: logits [R, V] float32 (rows = requests x depths), K <= 1024 -> lp [R, K] float32, ids [R, K] int32.
 Example: logits [[0, 2, 2, -1]], K 3 -> ids [[1, 2, 0]], lp = [2, 2, 0] - log(1 + 2 e^2 + e^-1)
 
@@ -49,6 +55,8 @@ NBINS = 1 << HIST_BITS
 CAP = 4096                 # candidate buffer (shared): >= MAX_K, >= NBINS
 RANK_SORT = 1024           # up to this many candidates: rank sort (no barriers); above: bitonic
 TIE_GROUP = 16             # contiguous elements per thread in the ordered scan of threshold ties
+SPLIT_CHUNK = 16384        # columns per block when a row is split over several blocks
+SPLIT_THREADS = 256        # threads of the per-chunk blocks
 MAX_THREADS = 1024
 M32 = 0xFFFFFFFF
 
@@ -262,18 +270,59 @@ def _find_crossing(hist, need, above, scan, info, tid, nthreads):
     cuda.syncthreads()
 
 
-@cuda.jit
-def _topk_kernel(x, bits, k, lp_out, ids_out):
-    row = cuda.blockIdx.x
+@cuda.jit(device=True)
+def _merge_lse(red_m, red_s, tid, nthreads):
+    """Block tree merge of per-thread (max, sum of exp(x - max)) pairs: afterwards red_m[0], red_s[0] hold the
+    block's (max, sum of exp(x - max)) (log-sum-exp = max + log(sum))."""
+    stride = nthreads // 2
+    while stride > 0:
+        if tid < stride:
+            m1 = red_m[tid]
+            m3 = red_m[tid + stride]
+            mx = max(m1, m3)
+            if mx == float32(-math.inf):
+                red_s[tid] = red_s[tid] + red_s[tid + stride]
+            else:
+                red_s[tid] = red_s[tid] * float32(math.exp(m1 - mx)) + red_s[tid + stride] * float32(math.exp(m3 - mx))
+            red_m[tid] = mx
+        cuda.syncthreads()
+        stride //= 2
+
+
+@cuda.jit(device=True)
+def _sort_write(cand, n, x, k, lse, row, tid, nthreads, lp_out, ids_out):
+    """Write the k largest of the n <= CAP candidate composites in cand, in order: a rank sort (each candidate
+    counts the candidates above it; broadcast reads, no barriers) up to RANK_SORT, a bitonic network above."""
+    if n <= RANK_SORT:
+        for i in range(tid, n, nthreads):
+            c = cand[i]
+            r = 0
+            for j in range(n):
+                if cand[j] > c:
+                    r += 1
+            if r < k:
+                vi = int32(M32 - (c & uint64(M32)))
+                ids_out[row, r] = vi
+                lp_out[row, r] = x[row, vi] - lse
+        return
+    n_pad = 1
+    while n_pad < n:
+        n_pad *= 2
+    for i in range(n + tid, n_pad, nthreads):
+        cand[i] = uint64(0)
+    cuda.syncthreads()
+    _bitonic_desc(cand, n_pad, tid, nthreads)
+    _write_topk(cand, x, k, lse, row, tid, nthreads, lp_out, ids_out)
+
+
+@cuda.jit(device=True)
+def _topk_row(x, bits, k, lp_out, ids_out, row, cand, scan, red_m, red_s, info, lo_key):
+    """The whole top-K of one row by one block (module docstring). Shared arrays: cand [CAP] uint64 (histogram /
+    candidates), scan / red_m / red_s [MAX_THREADS], info [4] int32 (0: threshold bin, 1: count above it,
+    2: candidates, 3: has NaN), lo_key [1] uint32 (radix fallback: candidates are keys >= lo_key)."""
     tid = cuda.threadIdx.x
     nthreads = cuda.blockDim.x
     V = x.shape[1]
-    cand = cuda.shared.array(CAP, uint64)     # histogram / candidates
-    scan = cuda.shared.array(MAX_THREADS, int32)
-    red_m = cuda.shared.array(MAX_THREADS, float32)
-    red_s = cuda.shared.array(MAX_THREADS, float32)
-    info = cuda.shared.array(4, int32)        # 0: threshold bin, 1: count above it, 2: candidates, 3: has NaN
-    lo_key = cuda.shared.array(1, uint32)     # fallback: candidates are keys >= lo_key
 
     # pass 1: running (max, sum of exp) and the two largest values of each thread's strided elements; four
     # independent loads per step keep enough bytes in flight
@@ -305,19 +354,7 @@ def _topk_kernel(x, bits, k, lp_out, ids_out):
     cuda.syncthreads()
     if nan:
         info[3] = 1
-    stride = nthreads // 2
-    while stride > 0:
-        if tid < stride:
-            m1 = red_m[tid]
-            m3 = red_m[tid + stride]
-            mx = max(m1, m3)
-            if mx == float32(-math.inf):
-                red_s[tid] = red_s[tid] + red_s[tid + stride]
-            else:
-                red_s[tid] = red_s[tid] * float32(math.exp(m1 - mx)) + red_s[tid + stride] * float32(math.exp(m3 - mx))
-            red_m[tid] = mx
-        cuda.syncthreads()
-        stride //= 2
+    _merge_lse(red_m, red_s, tid, nthreads)
     hi = red_m[0]
     lse = hi + float32(math.log(red_s[0]))
     if info[3]:
@@ -356,35 +393,15 @@ def _topk_kernel(x, bits, k, lp_out, ids_out):
     v = tid
     while v < V:
         val = x[row, v]
-        if _bin_of(val, lo, scale) >= bstar:
+        if _bin_of(val, lo, scale) >= bstar and info[2] <= CAP:     # once overflowed, stop contending
             slot = cuda.atomic.add(info, 2, 1)
             if slot < CAP:
                 cand[slot] = _composite(_order_key(bits[row, v]), v)
         v += nthreads
     cuda.syncthreads()
     n = info[2]
-    if n <= RANK_SORT:
-        # rank sort: each candidate counts the candidates above it (broadcast reads, no barriers)
-        for i in range(tid, n, nthreads):
-            c = cand[i]
-            r = 0
-            for j in range(n):
-                if cand[j] > c:
-                    r += 1
-            if r < k:
-                vi = int32(M32 - (c & uint64(M32)))
-                ids_out[row, r] = vi
-                lp_out[row, r] = x[row, vi] - lse
-        return
     if n <= CAP:
-        n_pad = 1
-        while n_pad < n:
-            n_pad *= 2
-        for i in range(n + tid, n_pad, nthreads):
-            cand[i] = uint64(0)
-        cuda.syncthreads()
-        _bitonic_desc(cand, n_pad, tid, nthreads)
-        _write_topk(cand, x, k, lse, row, tid, nthreads, lp_out, ids_out)
+        _sort_write(cand, n, x, k, lse, row, tid, nthreads, lp_out, ids_out)
         return
     cuda.syncthreads()
 
@@ -505,6 +522,184 @@ def _topk_kernel(x, bits, k, lp_out, ids_out):
 
 
 @cuda.jit
+def _topk_kernel(x, bits, k, lp_out, ids_out):
+    cand = cuda.shared.array(CAP, uint64)
+    scan = cuda.shared.array(MAX_THREADS, int32)
+    red_m = cuda.shared.array(MAX_THREADS, float32)
+    red_s = cuda.shared.array(MAX_THREADS, float32)
+    info = cuda.shared.array(4, int32)
+    lo_key = cuda.shared.array(1, uint32)
+    _topk_row(x, bits, k, lp_out, ids_out, cuda.blockIdx.x, cand, scan, red_m, red_s, info, lo_key)
+
+
+# --- several blocks per row: the same algorithm split into four launches, for rows too few to fill the GPU ---
+@cuda.jit
+def _split_stats_kernel(x, S, C, part, tops):
+    """Block (row, s) folds columns [s C, s C + C): per thread (max, second max) -> tops[row, s, tid, :];
+    per block (max, sum of exp, has NaN) -> part[row, s, :]."""
+    row = cuda.blockIdx.x // S
+    s = cuda.blockIdx.x - row * S
+    tid = cuda.threadIdx.x
+    nthreads = cuda.blockDim.x
+    red_m = cuda.shared.array(SPLIT_THREADS, float32)
+    red_s = cuda.shared.array(SPLIT_THREADS, float32)
+    flag = cuda.shared.array(1, int32)
+    end = min(x.shape[1], s * C + C)
+    m = float32(-math.inf)
+    m2 = float32(-math.inf)
+    ssum = float32(0.0)
+    nan = 0
+    v = s * C + tid
+    while v + 3 * nthreads < end:
+        a0 = x[row, v]
+        a1 = x[row, v + nthreads]
+        a2 = x[row, v + 2 * nthreads]
+        a3 = x[row, v + 3 * nthreads]
+        m, m2, ssum, nan = _fold(a0, m, m2, ssum, nan)
+        m, m2, ssum, nan = _fold(a1, m, m2, ssum, nan)
+        m, m2, ssum, nan = _fold(a2, m, m2, ssum, nan)
+        m, m2, ssum, nan = _fold(a3, m, m2, ssum, nan)
+        v += 4 * nthreads
+    while v < end:
+        m, m2, ssum, nan = _fold(x[row, v], m, m2, ssum, nan)
+        v += nthreads
+    tops[row, s, tid, 0] = m
+    tops[row, s, tid, 1] = m2
+    red_m[tid] = m
+    red_s[tid] = ssum
+    if tid == 0:
+        flag[0] = 0
+    cuda.syncthreads()
+    if nan:
+        flag[0] = 1
+    _merge_lse(red_m, red_s, tid, nthreads)
+    if tid == 0:
+        part[row, s, 0] = red_m[0]
+        part[row, s, 1] = red_s[0]
+        part[row, s, 2] = float32(flag[0])
+
+
+@cuda.jit
+def _split_threshold_kernel(part, tops, k, thr, count):
+    """Block per row: lse from the S partials; the histogram bin b* of the k-th largest thread top (as in
+    _topk_row) -> thr[row, :] = (lse, lo, scale, b*, has NaN); count[row] = 0."""
+    row = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    nthreads = cuda.blockDim.x
+    S = part.shape[1]
+    n_tops = tops.shape[1] * tops.shape[2]
+    hist = cuda.shared.array(NBINS, uint64)
+    scan = cuda.shared.array(MAX_THREADS, int32)
+    red_m = cuda.shared.array(MAX_THREADS, float32)
+    red_s = cuda.shared.array(MAX_THREADS, float32)
+    info = cuda.shared.array(2, int32)
+    # lse: fold the partials (thread t takes partials t, t + nthreads, ...), then the block merge
+    m = float32(-math.inf)
+    ssum = float32(0.0)
+    nan = float32(0.0)
+    for i in range(tid, S, nthreads):
+        pm = part[row, i, 0]
+        ps = part[row, i, 1]
+        nan = max(nan, part[row, i, 2])
+        mx = max(m, pm)
+        if mx != float32(-math.inf):
+            ssum = ssum * float32(math.exp(m - mx)) + ps * float32(math.exp(pm - mx))
+        m = mx
+    red_m[tid] = m
+    red_s[tid] = ssum
+    if tid == 0:
+        info[0] = 0
+        info[1] = 0
+    cuda.syncthreads()
+    _merge_lse(red_m, red_s, tid, nthreads)
+    hi = red_m[0]
+    lse = hi + float32(math.log(red_s[0]))
+    cuda.syncthreads()
+    # lo = the smallest finite second max
+    lo = float32(math.inf)
+    for i in range(tid, n_tops, nthreads):
+        t2 = tops[row, i // tops.shape[2], i % tops.shape[2], 1]
+        if t2 > float32(-math.inf):
+            lo = min(lo, t2)
+    red_m[tid] = lo
+    cuda.syncthreads()
+    stride = nthreads // 2
+    while stride > 0:
+        if tid < stride:
+            red_m[tid] = min(red_m[tid], red_m[tid + stride])
+        cuda.syncthreads()
+        stride //= 2
+    lo = red_m[0]
+    scale = float32(NBINS) / (hi - lo) if hi > lo and lo < float32(math.inf) else float32(0.0)
+    for b in range(tid, NBINS, nthreads):
+        hist[b] = uint64(0)
+    cuda.syncthreads()
+    if scale > float32(0.0):
+        for i in range(tid, 2 * n_tops, nthreads):
+            j = i // 2
+            t = tops[row, j // tops.shape[2], j % tops.shape[2], i % 2]
+            if t > float32(-math.inf):
+                cuda.atomic.add(hist, _bin_of(t, lo, scale), uint64(1))
+    cuda.syncthreads()
+    _find_crossing(hist, k, 0, scan, info, tid, nthreads)
+    if tid == 0:
+        thr[row, 0] = lse
+        thr[row, 1] = lo
+        thr[row, 2] = scale
+        thr[row, 3] = float32(info[0])
+        thr[row, 4] = nan
+        count[row] = 0
+
+
+@cuda.jit
+def _split_collect_kernel(x, bits, S, C, thr, cand_g, count):
+    """Block (row, s): the elements of columns [s C, s C + C) in bins >= b* -> cand_g[row, :] (composites)."""
+    row = cuda.blockIdx.x // S
+    s = cuda.blockIdx.x - row * S
+    if thr[row, 4] != float32(0.0):
+        return
+    lo = thr[row, 1]
+    scale = thr[row, 2]
+    bstar = int32(thr[row, 3])
+    end = min(x.shape[1], s * C + C)
+    v = s * C + cuda.threadIdx.x
+    while v < end:
+        if _bin_of(x[row, v], lo, scale) >= bstar and count[row] <= CAP:    # once overflowed, stop contending
+            slot = cuda.atomic.add(count, row, 1)
+            if slot < CAP:
+                cand_g[row, slot] = _composite(_order_key(bits[row, v]), v)
+        v += cuda.blockDim.x
+
+
+@cuda.jit
+def _split_select_kernel(x, bits, k, thr, cand_g, count, lp_out, ids_out):
+    """Block per row: sort the collected candidates and write the top k; NaN rows -> NaN / -1; a row whose
+    candidates overflowed CAP runs the whole one-block algorithm (_topk_row)."""
+    row = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    nthreads = cuda.blockDim.x
+    cand = cuda.shared.array(CAP, uint64)
+    scan = cuda.shared.array(MAX_THREADS, int32)
+    red_m = cuda.shared.array(MAX_THREADS, float32)
+    red_s = cuda.shared.array(MAX_THREADS, float32)
+    info = cuda.shared.array(4, int32)
+    lo_key = cuda.shared.array(1, uint32)
+    if thr[row, 4] != float32(0.0):
+        for r in range(tid, k, nthreads):
+            lp_out[row, r] = float32(math.nan)
+            ids_out[row, r] = -1
+        return
+    n = count[row]
+    if n > CAP:
+        _topk_row(x, bits, k, lp_out, ids_out, row, cand, scan, red_m, red_s, info, lo_key)
+        return
+    for i in range(tid, n, nthreads):
+        cand[i] = cand_g[row, i]
+    cuda.syncthreads()
+    _sort_write(cand, n, x, k, thr[row, 0], row, tid, nthreads, lp_out, ids_out)
+
+
+@cuda.jit
 def _choose_kernel(x, temperature, seed_lo, seed_hi, stream, out):
     row = cuda.blockIdx.x
     tid = cuda.threadIdx.x
@@ -567,9 +762,33 @@ def topk_logprobs(logits, k: int, out=None):
         lp[...], ids[...] = topk_logprobs_ref(x, k)
         return lp, ids
     if R:
-        threads = backend.block_size(1024, 32)
-        backend.launch(_topk_kernel, R, threads, x, x.view(np.uint32), k, lp, ids)
+        if V >= 2 * SPLIT_CHUNK:
+            _launch_split(x, k, lp, ids, SPLIT_CHUNK)
+        else:
+            backend.launch(_topk_kernel, R, backend.block_size(1024, 32), x, x.view(np.uint32), k, lp, ids)
     return lp, ids
+
+
+_split_scratch: dict = {}    # (R, S, threads) -> preallocated buffers (kept: CUDA graphs replay their addresses)
+
+
+def _launch_split(x, k: int, lp, ids, chunk: int) -> None:
+    """Top-K with each row split over ceil(V / chunk) blocks (four launches; see the split kernels)."""
+    R, V = x.shape
+    S = -(-V // chunk)
+    t = backend.block_size(SPLIT_THREADS, 16)
+    key = (R, S, t)
+    if key not in _split_scratch:
+        e = backend.empty
+        _split_scratch[key] = (e((R, S, 3), np.float32), e((R, S, t, 2), np.float32), e((R, 5), np.float32),
+                               e((R, CAP), np.uint64), e((R,), np.int32))
+    part, tops, thr, cand_g, count = _split_scratch[key]
+    bits = x.view(np.uint32)
+    big = backend.block_size(1024, 32)
+    backend.launch(_split_stats_kernel, R * S, t, x, S, chunk, part, tops)
+    backend.launch(_split_threshold_kernel, R, big, part, tops, k, thr, count)
+    backend.launch(_split_collect_kernel, R * S, t, x, bits, S, chunk, thr, cand_g, count)
+    backend.launch(_split_select_kernel, R, big, x, bits, k, thr, cand_g, count, lp, ids)
 
 
 def choose_tokens(logits, temperature: float = 0.0, seed: int = 0, stream: int = 0, out=None):

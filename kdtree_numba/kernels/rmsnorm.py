@@ -43,22 +43,25 @@ def _rmsnorm_kernel(x, w, out, eps):
     # each thread: sum of squares over columns tid, tid + nthreads, ... (four independent loads per step)
     acc = float32(0.0)
     c = tid
-    while c + 3 * nthreads < H:
+    staged = min(H, STAGE)
+    while c + 3 * nthreads < staged:
         v0 = x[row, c]
         v1 = x[row, c + nthreads]
         v2 = x[row, c + 2 * nthreads]
         v3 = x[row, c + 3 * nthreads]
-        if c + 3 * nthreads < STAGE:
-            row_buf[c] = v0
-            row_buf[c + nthreads] = v1
-            row_buf[c + 2 * nthreads] = v2
-            row_buf[c + 3 * nthreads] = v3
+        row_buf[c] = v0
+        row_buf[c + nthreads] = v1
+        row_buf[c + 2 * nthreads] = v2
+        row_buf[c + 3 * nthreads] = v3
         acc += (v0 * v0 + v1 * v1) + (v2 * v2 + v3 * v3)
         c += 4 * nthreads
-    while c < H:
+    while c < staged:
         v0 = x[row, c]
-        if c < STAGE:
-            row_buf[c] = v0
+        row_buf[c] = v0
+        acc += v0 * v0
+        c += nthreads
+    while c < H:                                      # columns past the shared copy
+        v0 = x[row, c]
         acc += v0 * v0
         c += nthreads
     partial[tid] = acc
@@ -74,9 +77,11 @@ def _rmsnorm_kernel(x, w, out, eps):
 
     inv = float32(1.0) / float32(math.sqrt(partial[0] / float32(H) + eps))
     c = tid
+    while c < staged:
+        out[row, c] = row_buf[c] * inv * w[c]
+        c += nthreads
     while c < H:
-        v = row_buf[c] if c < STAGE else x[row, c]
-        out[row, c] = v * inv * w[c]
+        out[row, c] = x[row, c] * inv * w[c]
         c += nthreads
 
 

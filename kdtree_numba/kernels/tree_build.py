@@ -18,19 +18,31 @@ key order: with no rounding inversions every rp is none and the order is a plain
 below walks record parents (usually zero steps) and, for equal weights, trie parents to compare rank tuples.
 
 **The parallel formulation (``_build_kernel``, one block per request).** Level by level, d = 1..L:
-  1. expand: every node of depth d-1 in the current top list G (the root for d = 1) is a parent; one thread per
-     parent walks its children's sibling chain r = 0, 1, .. computing the heap's telescoped float64 weights
-     (w_0 = W_p + lp[d][0], w_{r+1} = (w_r - lp[d][r]) + lp[d][r+1]) and each child's record parent by
-     previous-greater jumps. A chain stops at rank B (r earlier siblings pop first), at a -inf log-prob, or -
-     once G holds B nodes - when its weight falls below tau - margin, tau = the smallest weight in G: any B
-     nodes bound the final B-th weight from below, and no node lighter than that by more than the accumulated
-     rounding (margin = 2^-30 |tau|) can pop within the first B.
-  2. order the candidates with the comparator (bitonic sort of their indices),
+  1. expand: every node of depth d-1 in the current top list G (the root for d = 1) is a parent; its children's
+     sibling chain r = 0, 1, .. carries the heap's telescoped float64 weights
+     (w_0 = W_p + lp[d][0], w_{r+1} = (w_r - lp[d][r]) + lp[d][r+1]). A chain stops at rank B (r earlier
+     siblings pop first), at a -inf log-prob, or - once G holds B nodes - when its weight falls below
+     tau - margin, tau = the smallest weight in G: any B nodes bound the final B-th weight from below, and no node
+     lighter than that by more than the accumulated rounding (margin = 2^-30 |tau|) can pop within the first B.
+     Fast path: while every step is exact ((w_r - lp[r]) == W_p, the rule for sums of float32 log-probs),
+     w_r = W_p + lp[d][r]: non-increasing, each computable alone. So one thread per parent finds its chain's
+     length by binary search, a block scan turns lengths into table slots, and one thread per child writes its
+     entry and checks the exactness its successor relies on. If any step is inexact, the level is redone with one
+     thread per parent walking its chain in order (test: test_inexact_telescoping_walks_chains_in_order).
+     Record parents: in a chain whose weights never rise (every exact chain) no earlier sibling is lighter, so a
+     child's record parent is the nearest lighter node on the parent's generation path - one thread per child;
+     a rising chain (only possible on the slow path) gets them in chain order by previous-greater jumps.
+  2. order the candidates with the comparator: a rank sort (each candidate counts those popping before it, no
+     barriers) up to RANK_SORT candidates, a bitonic sort above, in shared memory with the weights and record
+     depths beside the indices, so the comparator only reads the table for equal weights or record-tree nodes.
+     At d = 1 the fast path needs no sort: one exact chain from the root is already in pop order,
   3. merge them into G (co-ranking by binary search), keep the first B, and rewrite the node table in the new
      pop order (table index == pop position) with remapped parent / record-parent links.
 After depth L (or when a depth adds no node) G is the tree in pop order. The per-depth top-B is exact for *any*
 total order consistent with the heap (a node's first B at depth d are among the first B of all nodes at depth
 d, and its parent pops before it), which is why the level-by-level split loses nothing.
+(History, B = 256, 16 requests, H200: with one atomic per child and every chain walked in order from global
+memory, the root's 256-child chain alone took 54-107 of 140 us, and the bitonic sort ~0.65 us per stage.)
 
 Worked example (L = 2, K = 2, budget 3): lp = [[-0.1, -2.5], [-0.2, -1.8]].
   d = 1: chain of the root: (0) w = -0.1, (1) w = -2.5           -> G = [(0), (1)]
@@ -57,6 +69,11 @@ from . import _checks
 
 MAX_BUDGET = 1024
 MARGIN = 2.0 ** -30
+MAX_THREADS = 256         # the build kernel's block size (at most)
+PENDING = -2              # record parent not yet computed (filled in parallel)
+SORT_CACHE = 2048         # candidates sorted with their keys in shared memory (16 KB + 8 KB)
+RANK_SORT = 64            # up to this many candidates: rank sort; above: bitonic (measured crossover)
+SLOW_CHAINS, BITONIC = 1, 2   # TreeBuilder modes (tests): walk every chain in order / always sort by bitonic
 
 
 # ------------------------------------------------------------------------------------------------ the Tree
@@ -174,16 +191,24 @@ def _record_parent(gen, wx, w, rpar):
 
 # ------------------------------------------------------------------------------------------------ kernel
 @cuda.jit
-def _build_kernel(lp, ids, budget, cap, wtab, itab, scratch, out_i, out_logw, paths, path_depth, n_out, overflow):
+def _build_kernel(lp, ids, budget, cap, wtab, itab, scratch, out_i, out_logw, paths, path_depth, n_out, overflow,
+                  mode):
     r = cuda.blockIdx.x
     tid = cuda.threadIdx.x
     nthreads = cuda.blockDim.x
     L = lp.shape[1]
     K = lp.shape[2]
     B = budget
-    sh = cuda.shared.array(3, int32)        # 0: |G|, 1: candidate count, 2: overflow
+    sh = cuda.shared.array(4, int32)        # 0: |G|, 1: candidate count, 2: overflow, 3: inexact chain
     tau_sh = cuda.shared.array(1, float64)
     redw = cuda.shared.array(256, float64)
+    lps = cuda.shared.array(MAX_BUDGET, float64)     # lp[r, d - 1, :min(K, B)]
+    sw = cuda.shared.array(SORT_CACHE, float64)       # weight / record depth of each sort slot
+    srd = cuda.shared.array(SORT_CACHE, int32)
+    clen = cuda.shared.array(MAX_BUDGET, int32)       # per parent: chain length, then its first slot
+    rank_buf = cuda.shared.array(RANK_SORT, int32)    # rank sort output
+    sord = cuda.shared.array(SORT_CACHE, int32)       # candidate order while sorting (cached sorts)
+    tscan = cuda.shared.array(MAX_THREADS, int32)     # per thread: chain lengths of its parents (scan)
 
     # the table of request r (two copies, swapped every depth): entries [0, |G|) are G in pop order, candidates
     # are appended after them. Fields: weight (float64); depth, rank, trie parent, record parent, record depth.
@@ -215,52 +240,157 @@ def _build_kernel(lp, ids, budget, cap, wtab, itab, scratch, out_i, out_logw, pa
         gn = sh[0]
         if tid == 0:
             sh[1] = 0
+            sh[3] = 0
         cuda.syncthreads()
         full = gn == B
         tau = tau_sh[0]
         floor_w = tau - MARGIN * max(1.0, abs(tau)) if full else -math.inf
-        lpd = lp[r, d - 1]
-        top_lp = float64(lpd[0])
-        # 1. expand: one thread per parent walks the sibling chain of its children
+        # this depth's log-probs, as float64, in shared memory: the chain walks below read them serially
+        n_lp = min(K, B)
+        for c in range(tid, n_lp, nthreads):
+            lps[c] = float64(lp[r, d - 1, c])
+        cuda.syncthreads()
+        top_lp = lps[0]
+        # 1. expand. Fast path: while every telescoping step is exact, (w_c - lp[c]) + lp[c+1] == W_p + lp[c+1],
+        # so a chain's weights are w_c = W_p + lp[c] - non-increasing, each computable on its own.
         n_par = 1 if d == 1 else gn
-        for pi in range(tid, n_par, nthreads):
-            if d == 1:
-                parent = -1
-                wp = 0.0
-            else:
-                parent = pi
-                if dep[parent] != d - 1:
-                    continue
-                wp = w[parent]
-            if top_lp == -math.inf:
-                continue
-            prev = -1
-            wc = wp + top_lp if d > 1 else top_lp
-            c = 0
-            while True:
-                if wc < floor_w:
-                    break
-                slot = cuda.atomic.add(sh, 1, 1)
-                if slot >= cap:
-                    sh[2] = 1
-                    break
+        # 1a. one thread per parent: the chain length by binary search (first c with lp = -inf or w_c < floor)
+        per = (n_par + nthreads - 1) // nthreads
+        run = 0
+        for pi in range(tid * per, min(tid * per + per, n_par)):
+            n_c = 0
+            if top_lp != -math.inf and (d == 1 or dep[pi] == d - 1):
+                wp = 0.0 if d == 1 else w[pi]
+                lo = 0
+                hi = n_lp
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    a = lps[mid]
+                    if a != -math.inf and (wp + a if d > 1 else a) >= floor_w:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                n_c = lo
+            clen[pi] = n_c
+            run += n_c
+        tscan[tid] = run
+        cuda.syncthreads()
+        # exclusive offsets: an inclusive scan over threads, then each thread's parents in order
+        step = 1
+        while step < nthreads:
+            add = tscan[tid - step] if tid >= step else 0
+            cuda.syncthreads()
+            tscan[tid] += add
+            cuda.syncthreads()
+            step *= 2
+        total = tscan[nthreads - 1]
+        run = tscan[tid] - run
+        for pi in range(tid * per, min(tid * per + per, n_par)):
+            n_c = clen[pi]
+            clen[pi] = run
+            run += n_c
+        if tid == 0:
+            sh[1] = total
+            if total > cap:
+                sh[2] = 1
+        cuda.syncthreads()
+        # 1b. one thread per child: its parent (the last with first slot <= s), rank, weight, exactness
+        if sh[2] == 0:
+            for slot in range(tid, total, nthreads):
+                lo = 0
+                hi = n_par
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    if clen[mid] <= slot:
+                        lo = mid
+                    else:
+                        hi = mid
+                c = slot - clen[lo]
+                a = lps[c]
+                wp = 0.0 if d == 1 else w[lo]
+                wc = a if d == 1 and c == 0 else wp + a
+                if wc - a != wp:
+                    sh[3] = 1                # the next step rounds: this level walks its chains in order
                 x = gn + slot
-                gen = prev if c > 0 else parent
-                z = _record_parent(gen, wc, w, rpar)
                 w[x] = wc
                 dep[x] = d
                 rank[x] = c
-                tpar[x] = parent
-                rpar[x] = z
-                rdep[x] = 1 if z < 0 else rdep[z] + 1
-                prev = x
-                c += 1
-                if c >= K or c >= B:
-                    break
-                nxt = float64(lpd[c])
-                if nxt == -math.inf:
-                    break
-                wc = (wc - float64(lpd[c - 1])) + nxt
+                tpar[x] = -1 if d == 1 else lo
+                rpar[x] = PENDING
+        cuda.syncthreads()
+        if (sh[3] != 0 or mode & SLOW_CHAINS) and sh[2] == 0:
+            # slow path: one thread per parent walks the sibling chain of its children in order
+            if tid == 0:
+                sh[1] = 0
+            cuda.syncthreads()
+            n_par = 1 if d == 1 else gn
+            for pi in range(tid, n_par, nthreads):
+                if d == 1:
+                    parent = -1
+                    wp = 0.0
+                else:
+                    parent = pi
+                    if dep[parent] != d - 1:
+                        continue
+                    wp = w[parent]
+                if top_lp == -math.inf:
+                    continue
+                # 1a. the chain's length, in registers; and whether its weights never rise (then no earlier sibling
+                # is lighter, and every record parent lies on the parent's generation path: found in parallel below)
+                wc = wp + top_lp if d > 1 else top_lp
+                n_c = 0
+                rising = False
+                while wc >= floor_w:
+                    n_c += 1
+                    if n_c >= n_lp:
+                        break
+                    nxt = lps[n_c]
+                    if nxt == -math.inf:
+                        break
+                    w_last = wc
+                    wc = (wc - lps[n_c - 1]) + nxt
+                    if wc > w_last:
+                        rising = True
+                if n_c == 0:
+                    continue
+                base = gn + cuda.atomic.add(sh, 1, n_c)
+                if base + n_c > gn + cap:
+                    sh[2] = 1
+                    continue
+                # 1b. write the chain: the same float64 operations in the same order, so the same weights
+                prev = -1                    # the previous sibling's entry, weight, record parent and its depth
+                w_prev = 0.0
+                rp_prev = -1
+                rd_prev = 0
+                wc = wp + top_lp if d > 1 else top_lp
+                for c in range(n_c):
+                    if c > 0:
+                        wc = (wc - lps[c - 1]) + lps[c]
+                    x = base + c
+                    w[x] = wc
+                    dep[x] = d
+                    rank[x] = c
+                    tpar[x] = parent
+                    if not rising:
+                        rpar[x] = PENDING
+                        continue
+                    # rising chain: record parents in chain order - the generator (previous sibling, or the parent
+                    # for the first child) if it is lighter, else its record ancestors
+                    if c == 0:
+                        z = _record_parent(parent, wc, w, rpar)
+                        rd = 1 if z < 0 else rdep[z] + 1
+                    elif w_prev < wc:
+                        z = prev
+                        rd = rd_prev + 1
+                    else:
+                        z = _record_parent(rp_prev, wc, w, rpar)
+                        rd = 1 if z < 0 else rdep[z] + 1
+                    rpar[x] = z
+                    rdep[x] = rd
+                    prev = x
+                    w_prev = wc
+                    rp_prev = z
+                    rd_prev = rd
         cuda.syncthreads()
         cn = min(sh[1], cap)
         if sh[2] != 0:
@@ -269,35 +399,80 @@ def _build_kernel(lp, ids, budget, cap, wtab, itab, scratch, out_i, out_logw, pa
             break
         if cn == 0:
             break
+        # 1c. record parents of the non-rising chains, one thread per candidate: the nearest node on the parent's
+        # generation path that is lighter (G's links are final)
+        for x in range(gn + tid, gn + cn, nthreads):
+            if rpar[x] == PENDING:
+                z = _record_parent(tpar[x], w[x], w, rpar)
+                rpar[x] = z
+                rdep[x] = 1 if z < 0 else rdep[z] + 1
+        cuda.syncthreads()
 
-        # 2. sort the candidates by pop order (bitonic over their table indices; -1 pads sort last)
+        # 2. sort the candidates by pop order. Up to SORT_CACHE of them, the sort runs in shared memory, where
+        # each candidate's weight and record depth sit beside it: two candidates without record parents and with
+        # different weights compare there (the common case); the rest go through the full comparator on the table.
+        # d = 1 on the fast path: one exact chain from the root is already in pop order (weights non-increasing,
+        # equal weights by rank, no record parents). Up to RANK_SORT candidates: rank sort - candidate i goes to
+        # position #{j popping before i}, no barriers. Above: a bitonic network (-1 pads sort last).
         n_pad = 1
         while n_pad < cn:
             n_pad *= 2
+        cached = n_pad <= SORT_CACHE
+        ob = sord if cached else order         # candidate table indices, sorted in place
         for i in range(tid, n_pad, nthreads):
-            order[i] = gn + i if i < cn else -1
+            x = gn + i if i < cn else -1
+            ob[i] = x
+            if cached:
+                sw[i] = w[x] if x >= 0 else -math.inf
+                srd[i] = rdep[x] if x >= 0 else 0
         cuda.syncthreads()
-        size = 2
-        while size <= n_pad:
-            stride = size // 2
-            while stride > 0:
-                for i in range(tid, n_pad, nthreads):
-                    j = i ^ stride
-                    if j > i:
-                        a = order[i]
-                        b = order[j]
-                        if (i & size) == 0:      # ascending half: b first if it pops earlier (pads last)
-                            swap = (a < 0 and b >= 0) or (a >= 0 and b >= 0 and
-                                                         _pops_before(b, a, w, dep, tpar, rank, rpar, rdep))
-                        else:                    # descending half: the reverse
-                            swap = (b < 0 and a >= 0) or (a >= 0 and b >= 0 and
-                                                         _pops_before(a, b, w, dep, tpar, rank, rpar, rdep))
-                        if swap:
-                            order[i] = b
-                            order[j] = a
-                cuda.syncthreads()
-                stride //= 2
-            size *= 2
+        if d == 1 and sh[3] == 0 and mode == 0:
+            pass
+        elif cn <= RANK_SORT and not mode & BITONIC:
+            for i in range(tid, cn, nthreads):
+                wi = sw[i]
+                plain = srd[i] == 1
+                pos = 0
+                for j in range(cn):
+                    if j != i:
+                        if plain and srd[j] == 1 and sw[j] != wi:
+                            if sw[j] > wi:
+                                pos += 1
+                        elif _pops_before(gn + j, gn + i, w, dep, tpar, rank, rpar, rdep):
+                            pos += 1
+                rank_buf[pos] = gn + i
+            cuda.syncthreads()
+            for i in range(tid, cn, nthreads):
+                ob[i] = rank_buf[i]
+            cuda.syncthreads()
+        else:
+            size = 2
+            while size <= n_pad:
+                stride = size // 2
+                while stride > 0:
+                    for i in range(tid, n_pad, nthreads):
+                        j = i ^ stride
+                        if j > i:
+                            a = ob[i]
+                            b = ob[j]
+                            if a < 0 or b < 0:               # pads last
+                                swap = (a < 0 and b >= 0) if (i & size) == 0 else (b < 0 and a >= 0)
+                            else:
+                                if cached and srd[i] == 1 and srd[j] == 1 and sw[i] != sw[j]:
+                                    a_first = sw[i] > sw[j]
+                                else:
+                                    a_first = _pops_before(a, b, w, dep, tpar, rank, rpar, rdep)
+                                # ascending half: b first if it pops earlier; descending half: the reverse
+                                swap = (not a_first) if (i & size) == 0 else a_first
+                            if swap:
+                                ob[i] = b
+                                ob[j] = a
+                                if cached:
+                                    sw[i], sw[j] = sw[j], sw[i]
+                                    srd[i], srd[j] = srd[j], srd[i]
+                    cuda.syncthreads()
+                    stride //= 2
+                size *= 2
 
         # 3. merge with G by co-ranking; keep the first B
         ck = min(cn, B)
@@ -310,14 +485,14 @@ def _build_kernel(lp, ids, budget, cap, wtab, itab, scratch, out_i, out_logw, pa
                 hi = ck
                 while lo < hi:
                     mid = (lo + hi) // 2
-                    if _pops_before(order[mid], i, w, dep, tpar, rank, rpar, rdep):
+                    if _pops_before(ob[mid], i, w, dep, tpar, rank, rpar, rdep):
                         lo = mid + 1
                     else:
                         hi = mid
                 pos = i + lo
                 x = i
             else:                            # the (i-gn)-th candidate: how many G members pop before it
-                x = order[i - gn]
+                x = ob[i - gn]
                 lo = 0
                 hi = gn
                 while lo < hi:
@@ -425,8 +600,9 @@ class TreeBuilder:
     """Preallocated scratch for building trees of R requests, L depths, K candidates, budget B (reused every
     round by the decode loop: no allocation on the hot path)."""
 
-    def __init__(self, R: int, L: int, K: int, budget: int, capacity: int | None = None):
+    def __init__(self, R: int, L: int, K: int, budget: int, capacity: int | None = None, mode: int = 0):
         self.R, self.L, self.K, self.B = R, L, K, budget
+        self.mode = _checks.integer(mode, "mode", lo=0, hi=SLOW_CHAINS | BITONIC)   # tests: force the slow paths
         worst = budget * min(K, budget)
         self.cap = worst if capacity is None else max(1, min(capacity, worst))
         tab = budget + self.cap
@@ -454,7 +630,7 @@ class TreeBuilder:
             return o
         threads = backend.block_size(256, 8)
         backend.launch(_build_kernel, self.R, threads, lp, ids, self.B, self.cap, self.wtab, self.itab, self.scratch,
-                       self.out_i, o.logw, o.paths, o.path_depth, o.n, self.overflow)
+                       self.out_i, o.logw, o.paths, o.path_depth, o.n, self.overflow, self.mode)
         return o
 
 

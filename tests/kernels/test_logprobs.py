@@ -107,3 +107,36 @@ def test_sampler_uniforms_are_uniform():
     assert 0 < u.min() and u.max() < 1
     hist = np.histogram(u, bins=20, range=(0, 1))[0]
     assert np.abs(hist - 10_000).max() < 500
+
+
+@pytest.mark.parametrize("kind,V,k,chunk", [("normal", 301, 7, 64), ("peaked", 260, 33, 100), ("ties", 333, 40, 128),
+                                            ("neginf", 211, 50, 64), ("uniform", 90, 17, 32)])
+def test_topk_split_over_blocks_matches_reference(kind, V, k, chunk):
+    """The several-blocks-per-row launches (used when there are few rows) give the same ids as the reference."""
+    rng = np.random.default_rng(V * k)
+    x = rng.standard_normal((2, V)).astype(np.float32)
+    if kind == "peaked":
+        x[:, 3] += 12
+    elif kind == "ties":
+        x = np.round(x * 2) / 2
+    elif kind == "neginf":
+        x[:, ::3] = -np.inf
+    elif kind == "uniform":
+        x[:] = 0.25
+    lp, ids = poisoned((2, k)), poisoned((2, k), "int32")
+    lpk._launch_split(kd.backend.asarray(x), k, lp, ids, chunk)
+    rlp, rids = lpk.topk_logprobs_ref(x, k)
+    np.testing.assert_array_equal(H(ids), rids)
+    np.testing.assert_allclose(H(lp), rlp, rtol=1e-5, atol=2e-6)
+
+
+def test_topk_split_overflow_and_nan_rows():
+    """Split launches: a row whose candidates overflow runs the one-block algorithm; a NaN row gives -1 ids."""
+    V = lpk.CAP + 100
+    x = np.zeros((2, V), np.float32)
+    x[0, [5, V - 1]] = 1.0
+    x[1, 7] = np.nan
+    lp, ids = poisoned((2, 6)), poisoned((2, 6), "int32")
+    lpk._launch_split(kd.backend.asarray(x), 6, lp, ids, 2048)
+    np.testing.assert_array_equal(H(ids)[0], [5, V - 1, 0, 1, 2, 3])
+    assert (H(ids)[1] == -1).all() and np.isnan(H(lp)[1]).all()

@@ -40,6 +40,10 @@ def test_build_matches_heap(seed, L, K, extra, budget, kind):
     got = kd.build_tree(lp, ids, budget)
     want = tb.build_tree_ref(lp, ids, budget)
     assert got == want, (got, want)
+    # the slow paths the fast ones fall back to (chains walked in order, bitonic sort) build the same tree
+    slow = tb.TreeBuilder(1, *lp.shape, budget, mode=tb.SLOW_CHAINS | tb.BITONIC)
+    slow.build(kd.backend.asarray(lp[None]), kd.backend.asarray(ids[None].astype(np.int32)))
+    assert slow.out.to_trees()[0] == want
     # invariants: prefix-closed, pops in non-increasing weight up to rounding, parents before children
     assert got.parents[0] == -1 and np.all(got.parents[1:] < np.arange(1, got.n + 1))
     assert np.all(got.depths == np.concatenate([[0], got.depths])[got.parents[1:]] + 1)
@@ -63,6 +67,16 @@ def test_single_depth_and_single_candidate():
     t = kd.build_tree(lp, ids, 10)                                      # K = 1: a chain
     np.testing.assert_array_equal(t.parents, [-1, 0, 1, 2, 3])
     assert kd.build_tree(lp, ids, 0).n == 0
+
+
+def test_inexact_telescoping_walks_chains_in_order():
+    """W + lp[0] rounds here, so the heap's second child (W + lp[0] - lp[0]) + lp[1] differs in the last bit from
+    W + lp[1]: the fast path must notice and walk the chain in the heap's order."""
+    lp = np.array([[-4.363296e-09, -19.0], [-30.53238, -32.163254]], np.float32)
+    ids = np.array([[0, 1], [0, 1]], np.int32)
+    w = np.float64(lp[0, 0])
+    assert (w + np.float64(lp[1, 0]) - np.float64(lp[1, 0])) + np.float64(lp[1, 1]) != w + np.float64(lp[1, 1])
+    assert kd.build_tree(lp, ids, 6) == tb.build_tree_ref(lp, ids, 6)
 
 
 def test_docstring_worked_example():
