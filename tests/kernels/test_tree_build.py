@@ -26,7 +26,7 @@ def draft(rng, L, V, kind):
         x[:, 0] += 9
     elif kind == "neginf":
         x[rng.random((L, V)) < 0.5] = -np.inf
-        x[:, 1] = 0.0
+        x[:, min(1, V - 1)] = 0.0                                # one finite value per row
     return x
 
 
