@@ -68,15 +68,18 @@ check("plain NumPy == topk_logprobs_ref: log-probs", lp_ref, lp_plain, atol=1e-6
 # that unsigned order = float order): one unsigned compare then orders by (value desc, index asc), and no two
 # elements tie.
 # * Pass 1: each thread folds its strided elements into a running (max, sum of exp) - an "online" log-sum-exp,
-#   combined across the block by a shared-memory reduction into the row's lse - and keeps its own 4 largest
-#   composites in registers.
-# * The 4 x threads local tops are **bitonic-sorted** in shared memory; tau = the K-th of them. Pass 2 counts the
-#   row's composites >= tau: if exactly K (no thread held more than 4 of the top K - the usual case), the sorted
-#   local tops are the answer.
-# * Otherwise a radix fallback finds the exact threshold: a shared **2048-bin histogram of the top 11 key bits**
-#   and a block scan locate the bin holding the K-th value (refined by the next 11, then 10 bits while too many
-#   candidates share it); the candidates are collected and sorted; remaining exact ties are broken by an ordered
-#   block scan (lowest ids first).
+#   combined across the block by a shared-memory reduction into the row's lse - and keeps its **two largest
+#   values** in registers.
+# * Threshold: those 2 x threads values belong to distinct elements, so their K-th largest is a lower bound for
+#   the row's K-th largest. A shared **2048-bin histogram** of them (over [smallest second value, row max]) finds
+#   the bin b* holding it; the bin map is monotone, so every element of the top K lies in a bin >= b*.
+# * Pass 2 collects the elements in bins >= b* (typically K plus a few percent) and a **rank sort** orders them:
+#   each candidate counts the candidates above it - no barriers.
+# * Long runs of equal values can overflow the candidate buffer: then each thread's 4 largest composites are
+#   bitonic-sorted, and failing that a radix search finds the exact threshold key (ties broken by an ordered
+#   scan, lowest ids first).
+# * For real vocabularies (V >= 32768) a row is split over several blocks in four launches (stats, threshold,
+#   collect, select) so that a single request's 15 rows still fill the GPU.
 
 # %%
 section("top-K log-probs: kernel vs reference")
@@ -100,11 +103,14 @@ if not LARGE:
 #
 # `kd.build_tree(lp, ids, budget)` runs `_build_kernel` on the device (the numpy backend runs the heap): **one block
 # per request**, level by level d = 1..L:
-# 1. *expand* - one thread per kept node of depth d-1 walks its children's sibling chain with the heap's exact
-#    float64 arithmetic (stopping at rank `budget`, a -inf log-prob, or once the list is full, below the current
-#    budget-th weight);
-# 2. *sort* the candidates in heap pop order (bitonic sort with a comparator that reproduces the heap's tie order,
-#    even when telescoped weights differ by an ulp);
+# 1. *expand* - every kept node of depth d-1 gets its children's sibling chain with the heap's exact float64
+#    arithmetic (stopping at rank `budget`, a -inf log-prob, or once the list is full, below the current
+#    budget-th weight). While every telescoping step is exact - the rule for float32 log-probs - a chain's
+#    weights are `W_parent + lp[d][r]`, so one thread per parent finds its length by binary search and one thread
+#    per child writes it; an inexact step makes that level walk its chains in order instead;
+# 2. *sort* the candidates in heap pop order (rank sort or bitonic sort in shared memory, with a comparator that
+#    reproduces the heap's tie order even when telescoped weights differ by an ulp; at d = 1 the root's single
+#    chain is already in order);
 # 3. *merge* them with the kept list (co-ranking by binary search) and keep the first `budget`.
 #
 # It must give **the same tree**: same tokens, depths, parents, and bit-identical float64 weights (`Tree.__eq__`
