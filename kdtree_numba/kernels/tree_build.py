@@ -598,7 +598,8 @@ class DeviceTrees:
 
 class TreeBuilder:
     """Preallocated scratch for building trees of R requests, L depths, K candidates, budget B (reused every
-    round by the decode loop: no allocation on the hot path)."""
+    round by the decode loop: no allocation on the hot path). ``mode`` (tests): SLOW_CHAINS walks every chain in
+    order, BITONIC always sorts with the bitonic network - the paths the fast ones fall back to."""
 
     def __init__(self, R: int, L: int, K: int, budget: int, capacity: int | None = None, mode: int = 0):
         self.R, self.L, self.K, self.B = R, L, K, budget
