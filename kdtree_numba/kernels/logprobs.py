@@ -7,13 +7,15 @@ Draft logits are never divided by the temperature.
 Mapping: one block per row; every (value, index) is packed as ``order_key << 32 | ~index`` (the float's bits
 flipped so that unsigned order = float order), so one unsigned compare orders by (value desc, index asc) and no
 two elements tie.
-  Pass 1 (four independent loads per step): each thread folds its strided elements into a running (max, sum of
-  exp) and keeps its two largest values m, m2. Block reductions give lse and lo = the smallest m2.
+  Pass 1 (eight loads issued per step, then folded): each thread folds its strided elements into a running (max,
+  sum of exp) and keeps its two largest values m, m2 (exp as ex2.approx on the GPU). Block reductions give lse and
+  lo = the smallest m2; a NaN or +inf anywhere makes the merged sum NaN, which marks the row.
   Threshold: the 2 x threads values (m, m2) belong to distinct elements, so their k-th largest bounds the row's
   k-th largest from below. A 2048-bin shared histogram of them over [lo, max] finds the bin b* holding it; the
   bin map is monotone, so every element of the row's top k lies in a bin >= b*. (Fewer than k values: b* = 0.)
   Pass 2 collects the elements in bins >= b* (typically k + a few percent: ~300 for k = 256, V = 163840) and sorts
-  them: a rank sort (each candidate counts those above it; no barriers) up to RANK_SORT, a bitonic network above.
+  them: a rank sort (each candidate counts those above it, threads sharing a candidate's count when there are
+  more threads than candidates) up to RANK_SORT, a bitonic network above.
   Overflow, when more than CAP = 4096 elements reach b* (long runs of equal values): one more pass keeps each
   thread's 4 largest composites (equal values ordered by index); after a bitonic sort of them, tau = the k-th,
   and if no thread's 4th lies above tau no thread dropped one of the top k (proof at the code).
@@ -22,13 +24,22 @@ two elements tie.
   overflow the buffer), then collect and sort; when all 32 bits are fixed and ties at the threshold still
   overflow, the lowest-index ties are taken by an ordered scan (contiguous groups of TIE_GROUP per thread).
 Split rows (V >= 2 x SPLIT_CHUNK, i.e. draft vocabularies): too few rows to fill the GPU with one block each (a
-request's 15 rows use 15 of 132 SMs), so each row is spread over ceil(V / SPLIT_CHUNK) blocks in four launches:
-stats (pass 1 per chunk: thread tops, per-block max and sum of exp), threshold (per row: lse, histogram, b*),
-collect (pass 2 per chunk into a per-row buffer) and select (per row: sort, or on overflow the one-block
-algorithm). The proof is unchanged: the thread tops of all chunks are values of distinct elements.
+request's 15 rows use 15 of 132 SMs), so each row is spread over ceil(V / SPLIT_CHUNK) blocks, and the logits are
+read once, in two launches:
+  scan (block per chunk of 8192 columns, staged in shared memory): pass 1, the block's bound t = the smallest
+  thread top in the bin of the k-th largest top (t <= the block's k-th largest element), and the staged
+  elements >= t (~k + 14 % for k = 256) listed in shared memory, then written out coalesced into the row's
+  candidates; more than k + k/4 + 64 of them (large k) -> a histogram of those elements refines t first.
+  select (block per row): lse from the blocks' partials; candidates below lo = the largest block t are dropped
+  (every t is <= the row's k-th largest); a histogram over [lo, max] gives the bin b* of the k-th largest
+  candidate, and the candidates in bins >= b* are rank-sorted. A block that overflowed, or more than CAP
+  candidates at b*, -> the one-block algorithm for that row.
+  Every element of the row's top k is >= its block's t (at most k - 1 elements of the row, so of the block, lie
+  ahead of it), so the union of the candidate lists holds the top k.
 History (163840 columns, k = 256, H200; 15 rows / 240 rows): a histogram of every value: - / 690 us (shared
 atomics on the few hot bins of a peaked row serialise); 4 local tops per thread + a 4096-entry bitonic sort + a
-counting pass: 229 / 505 us; thresholded, one block per row: 105 / 280 us; split: 56 / 237 us.
+counting pass: 229 / 505 us; thresholded, one block per row: 105 / 280 us; split in four launches (stats,
+threshold, collect, select; two passes over the logits): 56 / 237 us; one pass, two launches: 50 / 221 us.
 Shapes: logits [R, V] float32 (rows = requests x depths), K <= 1024 -> lp [R, K] float32, ids [R, K] int32.
 Example: logits [[0, 2, 2, -1]], K 3 -> ids [[1, 2, 0]], lp = [2, 2, 0] - log(1 + 2 e^2 + e^-1)
 
@@ -36,15 +47,18 @@ Example: logits [[0, 2, 2, -1]], K 3 -> ids [[1, 2, 0]], lp = [2, 2, 0] - log(1 
 T = 0: argmax (lowest id on ties). T > 0: a sample from softmax(x / T) by the Gumbel-max trick,
     token = argmax_v (x[v] / T + g[v]),   g[v] = -log(-log(u)),   u = hash(seed, stream, row, v) in (0, 1)
 from Philox4x32-10, a counter-based generator (no RNG state: a run is reproducible from its seed, every
-(token, row, stream) counter gets an independent draw, and the reference computes the same u). A row holding NaN gives token -1, which the decode loop turns into an error.
+(token, row, stream) counter gets an independent draw, and the reference computes the same u). A row holding
+NaN gives token -1, which the decode loop turns into an error.
 Mapping: one block per row, strided loop + shared (value, index) arg-max reduction.
 """
 from __future__ import annotations
 
 import math
 
+import numba
 import numpy as np
-from numba import cuda, float32, float64, int32, uint32, uint64
+from numba import cuda, float32, float64, int32, int64, uint32, uint64
+from numba.cuda import libdevice
 
 from .. import backend
 from . import _checks
@@ -55,9 +69,10 @@ NBINS = 1 << HIST_BITS
 CAP = 4096                 # candidate buffer (shared): >= MAX_K, >= NBINS
 RANK_SORT = 1024           # up to this many candidates: rank sort (no barriers); above: bitonic
 TIE_GROUP = 16             # contiguous elements per thread in the ordered scan of threshold ties
-SPLIT_CHUNK = 16384        # columns per block when a row is split over several blocks
+SPLIT_CHUNK = 8192         # columns per block when a row is split over several blocks (staged: 32 KB)
 SPLIT_THREADS = 256        # threads of the per-chunk blocks
-MAX_THREADS = 1024
+MAX_THREADS = 512          # threads of the one-block-per-row kernels
+NEG = float(-np.finfo(np.float32).max)   # the fold's start: below every finite value, above -inf
 M32 = 0xFFFFFFFF
 
 
@@ -121,10 +136,10 @@ def choose_tokens_ref(logits, temperature: float, seed: int = 0, stream: int = 0
 
 
 def check_rows(x: np.ndarray, arg: str) -> None:
-    """ValueError naming the first row with a NaN or without any finite value."""
-    bad = np.isnan(x).any(axis=1)
-    if bad.any():
-        raise ValueError(f"{arg}: row {int(np.flatnonzero(bad)[0])} contains NaN")
+    """ValueError naming the first row with a NaN or +inf, or without any finite value."""
+    for bad, what in ((np.isnan(x).any(axis=1), "NaN"), ((x == np.inf).any(axis=1), "+inf")):
+        if bad.any():
+            raise ValueError(f"{arg}: row {int(np.flatnonzero(bad)[0])} contains {what}")
     empty = ~(x > -np.inf).any(axis=1)
     if empty.any():
         raise ValueError(f"{arg}: row {int(np.flatnonzero(empty)[0])} has no finite value (all -inf)")
@@ -203,7 +218,7 @@ def _bitonic_desc(keys, n_pad, tid, nthreads):
 @cuda.jit(device=True)
 def _composite(key, v):
     """(key, index) -> one uint64 whose descending order is (value desc, index asc); never 0 for a real value."""
-    return (uint64(key) << uint64(32)) | uint64(M32 - v)
+    return (uint64(key) << uint64(32)) | (uint64(M32) - uint64(v))
 
 
 @cuda.jit(device=True)
@@ -214,33 +229,94 @@ def _write_topk(cand, x, k, lse, row, tid, nthreads, lp_out, ids_out):
         lp_out[row, r] = x[row, v] - lse
 
 
+SIMULATOR = bool(numba.config.ENABLE_CUDASIM)      # numba's simulator (also in a numpy-backend child of a sim run)
+if SIMULATOR:
+    @cuda.jit(device=True)
+    def _exp(t):
+        """exp(t): the simulator's libdevice stubs return NaN, so plain math.exp there."""
+        return float32(math.exp(t))
+else:
+    @cuda.jit(device=True)
+    def _exp(t):
+        """exp(t) as ex2.approx(t log2 e): 2 instructions against ~18 for the exact expf; relative error < 2e-6
+        for the t <= 0 used here (the sums of exp(x - max) it feeds stay within fp32 tolerance of the reference)."""
+        return libdevice.fast_expf(t)
+
+
 @cuda.jit(device=True)
-def _fold(val, m, m2, ssum, nan):
+def _fold(val, m, m2, ssum):
     """Fold one element into a thread's running max m (also the softmax shift), second largest m2 (a second
-    element: equal values count twice) and sum of exp(x - m)."""
-    if val != val:
-        return m, m2, ssum, 1
+    element: equal values count twice) and sum of exp(x - m). Starts from m = m2 = NEG, ssum = 0: NEG is no
+    element's top (tops are compared > NEG), and -inf elements add exp(-inf) = 0 without a test. A NaN element
+    makes ssum NaN, and so does +inf once sums are merged (exp(inf - inf)): the NaN marks the row."""
     if val > m:
-        ssum = ssum * float32(math.exp(m - val)) + float32(1.0)
+        ssum = ssum * _exp(m - val) + float32(1.0)
         m2 = m
         m = val
     else:
         if val > m2:
             m2 = val
-        if val != float32(-math.inf):
-            ssum += float32(math.exp(val - m))
-    return m, m2, ssum, nan
+        ssum += _exp(val - m)
+    return m, m2, ssum
+
+
+@cuda.jit(device=True)
+def _fold_range(x, row, start, end, stage):
+    """This thread's columns start + tid + j * threads < end folded into (m, m2, ssum) (see _fold); with a
+    ``stage`` (shared array) also stage[v - start] = x[row, v]. The eight loads of a step are issued before any
+    is used (a branch between two loads would make the second wait for the first); unsigned indices spare the
+    negative-index wraparound numba adds to every signed index."""
+    nt = uint64(cuda.blockDim.x)
+    e = uint64(end)
+    s0 = uint64(start)
+    m = float32(NEG)
+    m2 = float32(NEG)
+    ssum = float32(0.0)
+    v = s0 + uint64(cuda.threadIdx.x)
+    while v + uint64(7) * nt < e:
+        a0 = x[row, v]
+        a1 = x[row, v + nt]
+        a2 = x[row, v + uint64(2) * nt]
+        a3 = x[row, v + uint64(3) * nt]
+        a4 = x[row, v + uint64(4) * nt]
+        a5 = x[row, v + uint64(5) * nt]
+        a6 = x[row, v + uint64(6) * nt]
+        a7 = x[row, v + uint64(7) * nt]
+        if stage is not None:
+            j = v - s0
+            stage[j] = a0
+            stage[j + nt] = a1
+            stage[j + uint64(2) * nt] = a2
+            stage[j + uint64(3) * nt] = a3
+            stage[j + uint64(4) * nt] = a4
+            stage[j + uint64(5) * nt] = a5
+            stage[j + uint64(6) * nt] = a6
+            stage[j + uint64(7) * nt] = a7
+        m, m2, ssum = _fold(a0, m, m2, ssum)
+        m, m2, ssum = _fold(a1, m, m2, ssum)
+        m, m2, ssum = _fold(a2, m, m2, ssum)
+        m, m2, ssum = _fold(a3, m, m2, ssum)
+        m, m2, ssum = _fold(a4, m, m2, ssum)
+        m, m2, ssum = _fold(a5, m, m2, ssum)
+        m, m2, ssum = _fold(a6, m, m2, ssum)
+        m, m2, ssum = _fold(a7, m, m2, ssum)
+        v += uint64(8) * nt
+    while v < e:
+        a0 = x[row, v]
+        if stage is not None:
+            stage[v - s0] = a0
+        m, m2, ssum = _fold(a0, m, m2, ssum)
+        v += nt
+    return m, m2, ssum
 
 
 @cuda.jit(device=True)
 def _bin_of(val, lo, scale):
-    """Histogram bin of a value over [lo, hi]: monotone non-decreasing in val, clamped to [0, NBINS)."""
+    """Histogram bin of a value over [lo, hi]: monotone non-decreasing in val, clamped to [0, NBINS) (selects, no
+    branch); NaN products (-inf times a zero scale) land in bin 0."""
     t = (val - lo) * scale
-    if t >= float32(NBINS - 1):
-        return NBINS - 1
-    if t > float32(0.0):
-        return int32(t)
-    return 0
+    t = t if t > float32(0.0) else float32(0.0)
+    return int32(min(t, float32(NBINS - 1)))
 
 
 @cuda.jit(device=True)
@@ -271,36 +347,52 @@ def _find_crossing(hist, need, above, scan, info, tid, nthreads):
 
 
 @cuda.jit(device=True)
-def _merge_lse(red_m, red_s, tid, nthreads):
-    """Block tree merge of per-thread (max, sum of exp(x - max)) pairs: afterwards red_m[0], red_s[0] hold the
-    block's (max, sum of exp(x - max)) (log-sum-exp = max + log(sum))."""
+def _block_stats(red_m, red_s, red_lo, tid, nthreads):
+    """Block tree merge of per-thread (max, sum of exp(x - max)) pairs and minimum of red_lo: afterwards red_m[0],
+    red_s[0] hold the block's (max, sum of exp(x - max)) (log-sum-exp = max + log(sum)) and red_lo[0] the
+    minimum. Maxima are >= NEG (never -inf), so no exp(-inf + inf) arises."""
     stride = nthreads // 2
     while stride > 0:
         if tid < stride:
             m1 = red_m[tid]
             m3 = red_m[tid + stride]
             mx = max(m1, m3)
-            if mx == float32(-math.inf):
-                red_s[tid] = red_s[tid] + red_s[tid + stride]
-            else:
-                red_s[tid] = red_s[tid] * float32(math.exp(m1 - mx)) + red_s[tid + stride] * float32(math.exp(m3 - mx))
+            red_s[tid] = red_s[tid] * _exp(m1 - mx) + red_s[tid + stride] * _exp(m3 - mx)
             red_m[tid] = mx
+            red_lo[tid] = min(red_lo[tid], red_lo[tid + stride])
         cuda.syncthreads()
         stride //= 2
 
 
 @cuda.jit(device=True)
-def _sort_write(cand, n, x, k, lse, row, tid, nthreads, lp_out, ids_out):
-    """Write the k largest of the n <= CAP candidate composites in cand, in order: a rank sort (each candidate
-    counts the candidates above it; broadcast reads, no barriers) up to RANK_SORT, a bitonic network above."""
+def _sort_write(cand, n, x, k, lse, row, tid, nthreads, lp_out, ids_out, rank):
+    """Write the k largest of the n <= CAP candidate composites in cand, in order. Up to RANK_SORT: a rank sort -
+    each candidate counts the candidates above it (broadcast reads); with more threads than candidates,
+    nthreads // n threads share a candidate's count (shared atomics into rank [>= RANK_SORT] int32). Above: a
+    bitonic network."""
     if n <= RANK_SORT:
         for i in range(tid, n, nthreads):
+            rank[i] = 0
+        cuda.syncthreads()
+        groups = nthreads // n if 0 < n < nthreads else 1
+        per = (n + groups - 1) // groups
+        g = tid // n if n > 0 else groups
+        i = tid - g * n
+        while g < groups:
             c = cand[i]
             r = 0
-            for j in range(n):
+            for j in range(g * per, min(n, g * per + per)):
                 if cand[j] > c:
                     r += 1
+            cuda.atomic.add(rank, i, r)
+            i += nthreads                           # groups == 1: thread strides over the candidates
+            if i >= n:
+                break
+        cuda.syncthreads()
+        for i in range(tid, n, nthreads):
+            r = rank[i]
             if r < k:
+                c = cand[i]
                 vi = int32(M32 - (c & uint64(M32)))
                 ids_out[row, r] = vi
                 lp_out[row, r] = x[row, vi] - lse
@@ -316,74 +408,47 @@ def _sort_write(cand, n, x, k, lse, row, tid, nthreads, lp_out, ids_out):
 
 
 @cuda.jit(device=True)
-def _topk_row(x, bits, k, lp_out, ids_out, row, cand, scan, red_m, red_s, info, lo_key):
+def _topk_row(x, bits, k, lp_out, ids_out, row, cand, scan, red_m, red_s, red_lo, info, lo_key):
     """The whole top-K of one row by one block (module docstring). Shared arrays: cand [CAP] uint64 (histogram /
-    candidates), scan / red_m / red_s [MAX_THREADS], info [4] int32 (0: threshold bin, 1: count above it,
-    2: candidates, 3: has NaN), lo_key [1] uint32 (radix fallback: candidates are keys >= lo_key)."""
+    candidates), scan [RANK_SORT] int32, red_m / red_s / red_lo [MAX_THREADS] float32, info [4] int32 (0: threshold
+    bin, 1: count above it, 2: candidates, 3: overflow flag), lo_key [1] uint32 (radix fallback: candidates are
+    keys >= lo_key)."""
     tid = cuda.threadIdx.x
     nthreads = cuda.blockDim.x
     V = x.shape[1]
 
-    # pass 1: running (max, sum of exp) and the two largest values of each thread's strided elements; four
-    # independent loads per step keep enough bytes in flight
-    m = float32(-math.inf)
-    m2 = float32(-math.inf)
-    ssum = float32(0.0)
-    nan = 0
-    v = tid
-    while v + 3 * nthreads < V:
-        a0 = x[row, v]
-        a1 = x[row, v + nthreads]
-        a2 = x[row, v + 2 * nthreads]
-        a3 = x[row, v + 3 * nthreads]
-        m, m2, ssum, nan = _fold(a0, m, m2, ssum, nan)
-        m, m2, ssum, nan = _fold(a1, m, m2, ssum, nan)
-        m, m2, ssum, nan = _fold(a2, m, m2, ssum, nan)
-        m, m2, ssum, nan = _fold(a3, m, m2, ssum, nan)
-        v += 4 * nthreads
-    while v < V:
-        m, m2, ssum, nan = _fold(x[row, v], m, m2, ssum, nan)
-        v += nthreads
+    # pass 1: running (max, sum of exp) and the two largest values of each thread's strided elements
+    m, m2, ssum = _fold_range(x, row, 0, V, None)
     red_m[tid] = m
     red_s[tid] = ssum
+    red_lo[tid] = m2 if m2 > float32(NEG) else float32(math.inf)
     if tid == 0:
         info[0] = 0
         info[1] = 0
         info[2] = 0
         info[3] = 0
     cuda.syncthreads()
-    if nan:
-        info[3] = 1
-    _merge_lse(red_m, red_s, tid, nthreads)
+    _block_stats(red_m, red_s, red_lo, tid, nthreads)
     hi = red_m[0]
     lse = hi + float32(math.log(red_s[0]))
-    if info[3]:
+    if red_s[0] != red_s[0]:                      # a NaN or +inf in the row (see _fold)
         for r in range(tid, k, nthreads):
             lp_out[row, r] = float32(math.nan)
             ids_out[row, r] = -1
         return
-    cuda.syncthreads()
 
     # threshold: the k-th largest of the 2 x threads values (m, m2) - values of distinct elements - bounds the
-    # row's k-th largest from below. Located to a bin of a histogram over [lo, hi] (lo = the smallest finite m2):
+    # row's k-th largest from below. Located to a bin of a histogram over [lo, hi] (lo = the smallest m2):
     # every element of the top k lies in a bin >= b*, because the bin map is monotone.
-    red_m[tid] = m2 if m2 > float32(-math.inf) else float32(math.inf)
-    cuda.syncthreads()
-    stride = nthreads // 2
-    while stride > 0:
-        if tid < stride:
-            red_m[tid] = min(red_m[tid], red_m[tid + stride])
-        cuda.syncthreads()
-        stride //= 2
-    lo = red_m[0]
+    lo = red_lo[0]
     scale = float32(NBINS) / (hi - lo) if hi > lo and lo < float32(math.inf) else float32(0.0)
     for b in range(tid, NBINS, nthreads):
         cand[b] = uint64(0)
     cuda.syncthreads()
     if scale > float32(0.0):
-        if m > float32(-math.inf):
+        if m > float32(NEG):
             cuda.atomic.add(cand, _bin_of(m, lo, scale), uint64(1))
-        if m2 > float32(-math.inf):
+        if m2 > float32(NEG):
             cuda.atomic.add(cand, _bin_of(m2, lo, scale), uint64(1))
     cuda.syncthreads()
     _find_crossing(cand, k, 0, scan, info, tid, nthreads)     # not reached (too few values): b* = 0, take all
@@ -401,7 +466,7 @@ def _topk_row(x, bits, k, lp_out, ids_out, row, cand, scan, red_m, red_s, info, 
     cuda.syncthreads()
     n = info[2]
     if n <= CAP:
-        _sort_write(cand, n, x, k, lse, row, tid, nthreads, lp_out, ids_out)
+        _sort_write(cand, n, x, k, lse, row, tid, nthreads, lp_out, ids_out, scan)
         return
     cuda.syncthreads()
 
@@ -524,199 +589,296 @@ def _topk_row(x, bits, k, lp_out, ids_out, row, cand, scan, red_m, red_s, info, 
 @cuda.jit
 def _topk_kernel(x, bits, k, lp_out, ids_out):
     cand = cuda.shared.array(CAP, uint64)
-    scan = cuda.shared.array(MAX_THREADS, int32)
+    scan = cuda.shared.array(RANK_SORT, int32)        # block scans, and the ranks of the rank sort
     red_m = cuda.shared.array(MAX_THREADS, float32)
     red_s = cuda.shared.array(MAX_THREADS, float32)
+    red_lo = cuda.shared.array(MAX_THREADS, float32)
     info = cuda.shared.array(4, int32)
     lo_key = cuda.shared.array(1, uint32)
-    _topk_row(x, bits, k, lp_out, ids_out, cuda.blockIdx.x, cand, scan, red_m, red_s, info, lo_key)
+    _topk_row(x, bits, k, lp_out, ids_out, cuda.blockIdx.x, cand, scan, red_m, red_s, red_lo, info, lo_key)
 
 
-# --- several blocks per row: the same algorithm split into four launches, for rows too few to fill the GPU ---
-@cuda.jit
-def _split_stats_kernel(x, S, C, part, tops):
-    """Block (row, s) folds columns [s C, s C + C): per thread (max, second max) -> tops[row, s * threads + tid];
-    per block (max, sum of exp, has NaN) -> part[row, s, :]."""
-    row = cuda.blockIdx.x // S
-    s = cuda.blockIdx.x - row * S
-    tid = cuda.threadIdx.x
-    nthreads = cuda.blockDim.x
-    red_m = cuda.shared.array(SPLIT_THREADS, float32)
-    red_s = cuda.shared.array(SPLIT_THREADS, float32)
-    flag = cuda.shared.array(1, int32)
-    end = min(x.shape[1], s * C + C)
-    m = float32(-math.inf)
-    m2 = float32(-math.inf)
-    ssum = float32(0.0)
-    nan = 0
-    v = s * C + tid
-    while v + 3 * nthreads < end:
-        a0 = x[row, v]
-        a1 = x[row, v + nthreads]
-        a2 = x[row, v + 2 * nthreads]
-        a3 = x[row, v + 3 * nthreads]
-        m, m2, ssum, nan = _fold(a0, m, m2, ssum, nan)
-        m, m2, ssum, nan = _fold(a1, m, m2, ssum, nan)
-        m, m2, ssum, nan = _fold(a2, m, m2, ssum, nan)
-        m, m2, ssum, nan = _fold(a3, m, m2, ssum, nan)
-        v += 4 * nthreads
-    while v < end:
-        m, m2, ssum, nan = _fold(x[row, v], m, m2, ssum, nan)
-        v += nthreads
-    tops[row, s * nthreads + tid, 0] = m
-    tops[row, s * nthreads + tid, 1] = m2
-    red_m[tid] = m
-    red_s[tid] = ssum
-    if tid == 0:
-        flag[0] = 0
-    cuda.syncthreads()
-    if nan:
-        flag[0] = 1
-    _merge_lse(red_m, red_s, tid, nthreads)
-    if tid == 0:
-        part[row, s, 0] = red_m[0]
-        part[row, s, 1] = red_s[0]
-        part[row, s, 2] = float32(flag[0])
-
-
-@cuda.jit
-def _split_threshold_kernel(part, tops, k, thr, count):
-    """Block per row: lse from the S partials; the histogram bin b* of the k-th largest thread top (as in
-    _topk_row) -> thr[row, :] = (lse, lo, scale, b*, has NaN); count[row] = 0."""
-    row = cuda.blockIdx.x
-    tid = cuda.threadIdx.x
-    nthreads = cuda.blockDim.x
-    S = part.shape[1]
-    n_tops = tops.shape[1]                    # tops [R, S * threads, 2]: (max, second max) of every thread
-    hist = cuda.shared.array(NBINS, uint64)
-    scan = cuda.shared.array(MAX_THREADS, int32)
-    red_m = cuda.shared.array(MAX_THREADS, float32)
-    red_s = cuda.shared.array(MAX_THREADS, float32)
-    info = cuda.shared.array(2, int32)
-    # lse: fold the partials (thread t takes partials t, t + nthreads, ...), then the block merge
-    m = float32(-math.inf)
-    ssum = float32(0.0)
-    nan = float32(0.0)
-    for i in range(tid, S, nthreads):
-        pm = part[row, i, 0]
-        ps = part[row, i, 1]
-        nan = max(nan, part[row, i, 2])
-        mx = max(m, pm)
-        if mx != float32(-math.inf):
-            ssum = ssum * float32(math.exp(m - mx)) + ps * float32(math.exp(pm - mx))
-        m = mx
-    red_m[tid] = m
-    red_s[tid] = ssum
-    if tid == 0:
-        info[0] = 0
-        info[1] = 0
-    cuda.syncthreads()
-    _merge_lse(red_m, red_s, tid, nthreads)
-    hi = red_m[0]
-    lse = hi + float32(math.log(red_s[0]))
-    cuda.syncthreads()
-    # lo = the smallest finite second max
-    lo = float32(math.inf)
-    for i in range(tid, n_tops, nthreads):
-        t2 = tops[row, i, 1]
-        if t2 > float32(-math.inf):
-            lo = min(lo, t2)
-    red_m[tid] = lo
-    cuda.syncthreads()
-    stride = nthreads // 2
-    while stride > 0:
-        if tid < stride:
-            red_m[tid] = min(red_m[tid], red_m[tid + stride])
-        cuda.syncthreads()
-        stride //= 2
-    lo = red_m[0]
-    scale = float32(NBINS) / (hi - lo) if hi > lo and lo < float32(math.inf) else float32(0.0)
-    for b in range(tid, NBINS, nthreads):
-        hist[b] = uint64(0)
-    cuda.syncthreads()
-    if scale > float32(0.0):
-        for i in range(tid, n_tops, nthreads):
-            t1 = tops[row, i, 0]
-            t2 = tops[row, i, 1]
-            if t1 > float32(-math.inf):
-                cuda.atomic.add(hist, _bin_of(t1, lo, scale), uint64(1))
-            if t2 > float32(-math.inf):
-                cuda.atomic.add(hist, _bin_of(t2, lo, scale), uint64(1))
-    cuda.syncthreads()
-    _find_crossing(hist, k, 0, scan, info, tid, nthreads)
-    if tid == 0:
-        thr[row, 0] = lse
-        thr[row, 1] = lo
-        thr[row, 2] = scale
-        thr[row, 3] = float32(info[0])
-        thr[row, 4] = nan
-        count[row] = 0
+# --- several blocks per row (few rows, long rows): one streaming pass over the logits, then a small select ---
+@cuda.jit(device=True)
+def _append_one(val, j, t, pos, info):
+    if val >= t:
+        slot = cuda.atomic.add(info, 3, 1)
+        if slot < NBINS:
+            pos[slot] = uint32(j)
 
 
 @cuda.jit(device=True)
-def _collect(b, bstar, bits, row, v, cand_g, count):
-    """Append element v's composite to row's candidates if its bin reaches b* (once overflowed, stop contending)."""
-    if b >= bstar and count[row] <= CAP:
-        slot = cuda.atomic.add(count, row, 1)
-        if slot < CAP:
-            cand_g[row, slot] = _composite(_order_key(bits[row, v]), v)
+def _append(stage, n_cols, t, m, pos, info):
+    """List this thread's staged elements >= t: their positions go to pos[info[3]++] (shared; counted past its
+    NBINS entries, not stored). Eight shared loads per step before any test; a thread whose max m is below t has
+    none and skips the scan. (The block writes the list out coalesced afterwards: one 4-byte global store per
+    candidate from a lone thread costs ~50 us over a [240, 163840] call.)"""
+    if m < t:
+        return
+    nt = uint64(cuda.blockDim.x)
+    end = uint64(n_cols)
+    j = uint64(cuda.threadIdx.x)
+    while j + uint64(7) * nt < end:
+        a0 = stage[j]
+        a1 = stage[j + nt]
+        a2 = stage[j + uint64(2) * nt]
+        a3 = stage[j + uint64(3) * nt]
+        a4 = stage[j + uint64(4) * nt]
+        a5 = stage[j + uint64(5) * nt]
+        a6 = stage[j + uint64(6) * nt]
+        a7 = stage[j + uint64(7) * nt]
+        if max(max(max(a0, a1), max(a2, a3)), max(max(a4, a5), max(a6, a7))) >= t:
+            _append_one(a0, j, t, pos, info)
+            _append_one(a1, j + nt, t, pos, info)
+            _append_one(a2, j + uint64(2) * nt, t, pos, info)
+            _append_one(a3, j + uint64(3) * nt, t, pos, info)
+            _append_one(a4, j + uint64(4) * nt, t, pos, info)
+            _append_one(a5, j + uint64(5) * nt, t, pos, info)
+            _append_one(a6, j + uint64(6) * nt, t, pos, info)
+            _append_one(a7, j + uint64(7) * nt, t, pos, info)
+        j += uint64(8) * nt
+    while j < end:
+        _append_one(stage[j], j, t, pos, info)
+        j += nt
 
 
-@cuda.jit
-def _split_collect_kernel(x, bits, S, C, thr, cand_g, count):
-    """Block (row, s): the elements of columns [s C, s C + C) in bins >= b* -> cand_g[row, :] (composites)."""
+@cuda.jit(device=True)
+def _threshold_of_bin(val, b, lo, scale, thr):
+    """thr[0] <- min(thr[0], val) if val lies in bin b (the smallest value of the crossing bin becomes the bound)."""
+    if val > float32(NEG) and _bin_of(val, lo, scale) == b:
+        cuda.atomic.min(thr, 0, val)
+
+
+# 48 registers: 5 blocks per SM (as many as the shared memory allows) instead of 4 at the compiler's 54; ptxas
+# spills 8 bytes. The simulator takes no such option.
+# 48 registers: 5 blocks per SM (as many as the shared memory allows) instead of 4 at the compiler's 54; ptxas
+# spills 8 bytes. The simulator takes no such option.
+@cuda.jit(**({} if SIMULATOR else {"max_registers": 48}))
+def _split_scan_kernel(x, k, S, C, limit, part, cand_v, cand_i, count):
+    """Block (row, s) takes columns [s C, s C + C) of one row, read once from global memory into shared memory:
+    1. each thread folds its columns (_fold_range) -> part[row, s, 0:2] = (block max, sum of exp(x - max));
+    2. bound t: a histogram of the thread tops (m, m2) over [lo, hi] gives the bin of the block's k-th largest
+       top (as in _topk_row), and t = the smallest top in that bin: t <= the block's k-th largest element;
+    3. the staged elements >= t - a superset of the block's top k - are listed in shared memory (_append); if
+       more than limit = k + k/4 + 64 reach t (large k: fewer tops than k), a histogram of those elements over
+       their own range gives a t <= the block's own k-th largest, and the list is redone;
+    4. one global atomic reserves the list's range in the row's candidates (count[row]) and the block writes
+       (value, column) there coalesced: cand_v / cand_i [row, base : base + n], dropped past the buffer.
+    part[row, s, 2:4] = (n, t; -inf when the block holds fewer than k elements). Every element of the row's top k
+    is >= the t of its block, and no t exceeds the row's k-th largest."""
     row = cuda.blockIdx.x // S
     s = cuda.blockIdx.x - row * S
-    if thr[row, 4] != float32(0.0):
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    stage = cuda.shared.array(SPLIT_CHUNK, float32)
+    hist = cuda.shared.array(NBINS, uint32)                # histograms, then the candidate list
+    scan = cuda.shared.array(SPLIT_THREADS, int32)
+    red_m = cuda.shared.array(SPLIT_THREADS, float32)
+    red_s = cuda.shared.array(SPLIT_THREADS, float32)
+    red_lo = cuda.shared.array(SPLIT_THREADS, float32)
+    info = cuda.shared.array(4, int32)
+    thr = cuda.shared.array(1, float32)
+    start = s * C
+    n_cols = min(x.shape[1], start + C) - start
+
+    m, m2, ssum = _fold_range(x, row, start, start + n_cols, stage)
+    red_m[tid] = m
+    red_s[tid] = ssum
+    red_lo[tid] = m2 if m2 > float32(NEG) else float32(math.inf)
+    for b in range(tid, NBINS, nt):
+        hist[b] = uint32(0)
+    if tid == 0:
+        info[0] = -1
+        info[1] = 0
+        info[2] = 0
+        info[3] = 0
+        thr[0] = float32(math.inf)
+    cuda.syncthreads()
+    _block_stats(red_m, red_s, red_lo, tid, nt)
+    hi = red_m[0]
+    lo = red_lo[0]
+    if tid == 0:
+        part[row, s, 0] = hi
+        part[row, s, 1] = red_s[0]
+    if red_s[0] != red_s[0]:                      # NaN / +inf: the select kernel reports the row
         return
-    lo = thr[row, 1]
-    scale = thr[row, 2]
-    bstar = int32(thr[row, 3])
-    end = min(x.shape[1], s * C + C)
-    nthreads = cuda.blockDim.x
-    v = s * C + cuda.threadIdx.x
-    while v + 3 * nthreads < end:            # four independent loads per step, as in pass 1
-        b0 = _bin_of(x[row, v], lo, scale)
-        b1 = _bin_of(x[row, v + nthreads], lo, scale)
-        b2 = _bin_of(x[row, v + 2 * nthreads], lo, scale)
-        b3 = _bin_of(x[row, v + 3 * nthreads], lo, scale)
-        if max(max(b0, b1), max(b2, b3)) >= bstar:
-            _collect(b0, bstar, bits, row, v, cand_g, count)
-            _collect(b1, bstar, bits, row, v + nthreads, cand_g, count)
-            _collect(b2, bstar, bits, row, v + 2 * nthreads, cand_g, count)
-            _collect(b3, bstar, bits, row, v + 3 * nthreads, cand_g, count)
-        v += 4 * nthreads
-    while v < end:
-        _collect(_bin_of(x[row, v], lo, scale), bstar, bits, row, v, cand_g, count)
-        v += nthreads
+
+    # 2. the bound t
+    scale = float32(NBINS) / (hi - lo) if hi > lo and lo < float32(math.inf) else float32(0.0)
+    if m > float32(NEG):
+        cuda.atomic.add(hist, _bin_of(m, lo, scale), uint32(1))
+    if m2 > float32(NEG):
+        cuda.atomic.add(hist, _bin_of(m2, lo, scale), uint32(1))
+    cuda.syncthreads()
+    _find_crossing(hist, k, 0, scan, info, tid, nt)
+    b = info[0]
+    if b >= 0:
+        _threshold_of_bin(m, b, lo, scale, thr)
+        _threshold_of_bin(m2, b, lo, scale, thr)
+    cuda.syncthreads()
+    t = thr[0] if b >= 0 else float32(-math.inf)
+
+    # 3. list the candidates (hist is free after the crossing)
+    _append(stage, n_cols, t, m, hist, info)
+    cuda.syncthreads()
+    n = info[3]
+    cuda.syncthreads()
+    if n > limit:
+        lo2 = float32(math.inf)                   # the smallest finite element >= t, then a histogram over [lo2, hi]
+        for j in range(tid, n_cols, nt):
+            val = stage[j]
+            if val >= t and val > float32(-math.inf):
+                lo2 = min(lo2, val)
+        red_m[tid] = float32(NEG)
+        red_s[tid] = float32(0.0)
+        red_lo[tid] = lo2
+        for i in range(tid, NBINS, nt):
+            hist[i] = uint32(0)
+        if tid == 0:
+            info[0] = -1
+            info[3] = 0
+            thr[0] = float32(math.inf)
+        cuda.syncthreads()
+        _block_stats(red_m, red_s, red_lo, tid, nt)
+        lo2 = red_lo[0]
+        scale2 = float32(NBINS) / (hi - lo2) if hi > lo2 and lo2 < float32(math.inf) else float32(0.0)
+        for j in range(tid, n_cols, nt):
+            val = stage[j]
+            if val >= t:
+                cuda.atomic.add(hist, _bin_of(val, lo2, scale2), uint32(1))
+        cuda.syncthreads()
+        _find_crossing(hist, k, 0, scan, info, tid, nt)   # reached: more than k elements are counted
+        b = info[0]
+        for j in range(tid, n_cols, nt):
+            val = stage[j]
+            if val >= t:
+                _threshold_of_bin(val, b, lo2, scale2, thr)
+        cuda.syncthreads()
+        t = thr[0]
+        _append(stage, n_cols, t, m, hist, info)
+        cuda.syncthreads()
+        n = info[3]
+
+    # 4. write the list out
+    if tid == 0:
+        part[row, s, 2] = float32(n)
+        part[row, s, 3] = t
+        info[1] = cuda.atomic.add(count, row, n) if n <= limit else 0
+    cuda.syncthreads()
+    if n <= limit:
+        base = info[1]
+        cap = cand_v.shape[1] - 4 * MAX_THREADS
+        for i in range(tid, min(n, cap - base), nt):
+            j = hist[i]
+            cand_v[row, base + i] = stage[j]
+            cand_i[row, base + i] = start + int64(j)
+
+
+@cuda.jit(device=True)
+def _cand_use(val, i, lo, scale, bstar, cand_i, bits, row, cand, info):
+    """bstar < 0: count val in the histogram cand; else collect slot i's composite when val reaches bin bstar."""
+    if val >= lo:
+        b = _bin_of(val, lo, scale)
+        if bstar < 0:
+            cuda.atomic.add(cand, b, uint64(1))
+        elif b >= bstar:
+            slot = cuda.atomic.add(info, 2, 1)
+            if slot < CAP:
+                v = cand_i[row, i]
+                cand[slot] = _composite(_order_key(bits[row, v]), v)
+
+
+@cuda.jit(device=True)
+def _cand_pass(cand_v, cand_i, bits, row, n, lo, scale, bstar, cand, info):
+    """One pass over a row's n candidates, four independent loads per step (the buffer is padded by 4 x threads;
+    slots past n read as NaN, which no comparison passes; see _cand_use)."""
+    nt = uint64(cuda.blockDim.x)
+    e = uint64(n)
+    i = uint64(cuda.threadIdx.x)
+    nan = float32(math.nan)
+    while i < e:
+        v0 = cand_v[row, i]
+        v1 = cand_v[row, i + nt]
+        v2 = cand_v[row, i + uint64(2) * nt]
+        v3 = cand_v[row, i + uint64(3) * nt]
+        _cand_use(v0, i, lo, scale, bstar, cand_i, bits, row, cand, info)
+        _cand_use(v1 if i + nt < e else nan, i + nt, lo, scale, bstar, cand_i, bits, row, cand, info)
+        _cand_use(v2 if i + uint64(2) * nt < e else nan, i + uint64(2) * nt, lo, scale, bstar, cand_i, bits, row,
+                  cand, info)
+        _cand_use(v3 if i + uint64(3) * nt < e else nan, i + uint64(3) * nt, lo, scale, bstar, cand_i, bits, row,
+                  cand, info)
+        i += uint64(4) * nt
 
 
 @cuda.jit
-def _split_select_kernel(x, bits, k, thr, cand_g, count, lp_out, ids_out):
-    """Block per row: sort the collected candidates and write the top k; NaN rows -> NaN / -1; a row whose
-    candidates overflowed CAP runs the whole one-block algorithm (_topk_row)."""
+def _split_select_kernel(x, bits, k, limit, part, cand_v, cand_i, count, lp_out, ids_out):
+    """Block per row: lse from the S partials; lo = the largest block bound t (<= the row's k-th largest, so
+    candidates below it are dropped); the k-th largest candidate's bin b* in a histogram over [lo, hi]; the
+    candidates in bins >= b* sorted and the top k written. NaN / +inf rows -> NaN / -1; a row where a block
+    overflowed (more than limit candidates), or more than CAP candidates reach b*, runs the one-block algorithm
+    (_topk_row). Resets count[row] for the next call."""
     row = cuda.blockIdx.x
     tid = cuda.threadIdx.x
-    nthreads = cuda.blockDim.x
+    nt = cuda.blockDim.x
     cand = cuda.shared.array(CAP, uint64)
-    scan = cuda.shared.array(MAX_THREADS, int32)
+    scan = cuda.shared.array(RANK_SORT, int32)        # block scans, and the ranks of the rank sort
     red_m = cuda.shared.array(MAX_THREADS, float32)
     red_s = cuda.shared.array(MAX_THREADS, float32)
+    red_lo = cuda.shared.array(MAX_THREADS, float32)
     info = cuda.shared.array(4, int32)
     lo_key = cuda.shared.array(1, uint32)
-    if thr[row, 4] != float32(0.0):
-        for r in range(tid, k, nthreads):
+    S = part.shape[1]
+    n = count[row]
+    m = float32(NEG)
+    ssum = float32(0.0)
+    lo = float32(-math.inf)
+    over = 0
+    for i in range(tid, S, nt):
+        pm = part[row, i, 0]
+        mx = max(m, pm)
+        ssum = ssum * float32(math.exp(m - mx)) + part[row, i, 1] * float32(math.exp(pm - mx))
+        m = mx
+        if part[row, i, 2] > float32(limit) or n > cand_v.shape[1] - 4 * MAX_THREADS:
+            over = 1
+        lo = max(lo, part[row, i, 3])
+    red_m[tid] = m
+    red_s[tid] = ssum
+    red_lo[tid] = -lo                             # the block minimum of -t is minus the largest t
+    for b in range(tid, NBINS, nt):
+        cand[b] = uint64(0)
+    if tid == 0:
+        info[0] = 0
+        info[1] = 0
+        info[2] = 0
+        info[3] = 0
+    over = cuda.syncthreads_or(over)
+    if tid == 0:
+        count[row] = 0
+    _block_stats(red_m, red_s, red_lo, tid, nt)
+    hi = red_m[0]
+    lse = hi + float32(math.log(red_s[0]))
+    lo = -red_lo[0]
+    if red_s[0] != red_s[0]:
+        for r in range(tid, k, nt):
             lp_out[row, r] = float32(math.nan)
             ids_out[row, r] = -1
         return
-    n = count[row]
-    if n > CAP:
-        _topk_row(x, bits, k, lp_out, ids_out, row, cand, scan, red_m, red_s, info, lo_key)
+    if over:
+        cuda.syncthreads()                        # everyone has read red_*[0] before _topk_row reuses them
+        _topk_row(x, bits, k, lp_out, ids_out, row, cand, scan, red_m, red_s, red_lo, info, lo_key)
         return
-    for i in range(tid, n, nthreads):
-        cand[i] = cand_g[row, i]
+    scale = float32(NBINS) / (hi - lo) if hi > lo and lo > float32(-math.inf) else float32(0.0)
+    _cand_pass(cand_v, cand_i, bits, row, n, lo, scale, -1, cand, info)
     cuda.syncthreads()
-    _sort_write(cand, n, x, k, thr[row, 0], row, tid, nthreads, lp_out, ids_out)
+    _find_crossing(cand, k, 0, scan, info, tid, nt)
+    _cand_pass(cand_v, cand_i, bits, row, n, lo, scale, info[0], cand, info)
+    cuda.syncthreads()
+    nc = info[2]
+    if nc > CAP:
+        cuda.syncthreads()
+        _topk_row(x, bits, k, lp_out, ids_out, row, cand, scan, red_m, red_s, red_lo, info, lo_key)
+        return
+    _sort_write(cand, nc, x, k, lse, row, tid, nt, lp_out, ids_out, scan)
 
 
 @cuda.jit
@@ -785,30 +947,33 @@ def topk_logprobs(logits, k: int, out=None):
         if V >= 2 * SPLIT_CHUNK:
             _launch_split(x, k, lp, ids, SPLIT_CHUNK)
         else:
-            backend.launch(_topk_kernel, R, backend.block_size(1024, 32), x, x.view(np.uint32), k, lp, ids)
+            backend.launch(_topk_kernel, R, backend.block_size(MAX_THREADS, 32), x, x.view(np.uint32), k, lp, ids)
     return lp, ids
 
 
-_split_scratch: dict = {}    # (R, S, threads) -> preallocated buffers (kept: CUDA graphs replay their addresses)
+_split_scratch: dict = {}    # (R, S, limit) -> preallocated buffers (kept: CUDA graphs replay their addresses)
 
 
-def _launch_split(x, k: int, lp, ids, chunk: int) -> None:
-    """Top-K with each row split over ceil(V / chunk) blocks (four launches; see the split kernels)."""
+def _launch_split(x, k: int, lp, ids, chunk: int = SPLIT_CHUNK) -> None:
+    """Top-K with each row split over ceil(V / chunk) blocks (chunk <= SPLIT_CHUNK): one streaming launch and one
+    select launch (see the split kernels)."""
     R, V = x.shape
+    if not 0 < chunk <= SPLIT_CHUNK:
+        raise ValueError(f"chunk: {chunk} is out of range; expected 1..{SPLIT_CHUNK}")
     S = -(-V // chunk)
-    t = backend.block_size(SPLIT_THREADS, 16)
-    key = (R, S, t)
+    limit = k + k // 4 + 64                        # candidates per block at most (else the block refines)
+    key = (R, S, limit)
     if key not in _split_scratch:
+        width = S * limit + 4 * MAX_THREADS        # padded: the select kernel loads 4 x threads slots per step
         e = backend.empty
-        _split_scratch[key] = (e((R, S, 3), np.float32), e((R, S * t, 2), np.float32), e((R, 5), np.float32),
-                               e((R, CAP), np.uint64), e((R,), np.int32))
-    part, tops, thr, cand_g, count = _split_scratch[key]
-    bits = x.view(np.uint32)
-    big = backend.block_size(1024, 32)
-    backend.launch(_split_stats_kernel, R * S, t, x, S, chunk, part, tops)
-    backend.launch(_split_threshold_kernel, R, big, part, tops, k, thr, count)
-    backend.launch(_split_collect_kernel, R * S, t, x, bits, S, chunk, thr, cand_g, count)
-    backend.launch(_split_select_kernel, R, big, x, bits, k, thr, cand_g, count, lp, ids)
+        count = e((R,), np.int32)
+        count[...] = 0                             # the select kernel resets it after every use
+        _split_scratch[key] = (e((R, S, 4), np.float32), e((R, width), np.float32), e((R, width), np.int32), count)
+    part, cand_v, cand_i, count = _split_scratch[key]
+    backend.launch(_split_scan_kernel, R * S, backend.block_size(SPLIT_THREADS, 16), x, k, S, chunk, limit, part,
+                   cand_v, cand_i, count)
+    backend.launch(_split_select_kernel, R, backend.block_size(MAX_THREADS, 32), x, x.view(np.uint32), k, limit,
+                   part, cand_v, cand_i, count, lp, ids)
 
 
 def choose_tokens(logits, temperature: float = 0.0, seed: int = 0, stream: int = 0, out=None):

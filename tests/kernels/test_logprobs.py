@@ -59,7 +59,7 @@ def test_topk_sorts_many_candidates_with_the_bitonic_network():
 def test_topk_radix_fallback_when_the_threshold_bin_overflows():
     """Rows where more than CAP elements reach the threshold bin and one thread holds more than four of the top
     k: the radix fallback, including its ordered scan when the ties at the threshold overflow the buffer."""
-    stride = kd.backend.block_size(1024, 32)                  # the kernel's threads per row
+    stride = kd.backend.block_size(lpk.MAX_THREADS, 32)       # the kernel's threads per row
     V = lpk.CAP + 3 * stride
     x = np.zeros((2, V), np.float32)
     x[0, [0, stride, 2 * stride, 3 * stride, 4 * stride]] = 1.0           # row 0: ties overflow -> ordered scan
@@ -88,6 +88,8 @@ def test_topk_rejects_nan_and_bad_k():
         lpk.topk_logprobs(x, 3)
     with pytest.raises(ValueError, match="no finite value"):
         lpk.topk_logprobs(np.full((1, 4), -np.inf, np.float32), 2)
+    with pytest.raises(ValueError, match="row 0 contains \\+inf"):
+        lpk.topk_logprobs(np.array([[0, np.inf, 1]], np.float32), 2)
 
 
 def test_choose_argmax_and_samples_match_reference():
@@ -133,6 +135,32 @@ def test_topk_split_over_blocks_matches_reference(kind, V, k, chunk):
     rlp, rids = lpk.topk_logprobs_ref(x, k)
     np.testing.assert_array_equal(H(ids), rids)
     np.testing.assert_allclose(H(lp), rlp, rtol=1e-5, atol=2e-6)
+
+
+def test_topk_split_refines_the_block_bound_for_large_k():
+    """k above the thread tops of a block (2 x threads): every staged element reaches the tops bound, so the block
+    refines it with a histogram of its elements and appends about k per block, not its whole chunk."""
+    rng = np.random.default_rng(5)
+    k, chunk, S = 80, 600, 3                 # the simulator's 16 threads have 32 tops
+    x = rng.standard_normal((2, 1500)).astype(np.float32)
+    lp, ids = poisoned((2, k)), poisoned((2, k), "int32")
+    lpk._launch_split(kd.backend.asarray(x), k, lp, ids, chunk)
+    rlp, rids = lpk.topk_logprobs_ref(x, k)
+    np.testing.assert_array_equal(H(ids), rids)
+    np.testing.assert_allclose(H(lp), rlp, rtol=1e-5, atol=2e-6)
+    # the streaming kernel alone: every block refined to at most k + k/4 + 64 candidates, holding the top k
+    limit = k + k // 4 + 64
+    B = kd.backend
+    width = S * limit + 4 * lpk.MAX_THREADS                          # as _launch_split pads it
+    part, cand_v = B.empty((2, S, 4), np.float32), B.empty((2, width), np.float32)
+    cand_i, count = B.empty((2, width), np.int32), B.asarray(np.zeros(2, np.int32))
+    B.launch(lpk._split_scan_kernel, 2 * S, B.block_size(lpk.SPLIT_THREADS, 16), B.asarray(x), k, S, chunk, limit,
+             part, cand_v, cand_i, count)
+    n = H(part)[:, :, 2].astype(int)                              # listed per block
+    assert (n >= k).all() and (n <= limit).all(), n               # unrefined, each block would list 600 or 300
+    np.testing.assert_array_equal(H(count), n.sum(axis=1))
+    for r in range(2):
+        assert set(rids[r]) <= set(H(cand_i)[r, :n[r].sum()].tolist())
 
 
 def test_topk_split_overflow_and_nan_rows():
