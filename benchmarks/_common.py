@@ -83,8 +83,8 @@ def torch_median_ms(fn, reps: int = 20, warmup: int = 3) -> float:
     return float(np.median(times))
 
 
-def host_median_ms(fn, reps: int = 5, warmup: int = 1) -> float:
-    """Median wall time of ``fn()`` (which must synchronize itself)."""
+def host_times_ms(fn, reps: int = 5, warmup: int = 1) -> list:
+    """Wall times of ``fn()`` (which must synchronize itself), ms."""
     for _ in range(warmup):
         fn()
     times = []
@@ -92,7 +92,13 @@ def host_median_ms(fn, reps: int = 5, warmup: int = 1) -> float:
         t0 = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
-    return float(np.median(times))
+    return times
+
+
+def host_best_ms(fn, reps: int = 5, warmup: int = 1) -> float:
+    """Best wall time of ``fn()``: for a baseline whose run-to-run noise (other host work) only ever adds time,
+    the minimum is the fair, conservative figure to divide by."""
+    return float(min(host_times_ms(fn, reps, warmup)))
 
 
 def copy_bandwidth_gbs(nbytes: int = 2 << 30, reps: int = 10) -> float:

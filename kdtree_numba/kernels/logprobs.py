@@ -28,8 +28,9 @@ request's 15 rows use 15 of 132 SMs), so each row is spread over ceil(V / SPLIT_
 read once, in two launches:
   scan (block per chunk of 8192 columns, staged in shared memory): pass 1, the block's bound t = the smallest
   thread top in the bin of the k-th largest top (t <= the block's k-th largest element), and the staged
-  elements >= t (~k + 14 % for k = 256) listed in shared memory, then written out coalesced into the row's
-  candidates; more than k + k/4 + 64 of them (large k) -> a histogram of those elements refines t first.
+  elements >= t (~k + 14 % for k = 256) listed in shared memory (one atomic per 8-element step), then written
+  out coalesced into the row's candidates; more than k + k/4 + 64 of them (large k) -> a histogram of those
+  elements refines t first.
   select (block per row): lse from the blocks' partials; candidates below lo = the largest block t are dropped
   (every t is <= the row's k-th largest); a histogram over [lo, max] gives the bin b* of the k-th largest
   candidate, and the candidates in bins >= b* are rank-sorted. A block that overflowed, or more than CAP
@@ -39,7 +40,7 @@ read once, in two launches:
 History (163840 columns, k = 256, H200; 15 rows / 240 rows): a histogram of every value: - / 690 us (shared
 atomics on the few hot bins of a peaked row serialise); 4 local tops per thread + a 4096-entry bitonic sort + a
 counting pass: 229 / 505 us; thresholded, one block per row: 105 / 280 us; split in four launches (stats,
-threshold, collect, select; two passes over the logits): 56 / 237 us; one pass, two launches: 50 / 221 us.
+threshold, collect, select; two passes over the logits): 56 / 237 us; one pass, two launches: 44 / 177 us.
 Shapes: logits [R, V] float32 (rows = requests x depths), K <= 1024 -> lp [R, K] float32, ids [R, K] int32.
 Example: logits [[0, 2, 2, -1]], K 3 -> ids [[1, 2, 0]], lp = [2, 2, 0] - log(1 + 2 e^2 + e^-1)
 
@@ -66,6 +67,8 @@ from . import _checks
 MAX_K = 1024
 HIST_BITS = 11
 NBINS = 1 << HIST_BITS
+TOP_BINS = 512             # bins of the split scan's thread-top histogram (2 x 256 tops)
+SEL_BINS = 1024            # bins of the split select's candidate histogram (32-bit counters)
 CAP = 4096                 # candidate buffer (shared): >= MAX_K, >= NBINS
 RANK_SORT = 1024           # up to this many candidates: rank sort (no barriers); above: bitonic
 TIE_GROUP = 16             # contiguous elements per thread in the ordered scan of threshold ties
@@ -311,31 +314,31 @@ def _fold_range(x, row, start, end, stage):
 
 
 @cuda.jit(device=True)
-def _bin_of(val, lo, scale):
-    """Histogram bin of a value over [lo, hi]: monotone non-decreasing in val, clamped to [0, NBINS) (selects, no
-    branch); NaN products (-inf times a zero scale) land in bin 0."""
+def _bin_of(val, lo, scale, nbins):
+    """Histogram bin of a value over [lo, hi] (scale = nbins / (hi - lo)): monotone non-decreasing in val, clamped
+    to [0, nbins) (selects, no branch); NaN products (-inf times a zero scale) land in bin 0."""
     t = (val - lo) * scale
     t = t if t > float32(0.0) else float32(0.0)
-    return int32(min(t, float32(NBINS - 1)))
+    return int32(min(t, float32(nbins - 1)))
 
 
 @cuda.jit(device=True)
-def _find_crossing(hist, need, above, scan, info, tid, nthreads):
-    """Scanning the bins hist[0..NBINS) from the top, the bin b* where the running count (starting at ``above``)
+def _find_crossing(hist, nbins, need, above, scan, info, tid, nthreads):
+    """Scanning the bins hist[0..nbins) from the top, the bin b* where the running count (starting at ``above``)
     first reaches ``need``: info[0] = b*, info[1] = above + count(bins > b*). Unchanged if never reached.
     Per-thread sums of a contiguous bin range, a suffix scan over threads, then the crossing thread walks its
     range."""
-    per = (NBINS + nthreads - 1) // nthreads
+    per = (nbins + nthreads - 1) // nthreads
     b0 = tid * per
     c = 0
-    for b in range(b0, min(b0 + per, NBINS)):
+    for b in range(b0, min(b0 + per, nbins)):
         c += int32(hist[b])
     scan[tid] = c
     cuda.syncthreads()
     _block_suffix_scan(scan, tid, nthreads)
     run = above + (scan[tid + 1] if tid + 1 < nthreads else 0)
     if run < need and run + c >= need:
-        b = min(b0 + per, NBINS) - 1
+        b = min(b0 + per, nbins) - 1
         while b >= b0:
             if run + int32(hist[b]) >= need:
                 info[0] = b
@@ -367,27 +370,30 @@ def _block_stats(red_m, red_s, red_lo, tid, nthreads):
 @cuda.jit(device=True)
 def _sort_write(cand, n, x, k, lse, row, tid, nthreads, lp_out, ids_out, rank):
     """Write the k largest of the n <= CAP candidate composites in cand, in order. Up to RANK_SORT: a rank sort -
-    each candidate counts the candidates above it (broadcast reads); with more threads than candidates,
-    nthreads // n threads share a candidate's count (shared atomics into rank [>= RANK_SORT] int32). Above: a
+    each candidate counts the candidates above it (broadcast reads); with more threads than candidates, every
+    thread takes a share of some candidate's count (shared atomics into rank [>= RANK_SORT] int32). Above: a
     bitonic network."""
     if n <= RANK_SORT:
         for i in range(tid, n, nthreads):
             rank[i] = 0
         cuda.syncthreads()
-        groups = nthreads // n if 0 < n < nthreads else 1
-        per = (n + groups - 1) // groups
-        g = tid // n if n > 0 else groups
-        i = tid - g * n
-        while g < groups:
-            c = cand[i]
-            r = 0
-            for j in range(g * per, min(n, g * per + per)):
-                if cand[j] > c:
-                    r += 1
-            cuda.atomic.add(rank, i, r)
-            i += nthreads                           # groups == 1: thread strides over the candidates
-            if i >= n:
-                break
+        if n > 0:
+            # thread t counts for candidate i = t mod n, which has g_n = ceil((nthreads - i) / n) threads (at least
+            # one: when n > nthreads, thread t also takes i + nthreads, ...); its share of j is the g-th of g_n
+            i = tid % n
+            while i < n:
+                g_n = max((nthreads - i + n - 1) // n, 1)
+                g = tid // n if n <= nthreads else 0
+                per = (n + g_n - 1) // g_n
+                c = cand[i]
+                r = 0
+                for j in range(g * per, min(n, g * per + per)):
+                    if cand[j] > c:
+                        r += 1
+                cuda.atomic.add(rank, i, r)
+                if n <= nthreads:
+                    break
+                i += nthreads
         cuda.syncthreads()
         for i in range(tid, n, nthreads):
             r = rank[i]
@@ -447,18 +453,18 @@ def _topk_row(x, bits, k, lp_out, ids_out, row, cand, scan, red_m, red_s, red_lo
     cuda.syncthreads()
     if scale > float32(0.0):
         if m > float32(NEG):
-            cuda.atomic.add(cand, _bin_of(m, lo, scale), uint64(1))
+            cuda.atomic.add(cand, _bin_of(m, lo, scale, NBINS), uint64(1))
         if m2 > float32(NEG):
-            cuda.atomic.add(cand, _bin_of(m2, lo, scale), uint64(1))
+            cuda.atomic.add(cand, _bin_of(m2, lo, scale, NBINS), uint64(1))
     cuda.syncthreads()
-    _find_crossing(cand, k, 0, scan, info, tid, nthreads)     # not reached (too few values): b* = 0, take all
+    _find_crossing(cand, NBINS, k, 0, scan, info, tid, nthreads)     # not reached (too few values): b* = 0, take all
     bstar = info[0]
 
     # pass 2: collect the elements in bins >= b* (composites: one unsigned compare orders value desc, index asc)
     v = tid
     while v < V:
         val = x[row, v]
-        if _bin_of(val, lo, scale) >= bstar and info[2] <= CAP:     # once overflowed, stop contending
+        if _bin_of(val, lo, scale, NBINS) >= bstar and info[2] <= CAP:     # once overflowed, stop contending
             slot = cuda.atomic.add(info, 2, 1)
             if slot < CAP:
                 cand[slot] = _composite(_order_key(bits[row, v]), v)
@@ -522,7 +528,7 @@ def _topk_row(x, bits, k, lp_out, ids_out, row, cand, scan, red_m, red_s, red_lo
             if level == 0 or (key >> uint32(shift + nb)) == prefix:
                 cuda.atomic.add(cand, int32((key >> uint32(shift)) & uint32((1 << nb) - 1)), uint64(1))
         cuda.syncthreads()
-        _find_crossing(cand, k, above, scan, info, tid, nthreads)
+        _find_crossing(cand, NBINS, k, above, scan, info, tid, nthreads)
         bstar = info[0]
         above = info[1]
         prefix = (prefix << uint32(nb)) | uint32(bstar)
@@ -600,19 +606,22 @@ def _topk_kernel(x, bits, k, lp_out, ids_out):
 
 # --- several blocks per row (few rows, long rows): one streaming pass over the logits, then a small select ---
 @cuda.jit(device=True)
-def _append_one(val, j, t, pos, info):
+def _list_one(val, j, t, pos, slot):
+    """Store position j at pos[slot] if val >= t (and the list has room); returns the next slot."""
     if val >= t:
-        slot = cuda.atomic.add(info, 3, 1)
         if slot < NBINS:
             pos[slot] = uint32(j)
+        slot += 1
+    return slot
 
 
 @cuda.jit(device=True)
 def _append(stage, n_cols, t, m, pos, info):
-    """List this thread's staged elements >= t: their positions go to pos[info[3]++] (shared; counted past its
-    NBINS entries, not stored). Eight shared loads per step before any test; a thread whose max m is below t has
-    none and skips the scan. (The block writes the list out coalesced afterwards: one 4-byte global store per
-    candidate from a lone thread costs ~50 us over a [240, 163840] call.)"""
+    """List this thread's staged elements >= t: their positions go to pos[info[3]...] (shared; counted past its
+    NBINS entries, not stored). Per step of eight shared loads: the hits are counted, one shared atomic reserves
+    their slots, and they are stored in order (an atomic per hit cost ~3x more instructions). A thread whose max
+    m is below t has none and skips the scan. (The block writes the list out coalesced afterwards: one 4-byte
+    global store per candidate from a lone thread cost ~50 us over a [240, 163840] call.)"""
     if m < t:
         return
     nt = uint64(cuda.blockDim.x)
@@ -627,25 +636,30 @@ def _append(stage, n_cols, t, m, pos, info):
         a5 = stage[j + uint64(5) * nt]
         a6 = stage[j + uint64(6) * nt]
         a7 = stage[j + uint64(7) * nt]
-        if max(max(max(a0, a1), max(a2, a3)), max(max(a4, a5), max(a6, a7))) >= t:
-            _append_one(a0, j, t, pos, info)
-            _append_one(a1, j + nt, t, pos, info)
-            _append_one(a2, j + uint64(2) * nt, t, pos, info)
-            _append_one(a3, j + uint64(3) * nt, t, pos, info)
-            _append_one(a4, j + uint64(4) * nt, t, pos, info)
-            _append_one(a5, j + uint64(5) * nt, t, pos, info)
-            _append_one(a6, j + uint64(6) * nt, t, pos, info)
-            _append_one(a7, j + uint64(7) * nt, t, pos, info)
+        c = (int32(a0 >= t) + int32(a1 >= t) + int32(a2 >= t) + int32(a3 >= t) + int32(a4 >= t) + int32(a5 >= t)
+             + int32(a6 >= t) + int32(a7 >= t))
+        if c > 0:
+            slot = cuda.atomic.add(info, 3, c)
+            slot = _list_one(a0, j, t, pos, slot)
+            slot = _list_one(a1, j + nt, t, pos, slot)
+            slot = _list_one(a2, j + uint64(2) * nt, t, pos, slot)
+            slot = _list_one(a3, j + uint64(3) * nt, t, pos, slot)
+            slot = _list_one(a4, j + uint64(4) * nt, t, pos, slot)
+            slot = _list_one(a5, j + uint64(5) * nt, t, pos, slot)
+            slot = _list_one(a6, j + uint64(6) * nt, t, pos, slot)
+            _list_one(a7, j + uint64(7) * nt, t, pos, slot)
         j += uint64(8) * nt
     while j < end:
-        _append_one(stage[j], j, t, pos, info)
+        val = stage[j]
+        if val >= t:
+            _list_one(val, j, t, pos, cuda.atomic.add(info, 3, 1))
         j += nt
 
 
 @cuda.jit(device=True)
-def _threshold_of_bin(val, b, lo, scale, thr):
+def _threshold_of_bin(val, b, lo, scale, nbins, thr):
     """thr[0] <- min(thr[0], val) if val lies in bin b (the smallest value of the crossing bin becomes the bound)."""
-    if val > float32(NEG) and _bin_of(val, lo, scale) == b:
+    if val > float32(NEG) and _bin_of(val, lo, scale, nbins) == b:
         cuda.atomic.min(thr, 0, val)
 
 
@@ -685,7 +699,7 @@ def _split_scan_kernel(x, k, S, C, limit, part, cand_v, cand_i, count):
     red_m[tid] = m
     red_s[tid] = ssum
     red_lo[tid] = m2 if m2 > float32(NEG) else float32(math.inf)
-    for b in range(tid, NBINS, nt):
+    for b in range(tid, TOP_BINS, nt):
         hist[b] = uint32(0)
     if tid == 0:
         info[0] = -1
@@ -703,18 +717,18 @@ def _split_scan_kernel(x, k, S, C, limit, part, cand_v, cand_i, count):
     if red_s[0] != red_s[0]:                      # NaN / +inf: the select kernel reports the row
         return
 
-    # 2. the bound t
-    scale = float32(NBINS) / (hi - lo) if hi > lo and lo < float32(math.inf) else float32(0.0)
+    # 2. the bound t (TOP_BINS bins: about one per thread top)
+    scale = float32(TOP_BINS) / (hi - lo) if hi > lo and lo < float32(math.inf) else float32(0.0)
     if m > float32(NEG):
-        cuda.atomic.add(hist, _bin_of(m, lo, scale), uint32(1))
+        cuda.atomic.add(hist, _bin_of(m, lo, scale, TOP_BINS), uint32(1))
     if m2 > float32(NEG):
-        cuda.atomic.add(hist, _bin_of(m2, lo, scale), uint32(1))
+        cuda.atomic.add(hist, _bin_of(m2, lo, scale, TOP_BINS), uint32(1))
     cuda.syncthreads()
-    _find_crossing(hist, k, 0, scan, info, tid, nt)
+    _find_crossing(hist, TOP_BINS, k, 0, scan, info, tid, nt)
     b = info[0]
     if b >= 0:
-        _threshold_of_bin(m, b, lo, scale, thr)
-        _threshold_of_bin(m2, b, lo, scale, thr)
+        _threshold_of_bin(m, b, lo, scale, TOP_BINS, thr)
+        _threshold_of_bin(m2, b, lo, scale, TOP_BINS, thr)
     cuda.syncthreads()
     t = thr[0] if b >= 0 else float32(-math.inf)
 
@@ -745,14 +759,14 @@ def _split_scan_kernel(x, k, S, C, limit, part, cand_v, cand_i, count):
         for j in range(tid, n_cols, nt):
             val = stage[j]
             if val >= t:
-                cuda.atomic.add(hist, _bin_of(val, lo2, scale2), uint32(1))
+                cuda.atomic.add(hist, _bin_of(val, lo2, scale2, NBINS), uint32(1))
         cuda.syncthreads()
-        _find_crossing(hist, k, 0, scan, info, tid, nt)   # reached: more than k elements are counted
+        _find_crossing(hist, NBINS, k, 0, scan, info, tid, nt)   # reached: more than k elements are counted
         b = info[0]
         for j in range(tid, n_cols, nt):
             val = stage[j]
             if val >= t:
-                _threshold_of_bin(val, b, lo2, scale2, thr)
+                _threshold_of_bin(val, b, lo2, scale2, NBINS, thr)
         cuda.syncthreads()
         t = thr[0]
         _append(stage, n_cols, t, m, hist, info)
@@ -775,12 +789,13 @@ def _split_scan_kernel(x, k, S, C, limit, part, cand_v, cand_i, count):
 
 
 @cuda.jit(device=True)
-def _cand_use(val, i, lo, scale, bstar, cand_i, bits, row, cand, info):
-    """bstar < 0: count val in the histogram cand; else collect slot i's composite when val reaches bin bstar."""
+def _cand_use(val, i, lo, scale, bstar, cand_i, bits, row, hist, cand, info):
+    """bstar < 0: count val in the histogram hist (SEL_BINS); else collect slot i's composite into cand when val
+    reaches bin bstar."""
     if val >= lo:
-        b = _bin_of(val, lo, scale)
+        b = _bin_of(val, lo, scale, SEL_BINS)
         if bstar < 0:
-            cuda.atomic.add(cand, b, uint64(1))
+            cuda.atomic.add(hist, b, 1)
         elif b >= bstar:
             slot = cuda.atomic.add(info, 2, 1)
             if slot < CAP:
@@ -789,25 +804,25 @@ def _cand_use(val, i, lo, scale, bstar, cand_i, bits, row, cand, info):
 
 
 @cuda.jit(device=True)
-def _cand_pass(cand_v, cand_i, bits, row, n, lo, scale, bstar, cand, info):
+def _cand_pass(cand_v, cand_i, bits, row, n, lo, scale, bstar, hist, cand, info):
     """One pass over a row's n candidates, four independent loads per step (the buffer is padded by 4 x threads;
     slots past n read as NaN, which no comparison passes; see _cand_use)."""
-    nt = uint64(cuda.blockDim.x)
-    e = uint64(n)
-    i = uint64(cuda.threadIdx.x)
+    nt = uint32(cuda.blockDim.x)
+    e = uint32(n)
+    i = uint32(cuda.threadIdx.x)
     nan = float32(math.nan)
     while i < e:
         v0 = cand_v[row, i]
         v1 = cand_v[row, i + nt]
-        v2 = cand_v[row, i + uint64(2) * nt]
-        v3 = cand_v[row, i + uint64(3) * nt]
-        _cand_use(v0, i, lo, scale, bstar, cand_i, bits, row, cand, info)
-        _cand_use(v1 if i + nt < e else nan, i + nt, lo, scale, bstar, cand_i, bits, row, cand, info)
-        _cand_use(v2 if i + uint64(2) * nt < e else nan, i + uint64(2) * nt, lo, scale, bstar, cand_i, bits, row,
-                  cand, info)
-        _cand_use(v3 if i + uint64(3) * nt < e else nan, i + uint64(3) * nt, lo, scale, bstar, cand_i, bits, row,
-                  cand, info)
-        i += uint64(4) * nt
+        v2 = cand_v[row, i + uint32(2) * nt]
+        v3 = cand_v[row, i + uint32(3) * nt]
+        _cand_use(v0, i, lo, scale, bstar, cand_i, bits, row, hist, cand, info)
+        _cand_use(v1 if i + nt < e else nan, i + nt, lo, scale, bstar, cand_i, bits, row, hist, cand, info)
+        _cand_use(v2 if i + uint32(2) * nt < e else nan, i + uint32(2) * nt, lo, scale, bstar, cand_i, bits, row,
+                  hist, cand, info)
+        _cand_use(v3 if i + uint32(3) * nt < e else nan, i + uint32(3) * nt, lo, scale, bstar, cand_i, bits, row,
+                  hist, cand, info)
+        i += uint32(4) * nt
 
 
 @cuda.jit
@@ -827,6 +842,7 @@ def _split_select_kernel(x, bits, k, limit, part, cand_v, cand_i, count, lp_out,
     red_lo = cuda.shared.array(MAX_THREADS, float32)
     info = cuda.shared.array(4, int32)
     lo_key = cuda.shared.array(1, uint32)
+    hist = cuda.shared.array(SEL_BINS, int32)
     S = part.shape[1]
     n = count[row]
     m = float32(NEG)
@@ -844,8 +860,8 @@ def _split_select_kernel(x, bits, k, limit, part, cand_v, cand_i, count, lp_out,
     red_m[tid] = m
     red_s[tid] = ssum
     red_lo[tid] = -lo                             # the block minimum of -t is minus the largest t
-    for b in range(tid, NBINS, nt):
-        cand[b] = uint64(0)
+    for b in range(tid, SEL_BINS, nt):
+        hist[b] = 0
     if tid == 0:
         info[0] = 0
         info[1] = 0
@@ -867,11 +883,11 @@ def _split_select_kernel(x, bits, k, limit, part, cand_v, cand_i, count, lp_out,
         cuda.syncthreads()                        # everyone has read red_*[0] before _topk_row reuses them
         _topk_row(x, bits, k, lp_out, ids_out, row, cand, scan, red_m, red_s, red_lo, info, lo_key)
         return
-    scale = float32(NBINS) / (hi - lo) if hi > lo and lo > float32(-math.inf) else float32(0.0)
-    _cand_pass(cand_v, cand_i, bits, row, n, lo, scale, -1, cand, info)
+    scale = float32(SEL_BINS) / (hi - lo) if hi > lo and lo > float32(-math.inf) else float32(0.0)
+    _cand_pass(cand_v, cand_i, bits, row, n, lo, scale, -1, hist, cand, info)
     cuda.syncthreads()
-    _find_crossing(cand, k, 0, scan, info, tid, nt)
-    _cand_pass(cand_v, cand_i, bits, row, n, lo, scale, info[0], cand, info)
+    _find_crossing(hist, SEL_BINS, k, 0, scan, info, tid, nt)
+    _cand_pass(cand_v, cand_i, bits, row, n, lo, scale, info[0], hist, cand, info)
     cuda.syncthreads()
     nc = info[2]
     if nc > CAP:
