@@ -70,7 +70,7 @@ NBINS = 1 << HIST_BITS
 TOP_BINS = 512             # bins of the split scan's thread-top histogram (2 x 256 tops)
 SEL_BINS = 1024            # bins of the split select's candidate histogram (32-bit counters)
 CAP = 4096                 # candidate buffer (shared): >= MAX_K, >= NBINS
-RANK_SORT = 1024           # up to this many candidates: rank sort (no barriers); above: bitonic
+RANK_SORT = 1024           # up to this many candidates: rank sort (two barriers); above: bitonic
 TIE_GROUP = 16             # contiguous elements per thread in the ordered scan of threshold ties
 SPLIT_CHUNK = 8192         # columns per block when a row is split over several blocks (staged: 32 KB)
 SPLIT_THREADS = 256        # threads of the per-chunk blocks
@@ -232,8 +232,7 @@ def _write_topk(cand, x, k, lse, row, tid, nthreads, lp_out, ids_out):
         lp_out[row, r] = x[row, v] - lse
 
 
-SIMULATOR = bool(numba.config.ENABLE_CUDASIM)      # numba's simulator (also in a numpy-backend child of a sim run)
-if SIMULATOR:
+if numba.config.ENABLE_CUDASIM:                    # numba's simulator (also in a numpy-backend child of a sim run)
     @cuda.jit(device=True)
     def _exp(t):
         """exp(t): the simulator's libdevice stubs return NaN, so plain math.exp there."""
@@ -581,15 +580,7 @@ def _topk_row(x, bits, k, lp_out, ids_out, row, cand, scan, red_m, red_s, red_lo
             info[2] = k
         cuda.syncthreads()
 
-    n = info[2]
-    n_pad = 1
-    while n_pad < n:
-        n_pad *= 2
-    for i in range(n + tid, n_pad, nthreads):
-        cand[i] = uint64(0)
-    cuda.syncthreads()
-    _bitonic_desc(cand, n_pad, tid, nthreads)
-    _write_topk(cand, x, k, lse, row, tid, nthreads, lp_out, ids_out)
+    _sort_write(cand, info[2], x, k, lse, row, tid, nthreads, lp_out, ids_out, scan)
 
 
 @cuda.jit
@@ -663,11 +654,7 @@ def _threshold_of_bin(val, b, lo, scale, nbins, thr):
         cuda.atomic.min(thr, 0, val)
 
 
-# 48 registers: 5 blocks per SM (as many as the shared memory allows) instead of 4 at the compiler's 54; ptxas
-# spills 8 bytes. The simulator takes no such option.
-# 48 registers: 5 blocks per SM (as many as the shared memory allows) instead of 4 at the compiler's 54; ptxas
-# spills 8 bytes. The simulator takes no such option.
-@cuda.jit(**({} if SIMULATOR else {"max_registers": 48}))
+@cuda.jit
 def _split_scan_kernel(x, k, S, C, limit, part, cand_v, cand_i, count):
     """Block (row, s) takes columns [s C, s C + C) of one row, read once from global memory into shared memory:
     1. each thread folds its columns (_fold_range) -> part[row, s, 0:2] = (block max, sum of exp(x - max));
@@ -677,7 +664,8 @@ def _split_scan_kernel(x, k, S, C, limit, part, cand_v, cand_i, count):
        more than limit = k + k/4 + 64 reach t (large k: fewer tops than k), a histogram of those elements over
        their own range gives a t <= the block's own k-th largest, and the list is redone;
     4. one global atomic reserves the list's range in the row's candidates (count[row]) and the block writes
-       (value, column) there coalesced: cand_v / cand_i [row, base : base + n], dropped past the buffer.
+       (value, column) there coalesced: cand_v / cand_i [row, base : base + n]. A block adds at most limit, so a
+       row's S x limit slots never overflow; a block with more adds nothing and the select sees n > limit.
     part[row, s, 2:4] = (n, t; -inf when the block holds fewer than k elements). Every element of the row's top k
     is >= the t of its block, and no t exceeds the row's k-th largest."""
     row = cuda.blockIdx.x // S
@@ -781,8 +769,7 @@ def _split_scan_kernel(x, k, S, C, limit, part, cand_v, cand_i, count):
     cuda.syncthreads()
     if n <= limit:
         base = info[1]
-        cap = cand_v.shape[1] - 4 * MAX_THREADS
-        for i in range(tid, min(n, cap - base), nt):
+        for i in range(tid, n, nt):
             j = hist[i]
             cand_v[row, base + i] = stage[j]
             cand_i[row, base + i] = start + int64(j)
@@ -831,7 +818,8 @@ def _split_select_kernel(x, bits, k, limit, part, cand_v, cand_i, count, lp_out,
     candidates below it are dropped); the k-th largest candidate's bin b* in a histogram over [lo, hi]; the
     candidates in bins >= b* sorted and the top k written. NaN / +inf rows -> NaN / -1; a row where a block
     overflowed (more than limit candidates), or more than CAP candidates reach b*, runs the one-block algorithm
-    (_topk_row). Resets count[row] for the next call."""
+    (_topk_row). Resets count[row] for the next call. cand_v / cand_i are padded by 4 x threads past S x limit
+    (the passes load four slots per step before testing them)."""
     row = cuda.blockIdx.x
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
@@ -854,7 +842,7 @@ def _split_select_kernel(x, bits, k, limit, part, cand_v, cand_i, count, lp_out,
         mx = max(m, pm)
         ssum = ssum * float32(math.exp(m - mx)) + part[row, i, 1] * float32(math.exp(pm - mx))
         m = mx
-        if part[row, i, 2] > float32(limit) or n > cand_v.shape[1] - 4 * MAX_THREADS:
+        if part[row, i, 2] > float32(limit):
             over = 1
         lo = max(lo, part[row, i, 3])
     red_m[tid] = m
