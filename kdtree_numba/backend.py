@@ -164,8 +164,9 @@ def view(a):
     return v
 
 
-def launch(kernel, grid, block, *args) -> None:
-    """Launch a numba.cuda kernel on the backend's stream; array arguments become numba views."""
+def launch(kernel, grid, block, *args, shared: int = 0) -> None:
+    """Launch a numba.cuda kernel on the backend's stream; array arguments become numba views. ``shared``: bytes of
+    dynamic shared memory (``cuda.shared.array(0, dtype)`` in the kernel), opted in first (see _allow_shared)."""
     global _nb_stream
     if name == "numpy":
         raise RuntimeError("launch: the numpy backend runs references, not kernels")
@@ -173,9 +174,33 @@ def launch(kernel, grid, block, *args) -> None:
     if name == "cuda":
         if _nb_stream is None:
             _nb_stream = cuda.external_stream(stream.ptr)
-        kernel[grid, block, _nb_stream](*args)
+        if shared:
+            _allow_shared(kernel, args, shared)
+        kernel[grid, block, _nb_stream, shared](*args)
     else:
-        kernel[grid, block](*args)
+        kernel[grid, block, 0, shared](*args)
+
+
+_shared_allowed: dict = {}            # (kernel, argument types) -> dynamic shared bytes allowed
+
+
+def _allow_shared(kernel, args, nbytes: int) -> None:
+    """Let ``kernel`` (specialised for ``args``) launch with up to ``nbytes`` of dynamic shared memory: a kernel
+    needs CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES once static + dynamic exceed 48 KB (Hopper allows
+    227 KB), and numba-cuda 0.30 has no option for it, so it is set on the compiled function's handle (numba's own
+    carveout setter does the same). Raises ValueError naming the size when the device refuses it."""
+    from numba.cuda.cudadrv.driver import binding, driver
+    sig = tuple(kernel.typeof_pyval(a) for a in args)
+    key = (kernel, sig)
+    if _shared_allowed.get(key, 0) >= nbytes:
+        return
+    func = kernel.compile(sig)._codelibrary.get_cufunc()
+    attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    try:
+        driver.cuKernelSetAttribute(attr, int(nbytes), func.handle, func.device.id)
+    except Exception as e:             # the driver's error type differs between cuda-python versions
+        raise ValueError(f"shared: {nbytes} bytes of dynamic shared memory are refused by the device ({e})") from e
+    _shared_allowed[key] = nbytes
 
 
 def block_size(gpu: int, sim: int = 32) -> int:
