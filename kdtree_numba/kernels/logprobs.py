@@ -8,9 +8,10 @@ Mapping: one block per row; every (value, index) is packed as ``order_key << 32 
 flipped so that unsigned order = float order), so one unsigned compare orders by (value desc, index asc) and no
 two elements tie.
   Pass 1 (eight loads issued per step, then folded): each thread folds its strided elements into a running (max,
-  sum of exp) and keeps its two largest values m, m2 (exp as ex2.approx on the GPU). Block reductions give lse and
-  lo = the smallest m2; a NaN or +inf anywhere makes the merged sum NaN, which marks the row.
-  Threshold: the 2 x threads values (m, m2) belong to distinct elements, so their k-th largest bounds the row's
+  sum of exp) and keeps two tops m, m2, the maxima of its even and of its odd steps (exp as ex2.approx on the
+  GPU). Block reductions give lse and lo = the smallest m2; a NaN or +inf anywhere makes the merged sum NaN, which
+  marks the row.
+  Threshold: the 2 x threads tops (m, m2) are distinct elements, so their k-th largest bounds the row's
   k-th largest from below. A 2048-bin shared histogram of them over [lo, max] finds the bin b* holding it; the
   bin map is monotone, so every element of the row's top k lies in a bin >= b*. (Fewer than k values: b* = 0.)
   Pass 2 collects the elements in bins >= b* (typically k + a few percent: ~300 for k = 256, V = 163840) and sorts
@@ -26,11 +27,12 @@ two elements tie.
 Split rows (V >= 2 x SPLIT_CHUNK, i.e. draft vocabularies): too few rows to fill the GPU with one block each (a
 request's 15 rows use 15 of 132 SMs), so each row is spread over ceil(V / SPLIT_CHUNK) blocks, and the logits are
 read once, in two launches:
-  scan (block per chunk of 8192 columns, staged in shared memory): pass 1, the block's bound t = the smallest
-  thread top in the bin of the k-th largest top (t <= the block's k-th largest element), and the staged
-  elements >= t (~k + 14 % for k = 256) listed in shared memory (one atomic per 8-element step), then written
-  out coalesced into the row's candidates; more than k + k/4 + 64 of them (large k) -> a histogram of those
-  elements refines t first.
+  scan (512 threads per chunk of 16384 columns, staged in 64 KB of dynamic shared memory): pass 1, the block's
+  bound t = the smallest thread top in the bin of the k-th largest top (t <= the block's k-th largest element),
+  and the staged elements >= t (a superset of the block's top k) listed in shared memory (a 32-bit hit mask per
+  thread, one shared atomic per warp), then written out coalesced into the row's candidates; more than
+  k + k/4 + 64 of them (large k) -> a histogram of those elements refines t first. Block reductions and scans
+  are warp shuffles (_intrinsics), seven barriers a block.
   select (block per row): lse from the blocks' partials; candidates below lo = the largest block t are dropped
   (every t is <= the row's k-th largest); a histogram over [lo, max] gives the bin b* of the k-th largest
   candidate, and the candidates in bins >= b* are rank-sorted. A block that overflowed, or more than CAP
@@ -40,7 +42,9 @@ read once, in two launches:
 History (163840 columns, k = 256, H200; 15 rows / 240 rows): a histogram of every value: - / 690 us (shared
 atomics on the few hot bins of a peaked row serialise); 4 local tops per thread + a 4096-entry bitonic sort + a
 counting pass: 229 / 505 us; thresholded, one block per row: 105 / 280 us; split in four launches (stats,
-threshold, collect, select; two passes over the logits): 56 / 237 us; one pass, two launches: 44 / 177 us.
+threshold, collect, select; two passes over the logits): 56 / 237 us; one pass, two launches: 44 / 177 us;
+branch-free fold, warp collectives, hit masks, 16384-column chunks: 26 / 97 us (docs/PERFORMANCE.md has the
+instruction counts behind each step).
 Shapes: logits [R, V] float32 (rows = requests x depths), K <= 1024 -> lp [R, K] float32, ids [R, K] int32.
 Example: logits [[0, 2, 2, -1]], K 3 -> ids [[1, 2, 0]], lp = [2, 2, 0] - log(1 + 2 e^2 + e^-1)
 
@@ -56,27 +60,33 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
-from numba import cuda, float32, float64, int32, int64, uint32, uint64
-from numba.cuda import libdevice
+from numba import cuda, float32, float64, int32, uint32, uint64
 
 from .. import backend
 from . import _checks
+from ._intrinsics import (LOG2E, SIM, ex2, fmax, fmin, warp_bcast, warp_max, warp_min, warp_prefix_sum,
+                          warp_suffix_sum, warp_sum)
 
 MAX_K = 1024
 HIST_BITS = 11
 NBINS = 1 << HIST_BITS
-TOP_BINS = 512             # bins of the split scan's thread-top histogram (2 x 256 tops)
+TOP_BINS = 1024            # bins of the split scan's thread-top histogram (2 x 512 tops)
 SEL_BINS = 1024            # bins of the split select's candidate histogram (32-bit counters)
 CAP = 4096                 # candidate buffer (shared): >= MAX_K, >= NBINS
 RANK_SORT = 1024           # up to this many candidates: rank sort (two barriers); above: bitonic
 TIE_GROUP = 16             # contiguous elements per thread in the ordered scan of threshold ties
-SPLIT_CHUNK = 8192         # columns per block when a row is split over several blocks (staged: 32 KB)
-SPLIT_THREADS = 256        # threads of the per-chunk blocks
+SPLIT_CHUNK = 16384        # columns per block when a row is split over several blocks (staged: 64 KB, dynamic)
+SPLIT_THREADS = 32 if SIM else 512   # threads of the per-chunk blocks: whole warps, and on the simulator one warp
+SPLIT_WARPS = SPLIT_THREADS // 32    # (its stand-ins for the warp collectives need block = warp, see _intrinsics)
 MAX_THREADS = 512          # threads of the one-block-per-row kernels
+MAX_WARPS = MAX_THREADS // 32
 NEG = float(-np.finfo(np.float32).max)   # the fold's start: below every finite value, above -inf
 M32 = 0xFFFFFFFF
+# the one-block kernels at 512 threads: 64 registers keep two blocks per multiprocessor (unbounded, ptxas takes
+# ~90 for the inlined fallback paths, whose few spills cost nothing on the common path); the simulator has no
+# register cap
+_CAP_64 = {} if SIM else {"max_registers": 64}
 
 
 # ------------------------------------------------------------------------------------------------ references
@@ -232,50 +242,35 @@ def _write_topk(cand, x, k, lse, row, tid, nthreads, lp_out, ids_out):
         lp_out[row, r] = x[row, v] - lse
 
 
-if numba.config.ENABLE_CUDASIM:                    # numba's simulator (also in a numpy-backend child of a sim run)
-    @cuda.jit(device=True)
-    def _exp(t):
-        """exp(t): the simulator's libdevice stubs return NaN, so plain math.exp there."""
-        return float32(math.exp(t))
-else:
-    @cuda.jit(device=True)
-    def _exp(t):
-        """exp(t) as ex2.approx(t log2 e): 2 instructions against ~18 for the exact expf; relative error < 2e-6
-        for the t <= 0 used here (the sums of exp(x - max) it feeds stay within fp32 tolerance of the reference)."""
-        return libdevice.fast_expf(t)
+@cuda.jit(device=True)
+def _exp(t):
+    """exp(t) for t <= 0 as one ex2.approx of t log2 e (see _intrinsics): relative error < 2e-6, so the sums of
+    exp(x - max) it feeds stay within fp32 tolerance of the reference; exp(-inf) = 0, exp(NaN) = NaN."""
+    return ex2(t * float32(LOG2E))
 
 
 @cuda.jit(device=True)
-def _fold(val, m, m2, ssum):
-    """Fold one element into a thread's running max m (also the softmax shift), second largest m2 (a second
-    element: equal values count twice) and sum of exp(x - m). Starts from m = m2 = NEG, ssum = 0: NEG is no
-    element's top (tops are compared > NEG), and -inf elements add exp(-inf) = 0 without a test. A NaN element
-    makes ssum NaN, and so does +inf once sums are merged (exp(inf - inf)): the NaN marks the row."""
-    if val > m:
-        ssum = ssum * _exp(m - val) + float32(1.0)
-        m2 = m
-        m = val
-    else:
-        if val > m2:
-            m2 = val
-        ssum += _exp(val - m)
-    return m, m2, ssum
-
-
-@cuda.jit(device=True)
-def _fold_range(x, row, start, end, stage):
-    """This thread's columns start + tid + j * threads < end folded into (m, m2, ssum) (see _fold); with a
-    ``stage`` (shared array) also stage[v - start] = x[row, v]. The eight loads of a step are issued before any
-    is used (a branch between two loads would make the second wait for the first); unsigned indices spare the
+def _fold_range(x, row, start, end, stage, nt):
+    """This thread's columns start + tid + j * nt < end (nt = the block's threads; a compile-time constant makes
+    every load address an immediate offset) folded into two tops - the largest value of its even steps and of its
+    odd steps, two distinct elements - and ssum = sum of exp(x - m), m = the larger top (the softmax shift); with
+    a ``stage`` (shared array) also stage[v - start] = x[row, v]. Returns (m, m2 = the other top, ssum).
+    Per step of eight: the eight loads first (a branch between two loads would make the second wait for the
+    first), the step's maximum (seven FMNMX; keeping each thread's two largest elements instead took three FMNMX
+    an element), one rescale of ssum to the new m, and eight exp as ex2. Starts from tops = NEG, ssum = 0: NEG is
+    no element's top (tops are compared > NEG), and -inf elements add exp(-inf - m) = 0 without a test. A NaN
+    element makes ssum NaN, and so does +inf (exp(inf - inf)): the NaN marks the row. Unsigned indices spare the
     negative-index wraparound numba adds to every signed index."""
-    nt = uint64(cuda.blockDim.x)
+    nt = uint64(nt)
     e = uint64(end)
     s0 = uint64(start)
+    ma = float32(NEG)                                      # the top of the coming step's parity
+    mb = float32(NEG)
     m = float32(NEG)
-    m2 = float32(NEG)
     ssum = float32(0.0)
-    v = s0 + uint64(cuda.threadIdx.x)
-    while v + uint64(7) * nt < e:
+    j = uint64(cuda.threadIdx.x)
+    while s0 + j + uint64(7) * nt < e:
+        v = s0 + j
         a0 = x[row, v]
         a1 = x[row, v + nt]
         a2 = x[row, v + uint64(2) * nt]
@@ -285,7 +280,6 @@ def _fold_range(x, row, start, end, stage):
         a6 = x[row, v + uint64(6) * nt]
         a7 = x[row, v + uint64(7) * nt]
         if stage is not None:
-            j = v - s0
             stage[j] = a0
             stage[j + nt] = a1
             stage[j + uint64(2) * nt] = a2
@@ -294,22 +288,22 @@ def _fold_range(x, row, start, end, stage):
             stage[j + uint64(5) * nt] = a5
             stage[j + uint64(6) * nt] = a6
             stage[j + uint64(7) * nt] = a7
-        m, m2, ssum = _fold(a0, m, m2, ssum)
-        m, m2, ssum = _fold(a1, m, m2, ssum)
-        m, m2, ssum = _fold(a2, m, m2, ssum)
-        m, m2, ssum = _fold(a3, m, m2, ssum)
-        m, m2, ssum = _fold(a4, m, m2, ssum)
-        m, m2, ssum = _fold(a5, m, m2, ssum)
-        m, m2, ssum = _fold(a6, m, m2, ssum)
-        m, m2, ssum = _fold(a7, m, m2, ssum)
-        v += uint64(8) * nt
-    while v < e:
-        a0 = x[row, v]
+        ma, mb = mb, fmax(ma, fmax(fmax(fmax(a0, a1), fmax(a2, a3)), fmax(fmax(a4, a5), fmax(a6, a7))))
+        m_old = m
+        m = fmax(ma, mb)
+        ssum = (ssum * _exp(m_old - m) + _exp(a0 - m) + _exp(a1 - m) + _exp(a2 - m) + _exp(a3 - m) + _exp(a4 - m)
+                + _exp(a5 - m) + _exp(a6 - m) + _exp(a7 - m))
+        j += uint64(8) * nt
+    while s0 + j < e:
+        a0 = x[row, s0 + j]
         if stage is not None:
-            stage[v - s0] = a0
-        m, m2, ssum = _fold(a0, m, m2, ssum)
-        v += nt
-    return m, m2, ssum
+            stage[j] = a0
+        ma, mb = mb, fmax(ma, a0)
+        m_old = m
+        m = fmax(ma, mb)
+        ssum = ssum * _exp(m_old - m) + _exp(a0 - m)
+        j += nt
+    return m, fmin(ma, mb), ssum
 
 
 @cuda.jit(device=True)
@@ -318,52 +312,66 @@ def _bin_of(val, lo, scale, nbins):
     to [0, nbins) (selects, no branch); NaN products (-inf times a zero scale) land in bin 0."""
     t = (val - lo) * scale
     t = t if t > float32(0.0) else float32(0.0)
-    return int32(min(t, float32(nbins - 1)))
+    return uint32(min(t, float32(nbins - 1)))
 
 
 @cuda.jit(device=True)
-def _find_crossing(hist, nbins, need, above, scan, info, tid, nthreads):
-    """Scanning the bins hist[0..nbins) from the top, the bin b* where the running count (starting at ``above``)
-    first reaches ``need``: info[0] = b*, info[1] = above + count(bins > b*). Unchanged if never reached.
-    Per-thread sums of a contiguous bin range, a suffix scan over threads, then the crossing thread walks its
-    range."""
-    per = (nbins + nthreads - 1) // nthreads
+def _crossing(hist, nbins, need, above, info, wi, ibuf, nthreads):
+    """Scanning hist[0 .. nbins) from the top with a running count starting at ``above``, the bin b* where it first
+    reaches ``need``: info[0] = b*, info[1] = above + count(bins > b*); unchanged if never reached. Thread t sums
+    its bins [t per, t per + per) (per = nbins / nthreads, nthreads whole warps); a warp suffix sum and the warps'
+    totals (shared wi [warps], one barrier) give the count above its bins, and the crossing thread walks them.
+    Ends with a barrier. (A block-wide Hillis-Steele scan took 2 log2(threads) barriers.)"""
+    tid = uint32(cuda.threadIdx.x)
+    per = uint32(nbins // nthreads)
     b0 = tid * per
-    c = 0
-    for b in range(b0, min(b0 + per, nbins)):
-        c += int32(hist[b])
-    scan[tid] = c
+    c = int32(0)
+    j = uint32(0)
+    while j < per:                                         # unsigned while loops: see _sort_write
+        c = int32(c + int32(hist[b0 + j]))
+        j = uint32(j + uint32(1))
+    suffix = warp_suffix_sum(c, ibuf)                      # this thread's bins and those of the warp's higher lanes
+    w = tid // uint32(32)
+    if cuda.laneid == 0:
+        wi[w] = suffix
     cuda.syncthreads()
-    _block_suffix_scan(scan, tid, nthreads)
-    run = above + (scan[tid + 1] if tid + 1 < nthreads else 0)
+    lane = uint32(cuda.laneid)                             # + the totals of the higher warps, lane i warp i's
+    run = int32(above + suffix - c + warp_sum(wi[lane] if lane > w and lane < uint32(nthreads // 32) else int32(0),
+                                              ibuf))
     if run < need and run + c >= need:
-        b = min(b0 + per, nbins) - 1
-        while b >= b0:
-            if run + int32(hist[b]) >= need:
+        b = b0 + per
+        while b > b0:
+            b = uint32(b - uint32(1))
+            h = int32(hist[b])
+            if run + h >= need:
                 info[0] = b
                 info[1] = run
                 break
-            run += int32(hist[b])
-            b -= 1
+            run = int32(run + h)
     cuda.syncthreads()
 
 
 @cuda.jit(device=True)
-def _block_stats(red_m, red_s, red_lo, tid, nthreads):
-    """Block tree merge of per-thread (max, sum of exp(x - max)) pairs and minimum of red_lo: afterwards red_m[0],
-    red_s[0] hold the block's (max, sum of exp(x - max)) (log-sum-exp = max + log(sum)) and red_lo[0] the
-    minimum. Maxima are >= NEG (never -inf), so no exp(-inf + inf) arises."""
-    stride = nthreads // 2
-    while stride > 0:
-        if tid < stride:
-            m1 = red_m[tid]
-            m3 = red_m[tid + stride]
-            mx = max(m1, m3)
-            red_s[tid] = red_s[tid] * _exp(m1 - mx) + red_s[tid + stride] * _exp(m3 - mx)
-            red_m[tid] = mx
-            red_lo[tid] = min(red_lo[tid], red_lo[tid + stride])
-        cuda.syncthreads()
-        stride //= 2
+def _block_merge(m, ssum, lo, wf, fbuf, nwarps):
+    """Block merge of the threads' (max, sum of exp(x - max)) pairs and of their ``lo``: every thread gets the
+    block's (max, sum of exp(x - max), min lo) (log-sum-exp = max + log(sum)). Warp collectives, then the warps'
+    partials through shared wf [3, >= nwarps] and one barrier (the caller barriers before wf is written again).
+    Maxima are >= NEG (never -inf), so no exp(-inf + inf) arises. (A loop over the warps' partials in every thread
+    cost ~8 instructions a warp; 16 warps made it the largest piece of the block's tail.)"""
+    wm = warp_max(m, fbuf)
+    ws = warp_sum(ssum * _exp(m - wm), fbuf)
+    wl = warp_min(lo, fbuf)
+    lane = cuda.laneid
+    if lane == 0:
+        wf[0, cuda.threadIdx.x // 32] = wm
+        wf[1, cuda.threadIdx.x // 32] = ws
+        wf[2, cuda.threadIdx.x // 32] = wl
+    cuda.syncthreads()
+    pm = wf[0, lane] if lane < nwarps else float32(NEG)    # every warp merges the warps' partials, lane i warp i's
+    ps = wf[1, lane] if lane < nwarps else float32(0.0)
+    pl = wf[2, lane] if lane < nwarps else float32(math.inf)
+    hi = warp_max(pm, fbuf)
+    return hi, warp_sum(ps * _exp(pm - hi), fbuf), warp_min(pl, fbuf)
 
 
 @cuda.jit(device=True)
@@ -385,10 +393,16 @@ def _sort_write(cand, n, x, k, lse, row, tid, nthreads, lp_out, ids_out, rank):
                 g = tid // n if n <= nthreads else 0
                 per = (n + g_n - 1) // g_n
                 c = cand[i]
-                r = 0
-                for j in range(g * per, min(n, g * per + per)):
-                    if cand[j] > c:
-                        r += 1
+                j = uint32(g * per)
+                e = uint32(min(n, g * per + per))
+                r = int32(0)
+                while uint32(j + uint32(3)) < e:           # unsigned, unrolled by four (a range loop cost ~18
+                    r = int32(r + int32(cand[j] > c) + int32(cand[j + uint32(1)] > c)      # instructions a compare)
+                              + int32(cand[j + uint32(2)] > c) + int32(cand[j + uint32(3)] > c))
+                    j = uint32(j + uint32(4))
+                while j < e:
+                    r = int32(r + int32(cand[j] > c))
+                    j = uint32(j + uint32(1))
                 cuda.atomic.add(rank, i, r)
                 if n <= nthreads:
                     break
@@ -413,30 +427,26 @@ def _sort_write(cand, n, x, k, lse, row, tid, nthreads, lp_out, ids_out, rank):
 
 
 @cuda.jit(device=True)
-def _topk_row(x, bits, k, lp_out, ids_out, row, cand, scan, red_m, red_s, red_lo, info, lo_key):
+def _topk_row(x, bits, k, lp_out, ids_out, row, cand, scan, wf, wi, fbuf, ibuf, info, lo_key):
     """The whole top-K of one row by one block (module docstring). Shared arrays: cand [CAP] uint64 (histogram /
-    candidates), scan [RANK_SORT] int32, red_m / red_s / red_lo [MAX_THREADS] float32, info [4] int32 (0: threshold
+    candidates), scan [RANK_SORT] int32, wf [3, MAX_WARPS] float32 / wi [MAX_WARPS] int32 (the warps' partials),
+    fbuf / ibuf [32] (the simulator's warp collectives), info [4] int32 (0: threshold
     bin, 1: count above it, 2: candidates, 3: overflow flag), lo_key [1] uint32 (radix fallback: candidates are
     keys >= lo_key)."""
     tid = cuda.threadIdx.x
     nthreads = cuda.blockDim.x
     V = x.shape[1]
 
-    # pass 1: running (max, sum of exp) and the two largest values of each thread's strided elements
-    m, m2, ssum = _fold_range(x, row, 0, V, None)
-    red_m[tid] = m
-    red_s[tid] = ssum
-    red_lo[tid] = m2 if m2 > float32(NEG) else float32(math.inf)
+    # pass 1: running (max, sum of exp) and two tops per thread (see _fold_range)
+    m, m2, ssum = _fold_range(x, row, 0, V, None, cuda.blockDim.x)
     if tid == 0:
         info[0] = 0
         info[1] = 0
         info[2] = 0
         info[3] = 0
-    cuda.syncthreads()
-    _block_stats(red_m, red_s, red_lo, tid, nthreads)
-    hi = red_m[0]
-    lse = hi + float32(math.log(red_s[0]))
-    if red_s[0] != red_s[0]:                      # a NaN or +inf in the row (see _fold)
+    hi, total, lo = _block_merge(m, ssum, m2 if m2 > float32(NEG) else float32(math.inf), wf, fbuf, nthreads // 32)
+    lse = hi + float32(math.log(total))
+    if total != total:                            # a NaN or +inf in the row (see _fold_range)
         for r in range(tid, k, nthreads):
             lp_out[row, r] = float32(math.nan)
             ids_out[row, r] = -1
@@ -445,7 +455,6 @@ def _topk_row(x, bits, k, lp_out, ids_out, row, cand, scan, red_m, red_s, red_lo
     # threshold: the k-th largest of the 2 x threads values (m, m2) - values of distinct elements - bounds the
     # row's k-th largest from below. Located to a bin of a histogram over [lo, hi] (lo = the smallest m2):
     # every element of the top k lies in a bin >= b*, because the bin map is monotone.
-    lo = red_lo[0]
     scale = float32(NBINS) / (hi - lo) if hi > lo and lo < float32(math.inf) else float32(0.0)
     for b in range(tid, NBINS, nthreads):
         cand[b] = uint64(0)
@@ -456,7 +465,7 @@ def _topk_row(x, bits, k, lp_out, ids_out, row, cand, scan, red_m, red_s, red_lo
         if m2 > float32(NEG):
             cuda.atomic.add(cand, _bin_of(m2, lo, scale, NBINS), uint64(1))
     cuda.syncthreads()
-    _find_crossing(cand, NBINS, k, 0, scan, info, tid, nthreads)     # not reached (too few values): b* = 0, take all
+    _crossing(cand, NBINS, k, 0, info, wi, ibuf, nthreads)     # not reached (too few values): b* = 0, take all
     bstar = info[0]
 
     # pass 2: collect the elements in bins >= b* (composites: one unsigned compare orders value desc, index asc)
@@ -527,7 +536,7 @@ def _topk_row(x, bits, k, lp_out, ids_out, row, cand, scan, red_m, red_s, red_lo
             if level == 0 or (key >> uint32(shift + nb)) == prefix:
                 cuda.atomic.add(cand, int32((key >> uint32(shift)) & uint32((1 << nb) - 1)), uint64(1))
         cuda.syncthreads()
-        _find_crossing(cand, NBINS, k, above, scan, info, tid, nthreads)
+        _crossing(cand, NBINS, k, above, info, wi, ibuf, nthreads)
         bstar = info[0]
         above = info[1]
         prefix = (prefix << uint32(nb)) | uint32(bstar)
@@ -583,126 +592,120 @@ def _topk_row(x, bits, k, lp_out, ids_out, row, cand, scan, red_m, red_s, red_lo
     _sort_write(cand, info[2], x, k, lse, row, tid, nthreads, lp_out, ids_out, scan)
 
 
-@cuda.jit
+@cuda.jit(**_CAP_64)
 def _topk_kernel(x, bits, k, lp_out, ids_out):
     cand = cuda.shared.array(CAP, uint64)
     scan = cuda.shared.array(RANK_SORT, int32)        # block scans, and the ranks of the rank sort
-    red_m = cuda.shared.array(MAX_THREADS, float32)
-    red_s = cuda.shared.array(MAX_THREADS, float32)
-    red_lo = cuda.shared.array(MAX_THREADS, float32)
+    wf = cuda.shared.array((3, MAX_WARPS), float32)   # the warps' partials
+    wi = cuda.shared.array(MAX_WARPS, int32)
+    fbuf = cuda.shared.array(32, float32)              # scratch of the simulator's warp collectives
+    ibuf = cuda.shared.array(32, int32)
     info = cuda.shared.array(4, int32)
     lo_key = cuda.shared.array(1, uint32)
-    _topk_row(x, bits, k, lp_out, ids_out, cuda.blockIdx.x, cand, scan, red_m, red_s, red_lo, info, lo_key)
+    _topk_row(x, bits, k, lp_out, ids_out, cuda.blockIdx.x, cand, scan, wf, wi, fbuf, ibuf, info, lo_key)
 
 
 # --- several blocks per row (few rows, long rows): one streaming pass over the logits, then a small select ---
 @cuda.jit(device=True)
-def _list_one(val, j, t, pos, slot):
-    """Store position j at pos[slot] if val >= t (and the list has room); returns the next slot."""
-    if val >= t:
-        if slot < NBINS:
-            pos[slot] = uint32(j)
-        slot += 1
-    return slot
-
-
-@cuda.jit(device=True)
-def _append(stage, n_cols, t, m, pos, info):
-    """List this thread's staged elements >= t: their positions go to pos[info[3]...] (shared; counted past its
-    NBINS entries, not stored). Per step of eight shared loads: the hits are counted, one shared atomic reserves
-    their slots, and they are stored in order (an atomic per hit cost ~3x more instructions). A thread whose max
-    m is below t has none and skips the scan. (The block writes the list out coalesced afterwards: one 4-byte
-    global store per candidate from a lone thread cost ~50 us over a [240, 163840] call.)"""
-    if m < t:
-        return
-    nt = uint64(cuda.blockDim.x)
+def _append(stage, n_cols, t, pos, info, ibuf):
+    """List the staged elements >= t: their positions go to pos[info[3] ...] (shared; counted past its NBINS
+    entries, not stored). A thread takes its columns 32 at a time (tid + i threads, i < 32: one group is a whole
+    16384-column chunk at 512 threads) and marks its hits in a 32-bit mask; a warp prefix sum of the masks'
+    popcounts gives each thread its slots, the warp's last lane reserves the warp's total with one shared atomic,
+    and each thread stores its hits by walking the mask's set bits: the warp takes as many rounds as its busiest
+    lane has hits (1-4 at k = 256), not 32 compare-and-store steps. Loop bounds are tested on the warp's first
+    column, so the warp stays converged for the collectives. Measured on [240, 163840], k = 256 (ncu): an atomic
+    per thread and step of eight executed 25 M instructions, 25 % of the scan kernel's. (The block writes the list
+    out coalesced afterwards: one 4-byte global store per candidate from a lone thread cost ~50 us there.)"""
+    nt = uint64(SPLIT_THREADS)
     end = uint64(n_cols)
+    lane = cuda.laneid
     j = uint64(cuda.threadIdx.x)
-    while j + uint64(7) * nt < end:
-        a0 = stage[j]
-        a1 = stage[j + nt]
-        a2 = stage[j + uint64(2) * nt]
-        a3 = stage[j + uint64(3) * nt]
-        a4 = stage[j + uint64(4) * nt]
-        a5 = stage[j + uint64(5) * nt]
-        a6 = stage[j + uint64(6) * nt]
-        a7 = stage[j + uint64(7) * nt]
-        c = (int32(a0 >= t) + int32(a1 >= t) + int32(a2 >= t) + int32(a3 >= t) + int32(a4 >= t) + int32(a5 >= t)
-             + int32(a6 >= t) + int32(a7 >= t))
-        if c > 0:
-            slot = cuda.atomic.add(info, 3, c)
-            slot = _list_one(a0, j, t, pos, slot)
-            slot = _list_one(a1, j + nt, t, pos, slot)
-            slot = _list_one(a2, j + uint64(2) * nt, t, pos, slot)
-            slot = _list_one(a3, j + uint64(3) * nt, t, pos, slot)
-            slot = _list_one(a4, j + uint64(4) * nt, t, pos, slot)
-            slot = _list_one(a5, j + uint64(5) * nt, t, pos, slot)
-            slot = _list_one(a6, j + uint64(6) * nt, t, pos, slot)
-            _list_one(a7, j + uint64(7) * nt, t, pos, slot)
-        j += uint64(8) * nt
-    while j < end:
-        val = stage[j]
-        if val >= t:
-            _list_one(val, j, t, pos, cuda.atomic.add(info, 3, 1))
-        j += nt
+    first = j - uint64(lane)                               # the warp's first column
+    while first < end:
+        bits = uint32(0)
+        if first + uint64(31) * nt + uint64(31) < end:    # the warp's whole group lies in the chunk
+            for i in range(32):
+                bits = uint32(bits | (uint32(stage[j + uint64(i) * nt] >= t) << uint32(i)))
+        else:
+            for i in range(32):
+                v = j + uint64(i) * nt
+                if v < end:
+                    if stage[v] >= t:
+                        bits = uint32(bits | (uint32(1) << uint32(i)))
+        before, total = warp_prefix_sum(cuda.popc(bits), ibuf)
+        if total > 0:
+            base = int32(0)
+            if lane == 31:
+                base = cuda.atomic.add(info, 3, total)
+            slot = uint32(warp_bcast(base, 31, ibuf) + before)
+            while bits != uint32(0):
+                i = uint64(cuda.ffs(bits) - 1)
+                if slot < uint32(NBINS):
+                    pos[slot] = uint32(j + i * nt)
+                slot = uint32(slot + uint32(1))           # numba widens uint32 + uint32 to 64 bits
+                bits = uint32(bits & (bits - uint32(1)))
+        j += uint64(32) * nt
+        first += uint64(32) * nt
 
 
 @cuda.jit(device=True)
-def _threshold_of_bin(val, b, lo, scale, nbins, thr):
-    """thr[0] <- min(thr[0], val) if val lies in bin b (the smallest value of the crossing bin becomes the bound)."""
-    if val > float32(NEG) and _bin_of(val, lo, scale, nbins) == b:
-        cuda.atomic.min(thr, 0, val)
+def _block_min(v, wf, fbuf, nwarps):
+    """The smallest v over the block, to every thread: a warp minimum, the warps' minima through wf[2, :] and one
+    barrier. (A shared float atomic min is a compare-and-swap loop; the lanes it split then stayed apart through
+    the barrier, and ncu showed every warp taking ptxas's slow, emulated path for the next shuffles.)"""
+    wm = warp_min(v, fbuf)
+    lane = cuda.laneid
+    if lane == 0:
+        wf[2, cuda.threadIdx.x // 32] = wm
+    cuda.syncthreads()
+    return warp_min(wf[2, lane] if lane < nwarps else float32(math.inf), fbuf)
 
 
 @cuda.jit
 def _split_scan_kernel(x, k, S, C, limit, part, cand_v, cand_i, count):
-    """Block (row, s) takes columns [s C, s C + C) of one row, read once from global memory into shared memory:
+    """Block (row, s) of SPLIT_THREADS threads takes columns [s C, s C + C) of one row, read once from global
+    memory into shared memory:
     1. each thread folds its columns (_fold_range) -> part[row, s, 0:2] = (block max, sum of exp(x - max));
     2. bound t: a histogram of the thread tops (m, m2) over [lo, hi] gives the bin of the block's k-th largest
        top (as in _topk_row), and t = the smallest top in that bin: t <= the block's k-th largest element;
     3. the staged elements >= t - a superset of the block's top k - are listed in shared memory (_append); if
        more than limit = k + k/4 + 64 reach t (large k: fewer tops than k), a histogram of those elements over
-       their own range gives a t <= the block's own k-th largest, and the list is redone;
+       [their smallest finite one, hi] gives a t <= the block's own k-th largest, and the list is redone;
     4. one global atomic reserves the list's range in the row's candidates (count[row]) and the block writes
        (value, column) there coalesced: cand_v / cand_i [row, base : base + n]. A block adds at most limit, so a
        row's S x limit slots never overflow; a block with more adds nothing and the select sees n > limit.
     part[row, s, 2:4] = (n, t; -inf when the block holds fewer than k elements). Every element of the row's top k
-    is >= the t of its block, and no t exceeds the row's k-th largest."""
-    row = cuda.blockIdx.x // S
-    s = cuda.blockIdx.x - row * S
+    is >= the t of its block, and no t exceeds the row's k-th largest. Seven barriers in all: block reductions
+    and scans are warp collectives (_intrinsics) plus one exchange of the warps' partials. The stage is dynamic
+    shared memory (C floats, launched with shared = 4 C bytes): 64 KB is above the 48 KB of static arrays."""
+    row = uint32(cuda.blockIdx.x) // uint32(S)          # 32-bit: a 64-bit division took 7 % of the instructions
+    s = uint32(cuda.blockIdx.x) - row * uint32(S)
     tid = cuda.threadIdx.x
-    nt = cuda.blockDim.x
-    stage = cuda.shared.array(SPLIT_CHUNK, float32)
+    stage = cuda.shared.array(0, float32)                  # dynamic: C floats (above the 48 KB of static arrays)
     hist = cuda.shared.array(NBINS, uint32)                # histograms, then the candidate list
-    scan = cuda.shared.array(SPLIT_THREADS, int32)
-    red_m = cuda.shared.array(SPLIT_THREADS, float32)
-    red_s = cuda.shared.array(SPLIT_THREADS, float32)
-    red_lo = cuda.shared.array(SPLIT_THREADS, float32)
+    wf = cuda.shared.array((3, SPLIT_WARPS), float32)     # the warps' partials
+    wi = cuda.shared.array(SPLIT_WARPS, int32)
+    fbuf = cuda.shared.array(32, float32)                  # scratch of the simulator's warp collectives
+    ibuf = cuda.shared.array(32, int32)
     info = cuda.shared.array(4, int32)
-    thr = cuda.shared.array(1, float32)
     start = s * C
     n_cols = min(x.shape[1], start + C) - start
 
-    m, m2, ssum = _fold_range(x, row, start, start + n_cols, stage)
-    red_m[tid] = m
-    red_s[tid] = ssum
-    red_lo[tid] = m2 if m2 > float32(NEG) else float32(math.inf)
-    for b in range(tid, TOP_BINS, nt):
-        hist[b] = uint32(0)
+    m, m2, ssum = _fold_range(x, row, start, start + n_cols, stage, SPLIT_THREADS)
+    for i in range(TOP_BINS // SPLIT_THREADS):
+        hist[tid + i * SPLIT_THREADS] = uint32(0)
     if tid == 0:
         info[0] = -1
         info[1] = 0
         info[2] = 0
         info[3] = 0
-        thr[0] = float32(math.inf)
-    cuda.syncthreads()
-    _block_stats(red_m, red_s, red_lo, tid, nt)
-    hi = red_m[0]
-    lo = red_lo[0]
+    hi, bsum, lo = _block_merge(m, ssum, m2 if m2 > float32(NEG) else float32(math.inf), wf, fbuf,
+                                 SPLIT_WARPS)                                        # barrier 1
     if tid == 0:
         part[row, s, 0] = hi
-        part[row, s, 1] = red_s[0]
-    if red_s[0] != red_s[0]:                      # NaN / +inf: the select kernel reports the row
+        part[row, s, 1] = bsum
+    if bsum != bsum:                              # NaN / +inf: the select kernel reports the row
         return
 
     # 2. the bound t (TOP_BINS bins: about one per thread top)
@@ -711,68 +714,70 @@ def _split_scan_kernel(x, k, S, C, limit, part, cand_v, cand_i, count):
         cuda.atomic.add(hist, _bin_of(m, lo, scale, TOP_BINS), uint32(1))
     if m2 > float32(NEG):
         cuda.atomic.add(hist, _bin_of(m2, lo, scale, TOP_BINS), uint32(1))
-    cuda.syncthreads()
-    _find_crossing(hist, TOP_BINS, k, 0, scan, info, tid, nt)
+    cuda.syncthreads()                                                                  # 2
+    _crossing(hist, TOP_BINS, k, 0, info, wi, ibuf, SPLIT_THREADS)                      # 3, 4
     b = info[0]
-    if b >= 0:
-        _threshold_of_bin(m, b, lo, scale, TOP_BINS, thr)
-        _threshold_of_bin(m2, b, lo, scale, TOP_BINS, thr)
-    cuda.syncthreads()
-    t = thr[0] if b >= 0 else float32(-math.inf)
+    if b >= 0:                                    # (block-uniform)
+        v = float32(math.inf)
+        if m > float32(NEG) and _bin_of(m, lo, scale, TOP_BINS) == b:
+            v = m
+        if m2 > float32(NEG) and _bin_of(m2, lo, scale, TOP_BINS) == b:
+            v = fmin(v, m2)
+        t = _block_min(v, wf, fbuf, SPLIT_WARPS)                                        # 5
+    else:
+        t = float32(-math.inf)
 
     # 3. list the candidates (hist is free after the crossing)
-    _append(stage, n_cols, t, m, hist, info)
-    cuda.syncthreads()
+    _append(stage, n_cols, t, hist, info, ibuf)
+    cuda.syncthreads()                                                                  # 6
     n = info[3]
-    cuda.syncthreads()
     if n > limit:
+        cuda.syncthreads()                        # everyone has read info[3]
         lo2 = float32(math.inf)                   # the smallest finite element >= t, then a histogram over [lo2, hi]
-        for j in range(tid, n_cols, nt):
+        for j in range(tid, n_cols, SPLIT_THREADS):
             val = stage[j]
             if val >= t and val > float32(-math.inf):
-                lo2 = min(lo2, val)
-        red_m[tid] = float32(NEG)
-        red_s[tid] = float32(0.0)
-        red_lo[tid] = lo2
-        for i in range(tid, NBINS, nt):
+                lo2 = fmin(lo2, val)
+        for i in range(tid, NBINS, SPLIT_THREADS):
             hist[i] = uint32(0)
         if tid == 0:
             info[0] = -1
             info[3] = 0
-            thr[0] = float32(math.inf)
-        cuda.syncthreads()
-        _block_stats(red_m, red_s, red_lo, tid, nt)
-        lo2 = red_lo[0]
+        lo2 = _block_min(lo2, wf, fbuf, SPLIT_WARPS)
         scale2 = float32(NBINS) / (hi - lo2) if hi > lo2 and lo2 < float32(math.inf) else float32(0.0)
-        for j in range(tid, n_cols, nt):
+        for j in range(tid, n_cols, SPLIT_THREADS):
             val = stage[j]
             if val >= t:
                 cuda.atomic.add(hist, _bin_of(val, lo2, scale2, NBINS), uint32(1))
         cuda.syncthreads()
-        _find_crossing(hist, NBINS, k, 0, scan, info, tid, nt)   # reached: more than k elements are counted
+        _crossing(hist, NBINS, k, 0, info, wi, ibuf, SPLIT_THREADS)   # reached: more than k elements are counted
         b = info[0]
-        for j in range(tid, n_cols, nt):
+        v = float32(math.inf)                 # the smallest element of bin b (-inf too: then t = -inf, see below)
+        for j in range(tid, n_cols, SPLIT_THREADS):
             val = stage[j]
-            if val >= t:
-                _threshold_of_bin(val, b, lo2, scale2, NBINS, thr)
-        cuda.syncthreads()
-        t = thr[0]
-        _append(stage, n_cols, t, m, hist, info)
+            if val >= t and _bin_of(val, lo2, scale2, NBINS) == b:
+                v = fmin(v, val)
+        t = _block_min(v, wf, fbuf, SPLIT_WARPS)
+        _append(stage, n_cols, t, hist, info, ibuf)
         cuda.syncthreads()
         n = info[3]
+        # a block whose k-th largest is -inf keeps t = -inf and lists everything: n > limit, the row overflows
 
     # 4. write the list out
     if tid == 0:
         part[row, s, 2] = float32(n)
         part[row, s, 3] = t
         info[1] = cuda.atomic.add(count, row, n) if n <= limit else 0
-    cuda.syncthreads()
+    cuda.syncthreads()                                                                  # 7
     if n <= limit:
-        base = info[1]
-        for i in range(tid, n, nt):
+        base = uint64(info[1])
+        r = uint64(row)                           # unsigned indices: no negative-index wraparound code
+        i = uint64(tid)
+        while i < uint64(n):
             j = hist[i]
-            cand_v[row, base + i] = stage[j]
-            cand_i[row, base + i] = start + int64(j)
+            cand_v[r, base + i] = stage[j]
+            cand_i[r, base + i] = start + int32(j)
+            i += uint64(SPLIT_THREADS)
 
 
 @cuda.jit(device=True)
@@ -812,7 +817,7 @@ def _cand_pass(cand_v, cand_i, bits, row, n, lo, scale, bstar, hist, cand, info)
         i += uint32(4) * nt
 
 
-@cuda.jit
+@cuda.jit(**_CAP_64)
 def _split_select_kernel(x, bits, k, limit, part, cand_v, cand_i, count, lp_out, ids_out):
     """Block per row: lse from the S partials; lo = the largest block bound t (<= the row's k-th largest, so
     candidates below it are dropped); the k-th largest candidate's bin b* in a histogram over [lo, hi]; the
@@ -825,9 +830,10 @@ def _split_select_kernel(x, bits, k, limit, part, cand_v, cand_i, count, lp_out,
     nt = cuda.blockDim.x
     cand = cuda.shared.array(CAP, uint64)
     scan = cuda.shared.array(RANK_SORT, int32)        # block scans, and the ranks of the rank sort
-    red_m = cuda.shared.array(MAX_THREADS, float32)
-    red_s = cuda.shared.array(MAX_THREADS, float32)
-    red_lo = cuda.shared.array(MAX_THREADS, float32)
+    wf = cuda.shared.array((3, MAX_WARPS), float32)   # the warps' partials
+    wi = cuda.shared.array(MAX_WARPS, int32)
+    fbuf = cuda.shared.array(32, float32)              # scratch of the simulator's warp collectives
+    ibuf = cuda.shared.array(32, int32)
     info = cuda.shared.array(4, int32)
     lo_key = cuda.shared.array(1, uint32)
     hist = cuda.shared.array(SEL_BINS, int32)
@@ -845,9 +851,6 @@ def _split_select_kernel(x, bits, k, limit, part, cand_v, cand_i, count, lp_out,
         if part[row, i, 2] > float32(limit):
             over = 1
         lo = max(lo, part[row, i, 3])
-    red_m[tid] = m
-    red_s[tid] = ssum
-    red_lo[tid] = -lo                             # the block minimum of -t is minus the largest t
     for b in range(tid, SEL_BINS, nt):
         hist[b] = 0
     if tid == 0:
@@ -858,31 +861,27 @@ def _split_select_kernel(x, bits, k, limit, part, cand_v, cand_i, count, lp_out,
     over = cuda.syncthreads_or(over)
     if tid == 0:
         count[row] = 0
-    _block_stats(red_m, red_s, red_lo, tid, nt)
-    hi = red_m[0]
-    lse = hi + float32(math.log(red_s[0]))
-    lo = -red_lo[0]
-    if red_s[0] != red_s[0]:
+    hi, total, neg_lo = _block_merge(m, ssum, -lo, wf, fbuf, nt // 32)    # the minimum of -t is minus the largest t
+    lse = hi + float32(math.log(total))
+    lo = -neg_lo
+    if total != total:
         for r in range(tid, k, nt):
             lp_out[row, r] = float32(math.nan)
             ids_out[row, r] = -1
         return
-    if over:
-        cuda.syncthreads()                        # everyone has read red_*[0] before _topk_row reuses them
-        _topk_row(x, bits, k, lp_out, ids_out, row, cand, scan, red_m, red_s, red_lo, info, lo_key)
-        return
-    scale = float32(SEL_BINS) / (hi - lo) if hi > lo and lo > float32(-math.inf) else float32(0.0)
-    _cand_pass(cand_v, cand_i, bits, row, n, lo, scale, -1, hist, cand, info)
-    cuda.syncthreads()
-    _find_crossing(hist, SEL_BINS, k, 0, scan, info, tid, nt)
-    _cand_pass(cand_v, cand_i, bits, row, n, lo, scale, info[0], hist, cand, info)
-    cuda.syncthreads()
-    nc = info[2]
-    if nc > CAP:
+    if not over:
+        scale = float32(SEL_BINS) / (hi - lo) if hi > lo and lo > float32(-math.inf) else float32(0.0)
+        _cand_pass(cand_v, cand_i, bits, row, n, lo, scale, -1, hist, cand, info)
         cuda.syncthreads()
-        _topk_row(x, bits, k, lp_out, ids_out, row, cand, scan, red_m, red_s, red_lo, info, lo_key)
-        return
-    _sort_write(cand, nc, x, k, lse, row, tid, nt, lp_out, ids_out, scan)
+        _crossing(hist, SEL_BINS, k, 0, info, wi, ibuf, nt)
+        _cand_pass(cand_v, cand_i, bits, row, n, lo, scale, info[0], hist, cand, info)
+        cuda.syncthreads()
+        nc = info[2]
+        if nc <= CAP:
+            _sort_write(cand, nc, x, k, lse, row, tid, nt, lp_out, ids_out, scan)
+            return
+    cuda.syncthreads()                            # everyone has read wf and info before _topk_row reuses them
+    _topk_row(x, bits, k, lp_out, ids_out, row, cand, scan, wf, wi, fbuf, ibuf, info, lo_key)
 
 
 @cuda.jit
@@ -974,8 +973,8 @@ def _launch_split(x, k: int, lp, ids, chunk: int = SPLIT_CHUNK) -> None:
         count[...] = 0                             # the select kernel resets it after every use
         _split_scratch[key] = (e((R, S, 4), np.float32), e((R, width), np.float32), e((R, width), np.int32), count)
     part, cand_v, cand_i, count = _split_scratch[key]
-    backend.launch(_split_scan_kernel, R * S, backend.block_size(SPLIT_THREADS, 16), x, k, S, chunk, limit, part,
-                   cand_v, cand_i, count)
+    backend.launch(_split_scan_kernel, R * S, SPLIT_THREADS, x, k, S, chunk, limit, part, cand_v, cand_i, count,
+                   shared=4 * chunk)
     backend.launch(_split_select_kernel, R, backend.block_size(MAX_THREADS, 32), x, x.view(np.uint32), k, limit,
                    part, cand_v, cand_i, count, lp, ids)
 

@@ -141,7 +141,7 @@ def test_topk_split_refines_the_block_bound_for_large_k():
     """k above the thread tops of a block (2 x threads): every staged element reaches the tops bound, so the block
     refines it with a histogram of its elements and appends about k per block, not its whole chunk."""
     rng = np.random.default_rng(5)
-    k, chunk, S = 80, 600, 3                 # the simulator's 16 threads have 32 tops
+    k, chunk, S = 80, 600, 3                 # the simulator's 32 threads have 64 tops
     x = rng.standard_normal((2, 1500)).astype(np.float32)
     lp, ids = poisoned((2, k)), poisoned((2, k), "int32")
     lpk._launch_split(kd.backend.asarray(x), k, lp, ids, chunk)
@@ -154,8 +154,8 @@ def test_topk_split_refines_the_block_bound_for_large_k():
     width = S * limit + 4 * lpk.MAX_THREADS                          # as _launch_split pads it
     part, cand_v = B.empty((2, S, 4), np.float32), B.empty((2, width), np.float32)
     cand_i, count = B.empty((2, width), np.int32), B.asarray(np.zeros(2, np.int32))
-    B.launch(lpk._split_scan_kernel, 2 * S, B.block_size(lpk.SPLIT_THREADS, 16), B.asarray(x), k, S, chunk, limit,
-             part, cand_v, cand_i, count)
+    B.launch(lpk._split_scan_kernel, 2 * S, lpk.SPLIT_THREADS, B.asarray(x), k, S, chunk, limit,
+             part, cand_v, cand_i, count, shared=4 * chunk)
     n = H(part)[:, :, 2].astype(int)                              # listed per block
     assert (n >= k).all() and (n <= limit).all(), n               # unrefined, each block would list 600 or 300
     np.testing.assert_array_equal(H(count), n.sum(axis=1))
