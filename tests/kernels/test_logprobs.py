@@ -173,3 +173,18 @@ def test_topk_split_overflow_and_nan_rows():
     lpk._launch_split(kd.backend.asarray(x), 6, lp, ids, 2048)
     np.testing.assert_array_equal(H(ids)[0], [5, V - 1, 0, 1, 2, 3])
     assert (H(ids)[1] == -1).all() and np.isnan(H(lp)[1]).all()
+
+
+def test_topk_split_rows_with_fewer_finite_values_than_k():
+    """Blocks holding fewer than k finite values: their k-th largest is -inf, so their bound must be -inf too
+    (the refinement once took the smallest finite value as the bound, dropping the -inf elements of the top k)."""
+    rng = np.random.default_rng(11)
+    k, chunk = 80, 600                       # above the simulator's 64 thread tops: the blocks refine their bound
+    x = np.full((2, 1500), -np.inf, np.float32)
+    x[0, rng.choice(600, 50, replace=False)] = rng.standard_normal(50)       # 50 finite values, all in block 0
+    x[1, rng.choice(1500, 120, replace=False)] = rng.standard_normal(120)    # 120 spread over the three blocks
+    lp, ids = poisoned((2, k)), poisoned((2, k), "int32")
+    lpk._launch_split(kd.backend.asarray(x), k, lp, ids, chunk)
+    rlp, rids = lpk.topk_logprobs_ref(x, k)
+    np.testing.assert_array_equal(H(ids), rids)
+    np.testing.assert_allclose(H(lp), rlp, rtol=1e-5, atol=2e-6)
