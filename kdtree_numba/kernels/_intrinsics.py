@@ -19,6 +19,9 @@ with two barriers: the block is the warp, so the result is the same. Callers pas
 it is not touched (one source for both: the sim tests run the very algorithm the GPU runs).
 Example: lanes holding c = [1, 0, 2, 0, ...0] -> warp_prefix_sum gives (0, 1, 1, 3, 3, ...) and total 3;
 warp_suffix_sum gives (3, 2, 2, 0, ...).
+
+Block-wide, from the warp collectives and one barrier: ``block_prefix_sum`` (int32, exclusive, and the block total)
+and ``block_min`` (any float type; the smallest value to every thread).
 """
 from __future__ import annotations
 
@@ -168,3 +171,31 @@ else:
     def warp_bcast(v, src, buf):
         cuda.syncwarp(FULL)
         return cuda.shfl_sync(FULL, v, src)
+
+
+@cuda.jit(device=True)
+def block_prefix_sum(v, wpart, buf):
+    """(exclusive prefix sum of int32 v over the block's threads in order, the block's total), to every thread:
+    a warp prefix sum, the warps' totals through ``wpart`` (shared int32 [>= warps]) and one barrier, then a warp
+    prefix sum over those totals. Whole warps only; the caller separates two calls with a barrier (wpart)."""
+    before, total = warp_prefix_sum(v, buf)
+    lane = cuda.laneid
+    if lane == 0:
+        wpart[cuda.threadIdx.x // 32] = total
+    cuda.syncthreads()
+    nwarps = (cuda.blockDim.x + 31) // 32
+    wbefore, total = warp_prefix_sum(wpart[lane] if lane < nwarps else int32(0), buf)
+    return int32(before + warp_bcast(wbefore, cuda.threadIdx.x // 32, buf)), total
+
+
+@cuda.jit(device=True)
+def block_min(v, wpart, buf):
+    """The smallest v over the block, to every thread: a warp minimum, the warps' minima through ``wpart`` (shared
+    [>= warps], v's type) and one barrier. Same rules as block_prefix_sum."""
+    m = warp_min(v, buf)
+    lane = cuda.laneid
+    if lane == 0:
+        wpart[cuda.threadIdx.x // 32] = m
+    cuda.syncthreads()
+    nwarps = (cuda.blockDim.x + 31) // 32
+    return warp_min(wpart[lane] if lane < nwarps else wpart[0], buf)
