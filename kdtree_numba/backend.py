@@ -166,34 +166,45 @@ def view(a):
 
 def launch(kernel, grid, block, *args, shared: int = 0) -> None:
     """Launch a numba.cuda kernel on the backend's stream; array arguments become numba views. ``shared``: bytes of
-    dynamic shared memory (``cuda.shared.array(0, dtype)`` in the kernel), opted in first (see _allow_shared)."""
+    dynamic shared memory (``cuda.shared.array(0, dtype)`` in the kernel). Above 48 KB (static included) a kernel
+    must be opted in: the first launch of each compiled overload is refused, which opts it in and launches again
+    (see _allow_shared). Typing the arguments before every launch instead repeated, in Python, what the dispatcher
+    does anyway."""
     global _nb_stream
     if name == "numpy":
         raise RuntimeError("launch: the numpy backend runs references, not kernels")
     args = tuple(view(a) if hasattr(a, "__cuda_array_interface__") else a for a in args)
-    if name == "cuda":
-        if _nb_stream is None:
-            _nb_stream = cuda.external_stream(stream.ptr)
-        if shared:
-            _allow_shared(kernel, args, shared)
-        kernel[grid, block, _nb_stream, shared](*args)
-    else:
+    if name != "cuda":
         kernel[grid, block, 0, shared](*args)
+        return
+    if _nb_stream is None:
+        _nb_stream = cuda.external_stream(stream.ptr)
+    configured = kernel[grid, block, _nb_stream, shared]
+    if not shared:
+        configured(*args)
+        return
+    try:
+        configured(*args)
+    except Exception:                  # the error type depends on numba-cuda's launch path (cuda.core or ctypes)
+        if not _allow_shared(kernel, args, shared):
+            raise
+        configured(*args)
 
 
 _shared_allowed: dict = {}            # (kernel, argument types) -> dynamic shared bytes allowed
 
 
-def _allow_shared(kernel, args, nbytes: int) -> None:
+def _allow_shared(kernel, args, nbytes: int) -> bool:
     """Let ``kernel`` (specialised for ``args``) launch with up to ``nbytes`` of dynamic shared memory: a kernel
     needs CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES once static + dynamic exceed 48 KB (Hopper allows
     227 KB), and numba-cuda 0.30 has no option for it, so it is set on the compiled function's handle (numba's own
-    carveout setter does the same). Raises ValueError naming the size when the device refuses it."""
+    carveout setter does the same). False when it was allowed already (the refusal was something else); raises
+    ValueError naming the size when the device refuses it."""
     from numba.cuda.cudadrv.driver import binding, driver
     sig = tuple(kernel.typeof_pyval(a) for a in args)
     key = (kernel, sig)
     if _shared_allowed.get(key, 0) >= nbytes:
-        return
+        return False
     func = kernel.compile(sig)._codelibrary.get_cufunc()
     attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     try:
@@ -201,6 +212,7 @@ def _allow_shared(kernel, args, nbytes: int) -> None:
     except Exception as e:             # the driver's error type differs between cuda-python versions
         raise ValueError(f"shared: {nbytes} bytes of dynamic shared memory are refused by the device ({e})") from e
     _shared_allowed[key] = nbytes
+    return True
 
 
 def block_size(gpu: int, sim: int = 32) -> int:
