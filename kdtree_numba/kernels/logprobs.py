@@ -250,17 +250,52 @@ def _exp(t):
 
 
 @cuda.jit(device=True)
+def _fold8(ma, mb, m, ssum, a0, a1, a2, a3, a4, a5, a6, a7):
+    """One step of _fold_range over eight loaded values: the step's maximum becomes the top of this step's parity
+    (ma, mb alternate), m = the larger top, ssum rescaled once to the new m, then eight exp as ex2."""
+    ma, mb = mb, fmax(ma, fmax(fmax(fmax(a0, a1), fmax(a2, a3)), fmax(fmax(a4, a5), fmax(a6, a7))))
+    m_old = m
+    m = fmax(ma, mb)
+    ssum = (ssum * _exp(m_old - m) + _exp(a0 - m) + _exp(a1 - m) + _exp(a2 - m) + _exp(a3 - m) + _exp(a4 - m)
+            + _exp(a5 - m) + _exp(a6 - m) + _exp(a7 - m))
+    return ma, mb, m, ssum
+
+
+@cuda.jit(device=True)
+def _load8(x, row, v, nt):
+    """x[row, v + i nt], i < 8 (all eight issued before any is used)."""
+    return (x[row, v], x[row, v + nt], x[row, v + uint64(2) * nt], x[row, v + uint64(3) * nt],
+            x[row, v + uint64(4) * nt], x[row, v + uint64(5) * nt], x[row, v + uint64(6) * nt],
+            x[row, v + uint64(7) * nt])
+
+
+@cuda.jit(device=True)
+def _stage8(stage, j, nt, a0, a1, a2, a3, a4, a5, a6, a7):
+    """stage[j + i nt] = a_i, i < 8."""
+    stage[j] = a0
+    stage[j + nt] = a1
+    stage[j + uint64(2) * nt] = a2
+    stage[j + uint64(3) * nt] = a3
+    stage[j + uint64(4) * nt] = a4
+    stage[j + uint64(5) * nt] = a5
+    stage[j + uint64(6) * nt] = a6
+    stage[j + uint64(7) * nt] = a7
+
+
+@cuda.jit(device=True)
 def _fold_range(x, row, start, end, stage, nt):
     """This thread's columns start + tid + j * nt < end (nt = the block's threads; a compile-time constant makes
     every load address an immediate offset) folded into two tops - the largest value of its even steps and of its
     odd steps, two distinct elements - and ssum = sum of exp(x - m), m = the larger top (the softmax shift); with
     a ``stage`` (shared array) also stage[v - start] = x[row, v]. Returns (m, m2 = the other top, ssum).
-    Per step of eight: the eight loads first (a branch between two loads would make the second wait for the
-    first), the step's maximum (seven FMNMX; keeping each thread's two largest elements instead took three FMNMX
-    an element), one rescale of ssum to the new m, and eight exp as ex2. Starts from tops = NEG, ssum = 0: NEG is
-    no element's top (tops are compared > NEG), and -inf elements add exp(-inf - m) = 0 without a test. A NaN
-    element makes ssum NaN, and so does +inf (exp(inf - inf)): the NaN marks the row. Unsigned indices spare the
-    negative-index wraparound numba adds to every signed index."""
+    Steps of eight (_fold8): the step's maximum (seven FMNMX; keeping each thread's two largest elements instead
+    took three FMNMX an element), one rescale of ssum to the new m, and eight exp as ex2. Loads come sixteen at a
+    time, two steps' worth, before either step's stores or math: a store waits for its load and the next loads
+    issue only after it, so eight at a time paid one round trip to memory per step. (No branch between loads
+    either: the second would wait for the first.) Starts from tops = NEG, ssum = 0: NEG is no element's top (tops
+    are compared > NEG), and -inf elements add exp(-inf - m) = 0 without a test. A NaN element makes ssum NaN, and
+    so does +inf (exp(inf - inf)): the NaN marks the row. Unsigned indices spare the negative-index wraparound
+    numba adds to every signed index."""
     nt = uint64(nt)
     e = uint64(end)
     s0 = uint64(start)
@@ -269,30 +304,21 @@ def _fold_range(x, row, start, end, stage, nt):
     m = float32(NEG)
     ssum = float32(0.0)
     j = uint64(cuda.threadIdx.x)
-    while s0 + j + uint64(7) * nt < e:
+    while s0 + j + uint64(15) * nt < e:
         v = s0 + j
-        a0 = x[row, v]
-        a1 = x[row, v + nt]
-        a2 = x[row, v + uint64(2) * nt]
-        a3 = x[row, v + uint64(3) * nt]
-        a4 = x[row, v + uint64(4) * nt]
-        a5 = x[row, v + uint64(5) * nt]
-        a6 = x[row, v + uint64(6) * nt]
-        a7 = x[row, v + uint64(7) * nt]
+        a0, a1, a2, a3, a4, a5, a6, a7 = _load8(x, row, v, nt)
+        b0, b1, b2, b3, b4, b5, b6, b7 = _load8(x, row, v + uint64(8) * nt, nt)
         if stage is not None:
-            stage[j] = a0
-            stage[j + nt] = a1
-            stage[j + uint64(2) * nt] = a2
-            stage[j + uint64(3) * nt] = a3
-            stage[j + uint64(4) * nt] = a4
-            stage[j + uint64(5) * nt] = a5
-            stage[j + uint64(6) * nt] = a6
-            stage[j + uint64(7) * nt] = a7
-        ma, mb = mb, fmax(ma, fmax(fmax(fmax(a0, a1), fmax(a2, a3)), fmax(fmax(a4, a5), fmax(a6, a7))))
-        m_old = m
-        m = fmax(ma, mb)
-        ssum = (ssum * _exp(m_old - m) + _exp(a0 - m) + _exp(a1 - m) + _exp(a2 - m) + _exp(a3 - m) + _exp(a4 - m)
-                + _exp(a5 - m) + _exp(a6 - m) + _exp(a7 - m))
+            _stage8(stage, j, nt, a0, a1, a2, a3, a4, a5, a6, a7)
+            _stage8(stage, j + uint64(8) * nt, nt, b0, b1, b2, b3, b4, b5, b6, b7)
+        ma, mb, m, ssum = _fold8(ma, mb, m, ssum, a0, a1, a2, a3, a4, a5, a6, a7)
+        ma, mb, m, ssum = _fold8(ma, mb, m, ssum, b0, b1, b2, b3, b4, b5, b6, b7)
+        j += uint64(16) * nt
+    while s0 + j + uint64(7) * nt < e:
+        a0, a1, a2, a3, a4, a5, a6, a7 = _load8(x, row, s0 + j, nt)
+        if stage is not None:
+            _stage8(stage, j, nt, a0, a1, a2, a3, a4, a5, a6, a7)
+        ma, mb, m, ssum = _fold8(ma, mb, m, ssum, a0, a1, a2, a3, a4, a5, a6, a7)
         j += uint64(8) * nt
     while s0 + j < e:
         a0 = x[row, s0 + j]
