@@ -21,7 +21,7 @@ Example: lanes holding c = [1, 0, 2, 0, ...0] -> warp_prefix_sum gives (0, 1, 1,
 warp_suffix_sum gives (3, 2, 2, 0, ...).
 
 Block-wide, from the warp collectives and one barrier: ``block_prefix_sum`` (int32, exclusive, and the block total)
-and ``block_min`` (any float type; the smallest value to every thread).
+and ``block_min`` (any float type; the smallest value to every thread; used by the top-K scan and the tree build).
 """
 from __future__ import annotations
 
@@ -189,13 +189,15 @@ def block_prefix_sum(v, wpart, buf):
 
 
 @cuda.jit(device=True)
-def block_min(v, wpart, buf):
+def block_min(v, wpart, nwarps, buf):
     """The smallest v over the block, to every thread: a warp minimum, the warps' minima through ``wpart`` (shared
-    [>= warps], v's type) and one barrier. Same rules as block_prefix_sum."""
+    [>= nwarps], v's type; nwarps = the block's warps, a constant where the block size is one) and one barrier.
+    Same rules as block_prefix_sum. (A shared float atomic min is a compare-and-swap loop; the lanes it split
+    stayed apart through the next barrier, and ncu showed every warp of the top-K scan taking ptxas's slow,
+    emulated path for the shuffles after it.)"""
     m = warp_min(v, buf)
     lane = cuda.laneid
     if lane == 0:
         wpart[cuda.threadIdx.x // 32] = m
     cuda.syncthreads()
-    nwarps = (cuda.blockDim.x + 31) // 32
     return warp_min(wpart[lane] if lane < nwarps else wpart[0], buf)

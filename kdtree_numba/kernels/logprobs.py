@@ -65,8 +65,8 @@ from numba import cuda, float32, float64, int32, uint32, uint64
 
 from .. import backend
 from . import _checks
-from ._intrinsics import (LOG2E, SIM, ex2, fmax, fmin, warp_bcast, warp_max, warp_min, warp_prefix_sum,
-                          warp_suffix_sum, warp_sum)
+from ._intrinsics import (LOG2E, SIM, block_min, ex2, fmax, fmin, warp_bcast, warp_max, warp_min,
+                          warp_prefix_sum, warp_suffix_sum, warp_sum)
 
 MAX_K = 1024
 HIST_BITS = 11
@@ -618,8 +618,10 @@ def _topk_row(x, bits, k, lp_out, ids_out, row, cand, scan, wf, wi, fbuf, ibuf, 
     _sort_write(cand, info[2], x, k, lse, row, tid, nthreads, lp_out, ids_out, scan)
 
 
-@cuda.jit(**_CAP_64)
-def _topk_kernel(x, bits, k, lp_out, ids_out):
+@cuda.jit(device=True)
+def _row_scratch():
+    """The shared arrays of the one-block algorithm (_topk_row), declared once for both kernels that run it:
+    (cand, scan, wf, wi, fbuf, ibuf, info, lo_key)."""
     cand = cuda.shared.array(CAP, uint64)
     scan = cuda.shared.array(RANK_SORT, int32)        # block scans, and the ranks of the rank sort
     wf = cuda.shared.array((3, MAX_WARPS), float32)   # the warps' partials
@@ -628,6 +630,12 @@ def _topk_kernel(x, bits, k, lp_out, ids_out):
     ibuf = cuda.shared.array(32, int32)
     info = cuda.shared.array(4, int32)
     lo_key = cuda.shared.array(1, uint32)
+    return cand, scan, wf, wi, fbuf, ibuf, info, lo_key
+
+
+@cuda.jit(**_CAP_64)
+def _topk_kernel(x, bits, k, lp_out, ids_out):
+    cand, scan, wf, wi, fbuf, ibuf, info, lo_key = _row_scratch()
     _topk_row(x, bits, k, lp_out, ids_out, cuda.blockIdx.x, cand, scan, wf, wi, fbuf, ibuf, info, lo_key)
 
 
@@ -673,19 +681,6 @@ def _append(stage, n_cols, t, pos, info, ibuf):
                 bits = uint32(bits & (bits - uint32(1)))
         j += uint64(32) * nt
         first += uint64(32) * nt
-
-
-@cuda.jit(device=True)
-def _block_min(v, wf, fbuf, nwarps):
-    """The smallest v over the block, to every thread: a warp minimum, the warps' minima through wf[2, :] and one
-    barrier. (A shared float atomic min is a compare-and-swap loop; the lanes it split then stayed apart through
-    the barrier, and ncu showed every warp taking ptxas's slow, emulated path for the next shuffles.)"""
-    wm = warp_min(v, fbuf)
-    lane = cuda.laneid
-    if lane == 0:
-        wf[2, cuda.threadIdx.x // 32] = wm
-    cuda.syncthreads()
-    return warp_min(wf[2, lane] if lane < nwarps else float32(math.inf), fbuf)
 
 
 @cuda.jit
@@ -749,7 +744,7 @@ def _split_scan_kernel(x, k, S, C, limit, part, cand_v, cand_i, count):
             v = m
         if m2 > float32(NEG) and _bin_of(m2, lo, scale, TOP_BINS) == b:
             v = fmin(v, m2)
-        t = _block_min(v, wf, fbuf, SPLIT_WARPS)                                        # 5
+        t = block_min(v, wf[2], SPLIT_WARPS, fbuf)                                        # 5
     else:
         t = float32(-math.inf)
 
@@ -769,7 +764,7 @@ def _split_scan_kernel(x, k, S, C, limit, part, cand_v, cand_i, count):
         if tid == 0:
             info[0] = -1
             info[3] = 0
-        lo2 = _block_min(lo2, wf, fbuf, SPLIT_WARPS)
+        lo2 = block_min(lo2, wf[2], SPLIT_WARPS, fbuf)
         scale2 = float32(NBINS) / (hi - lo2) if hi > lo2 and lo2 < float32(math.inf) else float32(0.0)
         for j in range(tid, n_cols, SPLIT_THREADS):
             val = stage[j]
@@ -783,7 +778,7 @@ def _split_scan_kernel(x, k, S, C, limit, part, cand_v, cand_i, count):
             val = stage[j]
             if val >= t and _bin_of(val, lo2, scale2, NBINS) == b:
                 v = fmin(v, val)
-        t = _block_min(v, wf, fbuf, SPLIT_WARPS)
+        t = block_min(v, wf[2], SPLIT_WARPS, fbuf)
         _append(stage, n_cols, t, hist, info, ibuf)
         cuda.syncthreads()
         n = info[3]
@@ -854,14 +849,7 @@ def _split_select_kernel(x, bits, k, limit, part, cand_v, cand_i, count, lp_out,
     row = cuda.blockIdx.x
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
-    cand = cuda.shared.array(CAP, uint64)
-    scan = cuda.shared.array(RANK_SORT, int32)        # block scans, and the ranks of the rank sort
-    wf = cuda.shared.array((3, MAX_WARPS), float32)   # the warps' partials
-    wi = cuda.shared.array(MAX_WARPS, int32)
-    fbuf = cuda.shared.array(32, float32)              # scratch of the simulator's warp collectives
-    ibuf = cuda.shared.array(32, int32)
-    info = cuda.shared.array(4, int32)
-    lo_key = cuda.shared.array(1, uint32)
+    cand, scan, wf, wi, fbuf, ibuf, info, lo_key = _row_scratch()
     hist = cuda.shared.array(SEL_BINS, int32)
     S = part.shape[1]
     n = count[row]

@@ -515,7 +515,7 @@ def _build_kernel(lp, ids, budget, cap, wtab, itab, scratch, out_i, out_logw, pa
             while c < n_lp:
                 nxt[c] = lrow[d * K + c]
                 c = uint32(c + nt)
-        tau = block_min(m, wmin, fbuf)
+        tau = block_min(m, wmin, nt >> uint32(5), fbuf)
         w, w2 = w2, w
         dep, dep2 = dep2, dep
         rank, rank2 = rank2, rank
