@@ -60,15 +60,28 @@ def ddtree(target, prompt: np.ndarray, max_new_tokens: int, drafter, budget: int
         if m < 0:
             raise nan_error()
         s.record(tree, lp, ids, start, root, marks)
-        out += [int(x) for x in result[1:m + 1]]
+        emitted = [int(x) for x in result[1:m + 1]]                 # accepted drafts, then the bonus
+        out += emitted
         start, root = start + m, int(result[m])
         cache.length = start
         if progress is not None:
             progress(min(len(out), max_new_tokens), max_new_tokens)
+        cut = _first_stop(emitted, stop_tokens)
+        if cut is not None:                        # a stop token inside the accepted path ends generation there,
+            del out[len(out) - len(emitted) + cut + 1:]   # exactly where plain decoding would have stopped
+            break
     return Generation([int(x) for x in prompt], out[:max_new_tokens], s.traces(), 1 + len(s.rounds),
                       time.perf_counter() - t0, {"method": "chain" if top_k == 1 else "ddtree", "budget": budget, "temperature": temperature,
                                                  "seed": seed, "drafter": getattr(drafter, "name", "drafter"),
                                                  "depth": L})
+
+
+def _first_stop(tokens: list[int], stop_tokens) -> int | None:
+    """Index of the first stop token in ``tokens`` (None if there is none)."""
+    for i, t in enumerate(tokens):
+        if t in stop_tokens:
+            return i
+    return None
 
 
 def _check_draft(draft, L: int, V: int):

@@ -212,3 +212,43 @@ def test_generate_runs_on_the_targets_backend():
         t = kd.tiny_target(2)
     kd.generate(t, PROMPT, 6, drafter=Spy(256, 3), budget=4)
     assert seen and set(seen) == {"numpy"}
+
+
+@pytest.mark.parametrize("chain", [False, True])
+def test_stop_token_inside_an_accepted_path_stops_like_plain_decoding(targets, chain, numpy_backend):
+    """A stop token accepted mid-path (not only as the bonus) ends generation right after it, as plain decoding
+    does. With noise 0 the oracle's whole chain is accepted, so stop tokens land inside accepted paths."""
+    t = targets["default"]
+    ref = kd.generate(t, PROMPT, 40).tokens
+    for pos in (0, 1, 3, 4, 9, 20):
+        stop = ref[pos]
+        plain = kd.generate(t, PROMPT, 40, stop_tokens=[stop])
+        assert plain.tokens == ref[:ref.index(stop) + 1]
+        res = kd.generate(t, PROMPT, 40, drafter=kd.OracleDrafter(t, noise=0.0, depth=6), budget=8,
+                          stop_tokens=[stop], chain=chain)
+        assert res.tokens == plain.tokens, (pos, stop)
+
+
+def test_sampled_generation_ends_at_its_first_stop_token(targets, numpy_backend):
+    """At T > 0 the tokens differ from plain decoding's (other random streams), but the rule is the same: the
+    output ends with the first stop token it contains, or runs to max_new_tokens without one."""
+    t = targets["default"]
+    for seed in range(6):
+        sample = kd.generate(t, PROMPT, 40, drafter=kd.OracleDrafter(t, noise=0.0, depth=6), budget=8,
+                             temperature=0.8, seed=seed).tokens
+        stop = sample[7]
+        res = kd.generate(t, PROMPT, 40, drafter=kd.OracleDrafter(t, noise=0.0, depth=6), budget=8,
+                          temperature=0.8, seed=seed, stop_tokens=[stop])
+        assert res.tokens == sample[:sample.index(stop) + 1]
+
+
+def test_stop_token_on_the_kernel_backend(kernel_backend):
+    """The same on the simulator (or the GPU): tiny target, one stop token that lands inside an accepted path."""
+    t = kd.tiny_target(5, num_hidden_layers=2, vocab_size=64)
+    ref_t = t.with_backend("numpy") if kd.backend.name == "sim" else t       # the reference and the oracle
+    prompt = [3, 17, 29]
+    ref = kd.generate(ref_t, prompt, 10).tokens
+    stop = ref[5]
+    res = kd.generate(t, prompt, 10, drafter=kd.OracleDrafter(ref_t, noise=0.0, depth=4), budget=6,
+                      stop_tokens=[stop])
+    assert res.tokens == ref[:ref.index(stop) + 1]
