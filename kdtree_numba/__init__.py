@@ -6,6 +6,7 @@ from .decode.generate import generate
 from .decode.trace import Generation, RoundTrace
 from .kernels.tree_build import Tree, build_tree, build_trees
 from .model.checkpoint import CheckpointError
+from .model.dflash import DFlashConfig, DFlashDrafter, load_drafter
 from .model.drafters import Drafter, OracleDrafter, RandomDrafter
 from .model.presets import tiny_config, tiny_target
 from .model.target import Target
@@ -30,5 +31,6 @@ def __getattr__(name):
 
 
 __all__ = ["backend", "TargetConfig", "ConfigError", "CheckpointError", "Target", "load_target", "tiny_target",
-           "tiny_config", "Drafter", "OracleDrafter", "RandomDrafter", "generate", "Generation", "RoundTrace",
+           "tiny_config", "Drafter", "OracleDrafter", "RandomDrafter", "DFlashDrafter", "DFlashConfig", "load_drafter",
+           "generate", "Generation", "RoundTrace",
            "Tree", "build_tree", "build_trees", "__version__"]

@@ -90,20 +90,7 @@ class TargetConfig:
 
     def rope_tables(self) -> tuple[np.ndarray, float]:
         """(inv_freq [R/2] float32, cos/sin amplitude) for this config, as HF computes them."""
-        R = self.qk_rope_head_dim
-        ys = self.rope_scaling
-        if ys is None:
-            return _rope.rope_inv_freq(R, self.rope_theta), 1.0
-        inv = _rope.yarn_inv_freq(R, self.rope_theta, ys["factor"], ys["original_max_position_embeddings"],
-                                  ys["beta_fast"], ys["beta_slow"], ys["truncate"])
-        amp = ys.get("attention_factor")
-        if amp is None:
-            if ys.get("mscale") and ys.get("mscale_all_dim"):
-                amp = _rope.yarn_mscale(ys["factor"], ys["mscale"]) / _rope.yarn_mscale(ys["factor"],
-                                                                                         ys["mscale_all_dim"])
-            else:
-                amp = _rope.yarn_mscale(ys["factor"])
-        return inv, float(amp)
+        return rope_tables(self.qk_rope_head_dim, self.rope_theta, self.rope_scaling)
 
     # ---------------------------------------------------------------------------------------------- validation
     def validate(self) -> "TargetConfig":
@@ -176,7 +163,7 @@ class TargetConfig:
         kw: dict[str, Any] = {k: d[k] for k in names if k in d and (d[k] is not None or k == "q_lora_rank")}
         if kw.get("num_key_value_heads") is None:
             kw["num_key_value_heads"] = kw.get("num_attention_heads", cls.num_attention_heads)
-        theta, scaling = _parse_rope(d)
+        theta, scaling = parse_rope(d)
         cfg = cls(**kw, rope_theta=theta, rope_scaling=scaling, weight_prefix=prefix)
         if "max_position_embeddings" not in d:
             cfg.max_position_embeddings = TargetConfig.max_position_embeddings
@@ -218,7 +205,25 @@ class TargetConfig:
         return dataclasses.replace(self, **changes).validate()
 
 
-def _parse_rope(d: dict) -> tuple[float, dict | None]:
+def rope_tables(dim: int, theta: float, scaling: dict | None) -> tuple[np.ndarray, float]:
+    """(inv_freq [dim/2] float32, cos/sin amplitude) of plain RoPE (``scaling`` None) or of a normalised YaRN dict
+    (as ``parse_rope`` returns it), as HF computes them; shared by the target and the DFlash drafter."""
+    if scaling is None:
+        return _rope.rope_inv_freq(dim, theta), 1.0
+    ys = scaling
+    inv = _rope.yarn_inv_freq(dim, theta, ys["factor"], ys["original_max_position_embeddings"],
+                              ys["beta_fast"], ys["beta_slow"], ys["truncate"])
+    amp = ys.get("attention_factor")
+    if amp is None:
+        if ys.get("mscale") and ys.get("mscale_all_dim"):
+            amp = _rope.yarn_mscale(ys["factor"], ys["mscale"]) / _rope.yarn_mscale(ys["factor"], ys["mscale_all_dim"])
+        else:
+            amp = _rope.yarn_mscale(ys["factor"])
+    return inv, float(amp)
+
+
+def parse_rope(d: dict) -> tuple[float, dict | None]:
+    """(rope_theta, normalised YaRN dict or None) from an HF config dict, in either form (module docstring)."""
     rp = d.get("rope_parameters")
     rs = d.get("rope_scaling")
     if isinstance(rp, dict) and rp:

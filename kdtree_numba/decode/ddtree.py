@@ -7,7 +7,8 @@ One round, with ``start`` committed tokens and the root (the last bonus token) a
               to the committed cache and its ancestors only                         [n+1, V]
   4. accept:  the target's token at every node, walk from the root while it matches a child
   5. commit:  the accepted nodes' cache rows move to start, start+1, ... (every layer, one launch); emit the
-              accepted tokens and the bonus; the bonus is the next root.
+              accepted tokens and the bonus; the bonus is the next root. A drafter that reads target features
+              (DFlash) gets the accepted nodes' rows of the verify forward's hidden states as its next context.
 Everything stays on the device except the packed accepted tokens, read once per round; the trees, accepted node
 indices and stage times of all rounds are copied to the host once, at the end, for the RoundTraces.
 """
@@ -19,6 +20,7 @@ import numpy as np
 
 from .. import backend
 from ..kernels import logprobs, tree_accept, tree_build
+from ..model.drafters import concat_features
 from ..model.target import TreeInput
 from .autoregressive import nan_error
 from .trace import STAGES, Generation, RoundTrace
@@ -31,7 +33,10 @@ def ddtree(target, prompt: np.ndarray, max_new_tokens: int, drafter, budget: int
     K = max(1, min(budget, V) if top_k is None else top_k)
     cache = target.new_cache(len(prompt) + max_new_tokens + budget + 1)       # + one tree block
     drafter.reset()
-    logits, _ = target.forward(prompt, cache, 0, check_ids=False)                # prefill
+    feats = drafter.feature_layers                                             # target layers the drafter reads
+    logits, hid = target.forward(prompt, cache, 0, hidden_layers=feats, check_ids=False)   # prefill
+    if feats:
+        drafter.observe(concat_features(hid, feats), 0)
     first = logprobs.choose_tokens(logits[-1:], temperature, seed, 0)
     root = int(backend.to_host(first)[0])
     if root < 0:
@@ -48,8 +53,8 @@ def ddtree(target, prompt: np.ndarray, max_new_tokens: int, drafter, budget: int
         s.verify_ids[0] = root                                                                 # 3. verify
         s.verify_ids[1:] = tree.tokens[0, :budget]
         depth = tree.path_depth[0, :budget + 1]
-        logits, _ = target.forward(s.verify_ids, cache, start, check_ids=False,
-                                   tree=TreeInput(start + depth, tree.paths[0, :budget + 1], depth, L))
+        logits, hid = target.forward(s.verify_ids, cache, start, check_ids=False, hidden_layers=feats,
+                                     tree=TreeInput(start + depth, tree.paths[0, :budget + 1], depth, L))
         marks.append(backend.mark())
         s.acceptor.run(logits, tree.tokens[0], tree.parent[0], tree.n[:1], temperature, seed, len(s.rounds) + 1)
         result = backend.to_host(s.acceptor.result)                                           # 4. accept
@@ -59,6 +64,8 @@ def ddtree(target, prompt: np.ndarray, max_new_tokens: int, drafter, budget: int
         m = int(result[0])
         if m < 0:
             raise nan_error()
+        if feats:                                  # the accepted path's features: the drafter's next context rows
+            drafter.observe(backend.xp.take(concat_features(hid, feats), s.acceptor.accepted[:m], axis=0), start)
         s.record(tree, lp, ids, start, root, marks)
         emitted = [int(x) for x in result[1:m + 1]]                 # accepted drafts, then the bonus
         out += emitted

@@ -346,6 +346,22 @@ def load_state_dict(path: str) -> tuple[TargetConfig, dict[str, np.ndarray]]:
     return cfg, state
 
 
+def read_tensors(path: str) -> dict[str, np.ndarray]:
+    """Every tensor of a directory's safetensors (index or files) as float32 (a drafter: no quantization)."""
+    opened: dict[str, SafetensorsFile] = {}
+    out = {}
+    for key, f in sorted(_weight_files(path).items()):
+        if f not in opened:
+            opened[f] = SafetensorsFile(f)
+        st = opened[f]
+        if key not in st.header:
+            raise CheckpointError(f"{key}: listed in the index but absent from {os.path.basename(f)}")
+        if st.dtype(key) not in ("F32", "F16", "BF16", "F64"):
+            raise CheckpointError(f"{key}: dtype {st.dtype(key)} in {f}, expected F32, BF16 or F16")
+        out[key] = np.ascontiguousarray(st.get(key), dtype=np.float32)
+    return out
+
+
 def save_state_dict(path: str, cfg: TargetConfig, state: dict[str, np.ndarray]) -> None:
     """Write ``config.json`` + ``model.safetensors`` (fp32, HF key layout, no prefix) into ``path``."""
     os.makedirs(path, exist_ok=True)
@@ -356,5 +372,5 @@ def save_state_dict(path: str, cfg: TargetConfig, state: dict[str, np.ndarray]) 
     os.replace(tmp, os.path.join(path, "config.json"))
 
 
-__all__ = ["CheckpointError", "ConfigError", "SafetensorsFile", "load_state_dict", "save_state_dict",
+__all__ = ["CheckpointError", "ConfigError", "SafetensorsFile", "load_state_dict", "save_state_dict", "read_tensors",
            "expected_shapes", "dequant_fp8", "dequant_int4", "fp32_to_bf16_bits", "save_safetensors"]

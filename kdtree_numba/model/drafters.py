@@ -3,15 +3,31 @@
 Depth d is the drafter's guess for position ``start + d`` (the root sits at ``start``). DDTree turns these
 per-position distributions into a tree; the drafter never sees the tree.
 
-- ``OracleDrafter(target, noise, seed)``: distributions derived from the target itself. It follows the target's
-  greedy continuation after the root and returns, at depth d, the target's own logits after d - 1 greedy tokens,
-  plus Gaussian noise scaled to each row's spread:
+What a drafter must provide (the ``Drafter`` interface the decode loop uses):
+- ``depth`` (L) and ``vocab_size`` (the target's V), fixed; a ``name`` for traces;
+- ``feature_layers``: the target decoder layers whose residual stream (after the layer; HF's
+  ``hidden_states[k + 1]``) the drafter reads, in order; ``()`` for drafters that need no target features;
+- ``reset()``: forget everything (called before every generation);
+- ``observe(features, start)``: the concatenated features ``[T, len(feature_layers) * H]`` (device arrays) of the
+  committed positions ``start .. start + T - 1``. The loop calls it with the prompt's rows after the prefill and,
+  after every round, with the accepted path's rows taken from the verify forward (root included; the bonus token's
+  row arrives with the next round). A drafter without features ignores it;
+- ``draft(context, root)``: ``[L, V]`` float32 logits (a device or host array) after ``context + [root]``, where
+  ``context`` holds the ``start`` committed token ids (host) and every one of them has been observed.
+``draft_logits(context_ids, root)`` is the standalone form for users and tests: reset, prefill the target on
+``context_ids`` (features to ``observe``), draft, and return host ``np.float32 [L, V]``.
+
+Drafters here:
+- ``DFlashDrafter`` (model/dflash.py): the block-diffusion drafter DDTree was designed for; reads target features.
+- ``OracleDrafter(target, noise, seed)``: a controlled-quality stand-in derived from the target itself, for tests
+  and tutorials. It follows the target's greedy continuation after the root and returns, at depth d, the target's
+  own logits after d - 1 greedy tokens, plus Gaussian noise scaled to each row's spread:
       draft[d] = target_logits[d] + noise * std(target_logits[d]) * z,   z ~ N(0, 1) seeded by (seed, start, d)
   noise 0 ranks the target's greedy continuation first at every depth (at T = 0 every round accepts the whole
   top-1 chain the tree holds: L + 1 tokens when the budget is large enough to hold the chain);
   noise 1 keeps a useful signal; noise >= 10 is close to random. It keeps its own KV cache and reuses the
   continuation it computed last round, so a round costs about as many target steps as the round commits.
-  For tests, tutorials and the demo: it is as slow as the target, so it shows acceptance, not wall-clock speed.
+  It is as slow as the target, so it shows acceptance, not wall-clock speed.
 - ``RandomDrafter(vocab_size, depth, seed)``: standard-normal logits, the worst case.
 """
 from __future__ import annotations
@@ -23,16 +39,45 @@ from ..kernels import _checks
 
 
 class Drafter:
-    """Interface. ``depth`` (L) and ``vocab_size`` are fixed; ``draft`` returns float32 ``[L, V]`` logits."""
+    """Interface (module docstring). ``depth`` (L) and ``vocab_size`` are fixed; ``draft`` returns float32
+    ``[L, V]`` logits."""
     depth: int
     vocab_size: int
     name: str = "drafter"
+    feature_layers: tuple = ()
+    target = None                 # the target whose features the drafter reads (needed by draft_logits)
 
     def reset(self) -> None:
         """Forget any state (called at the start of every generation)."""
 
+    def observe(self, features, start: int) -> None:
+        """Take the features ``[T, len(feature_layers) * H]`` of committed positions ``start .. start + T - 1``."""
+
     def draft(self, context: np.ndarray, root: int) -> np.ndarray:
         raise NotImplementedError
+
+    def draft_logits(self, context_ids, root: int) -> np.ndarray:
+        """A fresh draft after ``context_ids + [root]``: host ``np.float32 [L, V]`` for depths 1..L."""
+        if self.target is None and self.feature_layers:
+            raise ValueError(f"{self.name}: draft_logits needs the drafter's target")
+        if self.target is not None:
+            context = self.target.check_ids(context_ids, "context_ids")
+            root = int(self.target.check_ids([root], "root")[0])
+        else:
+            context = np.asarray(context_ids, np.int32)
+        self.reset()
+        if self.feature_layers:
+            with backend.use(self.target.backend):
+                _, hid = self.target.forward(context, self.target.new_cache(len(context)), 0,
+                                             hidden_layers=self.feature_layers, check_ids=False)
+                self.observe(concat_features(hid, self.feature_layers), 0)
+        with backend.use(self.target.backend if self.target is not None else backend.name):
+            return np.asarray(backend.to_host(self.draft(context, root)), np.float32)
+
+
+def concat_features(hiddens: dict, layers) -> object:
+    """``[T, len(layers) * H]``: the residual streams ``hiddens[k]`` for k in ``layers``, side by side."""
+    return backend.xp.concatenate([hiddens[k] for k in layers], axis=1)
 
 
 class RandomDrafter(Drafter):
@@ -50,7 +95,8 @@ class RandomDrafter(Drafter):
 
 
 class OracleDrafter(Drafter):
-    """Draft distributions derived from the target (module docstring). ``noise`` >= 0 dials acceptance down."""
+    """Controlled-quality drafts derived from the target (module docstring). ``noise`` >= 0 dials acceptance
+    down. A stand-in for tests and tutorials, not a real drafter: it runs the target itself."""
     name = "oracle"
 
     def __init__(self, target, noise: float = 0.5, seed: int = 0, depth: int = 8):

@@ -1,0 +1,143 @@
+"""Block attention of the DFlash drafter: GQA, non-causal, over the draft cache's context rows and the block.
+
+The drafter's block (``[root, MASK, ..., MASK]``, B tokens at positions start .. start + B - 1) attends to every
+cached context row and to the whole block at once - there is no causal mask inside a block: all B positions are
+drafted in one pass ("block diffusion"). Query head h reads kv head g = h // (Nq / Nkv) (grouped-query attention):
+
+    score[t, h, s] = scale * q[t, h] . k[s, g]                      s = 0 .. n_keys - 1 (context rows, then block)
+    out[t, h]      = sum_s softmax_s(score[t, h, :])[s] * v[s, g]
+
+Mapping: one block of threads per (query token t, kv head g) serving the G = Nq / Nkv query heads that share g, so
+each key/value row is loaded from global memory once for G heads. The block walks the keys in tiles of BK rows
+through shared memory with an online softmax (running max m, sum l, rescale alpha = exp(m_old - m_new)):
+thread i scores one (head, row) pair of the tile over all D dims, one thread per head updates m / l, and the
+threads stride over the G x D accumulators. n_keys is small for a drafter (context + block), so no key splits.
+Shapes: q [B, Nq, D], k [S, Nkv, D], v [S, Nkv, D] float32 (S >= n_keys; rows past n_keys are ignored)
+-> out [B, Nq, D] float32.
+Example: one head, D = 1, scale 1, k = [[0], [0]], v = [[1], [3]], n_keys 2: equal scores -> out = 2 for every
+query, whatever q is (and with n_keys 1, out = 1).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, float32
+
+from .. import backend
+from . import _checks
+
+MAX_G = 8         # query heads per kv head (Kimi-K2.5's DFlash drafter: 64 / 8)
+MAX_D = 256       # head dim
+BK = 8            # key rows per tile
+NEG_INF = -math.inf
+
+
+def block_attention_ref(q, k, v, n_keys: int, scale: float):
+    """Non-causal GQA attention in float64 NumPy: every query sees key rows 0 .. n_keys - 1."""
+    B, Nq, D = q.shape
+    Nkv = k.shape[1]
+    g = np.arange(Nq) // (Nq // Nkv)                                                  # kv head of each q head
+    kk = np.asarray(k, np.float64)[:n_keys][:, g]                                     # [n_keys, Nq, D]
+    vv = np.asarray(v, np.float64)[:n_keys][:, g]                                     # [n_keys, Nq, D]
+    s = np.einsum("thd,shd->ths", np.asarray(q, np.float64), kk) * scale              # [B, Nq, n_keys]
+    p = np.exp(s - s.max(axis=2, keepdims=True))
+    p /= p.sum(axis=2, keepdims=True)
+    return np.einsum("ths,shd->thd", p, vv).astype(np.float32)                        # [B, Nq, D]
+
+
+@cuda.jit
+def _block_attention_kernel(q, k, v, n_keys, scale, out):
+    t = cuda.blockIdx.x                                    # query token
+    g = cuda.blockIdx.y                                    # kv head
+    tid = cuda.threadIdx.x
+    nthreads = cuda.blockDim.x
+    D = q.shape[2]
+    G = q.shape[1] // k.shape[1]                           # query heads per kv head
+    h0 = g * G
+
+    qs = cuda.shared.array((MAX_G, MAX_D), float32)        # the G queries, pre-scaled
+    ks = cuda.shared.array((BK, MAX_D + 1), float32)       # key tile (odd stride: row reads spread over banks)
+    vs = cuda.shared.array((BK, MAX_D), float32)           # value tile
+    o = cuda.shared.array((MAX_G, MAX_D), float32)         # running (unnormalised) outputs
+    p = cuda.shared.array((MAX_G, BK), float32)            # scores, then probabilities, of the tile
+    m_run = cuda.shared.array(MAX_G, float32)
+    l_run = cuda.shared.array(MAX_G, float32)
+    alpha = cuda.shared.array(MAX_G, float32)
+
+    for i in range(tid, G * D, nthreads):
+        qs[i // D, i % D] = q[t, h0 + i // D, i % D] * scale
+        o[i // D, i % D] = float32(0.0)
+    if tid < G:
+        m_run[tid] = float32(NEG_INF)
+        l_run[tid] = float32(0.0)
+    cuda.syncthreads()
+
+    for k0 in range(0, n_keys, BK):
+        nk = min(BK, n_keys - k0)
+        for i in range(tid, nk * D, nthreads):             # tile of key and value rows -> shared
+            ks[i // D, i % D] = k[k0 + i // D, g, i % D]
+            vs[i // D, i % D] = v[k0 + i // D, g, i % D]
+        cuda.syncthreads()
+        for i in range(tid, G * BK, nthreads):              # one (head, row) score per thread
+            h = i // BK
+            j = i % BK
+            acc = float32(NEG_INF)
+            if j < nk:
+                acc = float32(0.0)
+                for d in range(D):
+                    acc += qs[h, d] * ks[j, d]
+            p[h, j] = acc
+        cuda.syncthreads()
+        if tid < G:                                         # online softmax, one thread per head
+            mx = m_run[tid]
+            for j in range(nk):
+                mx = max(mx, p[tid, j])
+            a = float32(math.exp(m_run[tid] - mx))
+            lsum = l_run[tid] * a
+            for j in range(nk):
+                e = float32(math.exp(p[tid, j] - mx))
+                p[tid, j] = e
+                lsum += e
+            m_run[tid] = mx
+            l_run[tid] = lsum
+            alpha[tid] = a
+        cuda.syncthreads()
+        for i in range(tid, G * D, nthreads):              # o[h, d] = o[h, d] * alpha[h] + sum_j p[h, j] v[j, d]
+            h = i // D
+            d = i % D
+            acc = o[h, d] * alpha[h]
+            for j in range(nk):
+                acc += p[h, j] * vs[j, d]
+            o[h, d] = acc
+        cuda.syncthreads()
+
+    for i in range(tid, G * D, nthreads):
+        out[t, h0 + i // D, i % D] = o[i // D, i % D] / l_run[i // D]
+
+
+def block_attention(q, k, v, n_keys: int, scale: float, out=None):
+    """Non-causal GQA attention of ``q [B, Nq, D]`` over rows ``0 .. n_keys - 1`` of ``k, v [S, Nkv, D]``."""
+    q = _checks.array(q, "q", dtype=np.float32, ndim=3)
+    B, Nq, D = q.shape
+    k = _checks.array(k, "k", dtype=np.float32, ndim=3)
+    S, Nkv = k.shape[0], k.shape[1]
+    if k.shape[2] != D:
+        raise ValueError(f"k: expected head dim {D} (q's last axis), got shape {tuple(k.shape)}")
+    if Nq % Nkv:
+        raise ValueError(f"k: {Nkv} kv heads do not divide q's {Nq} query heads")
+    v = _checks.array(v, "v", dtype=np.float32, shape=(S, Nkv, D))
+    n_keys = _checks.integer(n_keys, "n_keys", lo=1, hi=S)
+    scale = _checks.real(scale, "scale", lo=0.0, lo_open=True)
+    out = _checks.out_array(out, "out", (B, Nq, D), np.float32)
+    if backend.name == "numpy":
+        out[...] = block_attention_ref(q, k, v, n_keys, scale)
+        return out
+    if Nq // Nkv > MAX_G or D > MAX_D:
+        raise ValueError(f"q: {Nq // Nkv} query heads per kv head and head dim {D} exceed the kernel's {MAX_G} "
+                         f"and {MAX_D}; use the numpy backend for this drafter")
+    if B == 0:
+        return out
+    backend.launch(_block_attention_kernel, (B, Nkv), backend.block_size(128, 32), q, k, v, int(n_keys),
+                   np.float32(scale), out)
+    return out

@@ -1,0 +1,61 @@
+"""The DFlash drafter's block attention (GQA, non-causal) against its float64 reference."""
+import numpy as np
+import pytest
+
+import kdtree_numba as kd
+from kdtree_numba.kernels import block_attention as ba
+
+from ..helpers import poisoned
+
+pytestmark = pytest.mark.usefixtures("kernel_backend")
+H = kd.backend.to_host
+
+
+@pytest.mark.parametrize("B,Nq,Nkv,D,S,n_keys", [(3, 6, 2, 7, 23, 21), (5, 4, 4, 5, 9, 5), (2, 3, 1, 9, 12, 1),
+                                                 (1, 8, 1, 33, 17, 17)])
+def test_matches_reference(B, Nq, Nkv, D, S, n_keys):
+    rng = np.random.default_rng(B * 100 + D)
+    q = rng.standard_normal((B, Nq, D)).astype(np.float32)
+    k = rng.standard_normal((S, Nkv, D)).astype(np.float32)
+    v = rng.standard_normal((S, Nkv, D)).astype(np.float32)
+    k[n_keys:] = np.nan                                    # rows past n_keys must never be read
+    v[n_keys:] = np.nan
+    out = poisoned((B, Nq, D))
+    ba.block_attention(q, k, v, n_keys, 0.41, out=out)
+    want = ba.block_attention_ref(q, k, v, n_keys, 0.41)
+    assert np.isfinite(want).all()
+    np.testing.assert_allclose(H(out), want, rtol=1e-5, atol=1e-5)
+
+
+def test_non_causal_and_grouped():
+    """Every query sees every key (the first query too), and heads of one kv group read the same rows."""
+    rng = np.random.default_rng(7)
+    q = rng.standard_normal((4, 4, 3)).astype(np.float32)
+    k = rng.standard_normal((4, 2, 3)).astype(np.float32)
+    v = rng.standard_normal((4, 2, 3)).astype(np.float32)
+    out = H(ba.block_attention(q, k, v, 4, 1.0))
+    s = np.einsum("d,sd->s", q[0, 1].astype(np.float64), k[:, 0].astype(np.float64))   # head 1 -> kv head 0
+    p = np.exp(s - s.max())
+    np.testing.assert_allclose(out[0, 1], (p / p.sum()) @ v[:, 0], rtol=1e-5)
+
+
+def test_docstring_example():
+    q = np.array([[[5.0]], [[-2.0]]], np.float32)
+    kv = np.array([[[0.0]], [[0.0]]], np.float32), np.array([[[1.0]], [[3.0]]], np.float32)
+    np.testing.assert_allclose(H(ba.block_attention(q, kv[0], kv[1], 2, 1.0))[:, 0, 0], [2.0, 2.0], rtol=1e-6)
+    np.testing.assert_allclose(H(ba.block_attention(q, kv[0], kv[1], 1, 1.0))[:, 0, 0], [1.0, 1.0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("call, msg", [
+    (lambda: ba.block_attention(np.zeros((2, 3, 4), np.float32), np.zeros((5, 2, 4), np.float32),
+                                np.zeros((5, 2, 4), np.float32), 3, 1.0), "k: 2 kv heads do not divide"),
+    (lambda: ba.block_attention(np.zeros((2, 2, 4), np.float32), np.zeros((5, 2, 3), np.float32),
+                                np.zeros((5, 2, 3), np.float32), 3, 1.0), "k: expected head dim 4"),
+    (lambda: ba.block_attention(np.zeros((2, 2, 4), np.float32), np.zeros((5, 2, 4), np.float32),
+                                np.zeros((5, 2, 4), np.float32), 6, 1.0), "n_keys: expected an integer <= 5"),
+    (lambda: ba.block_attention(np.zeros((2, 2, 4), np.float32), np.zeros((5, 2, 4), np.float32),
+                                np.zeros((4, 2, 4), np.float32), 3, 1.0), r"v: expected shape \(5, 2, 4\)"),
+])
+def test_bad_input(call, msg):
+    with pytest.raises(ValueError, match=msg):
+        call()

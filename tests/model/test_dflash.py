@@ -1,0 +1,150 @@
+"""The DFlash drafter in the engine: its logits against the torch training model, its incremental draft cache
+against a fresh draft, DDTree with it against plain decoding, and every checkpoint that does not fit refused."""
+import json
+
+import numpy as np
+import pytest
+
+import kdtree_numba as kd
+from kdtree_numba.model import dflash
+
+torch = pytest.importorskip("torch")
+dflash_torch = pytest.importorskip("kdtree_numba.train.dflash_torch")
+
+PROMPT = [3, 17, 99, 5, 42, 7, 11]
+
+
+def torch_drafter(target, seed=0, **kw):
+    """A random torch DFlash model for ``target`` with non-trivial norms (training init starts them at 1)."""
+    cfg = dflash_torch.config_for_target(target.config, **{"num_hidden_layers": 2, "num_attention_heads": 4,
+                                                           "num_key_value_heads": 2, "head_dim": 16,
+                                                           "intermediate_size": 96, "block_size": 5,
+                                                           "target_layer_ids": (0, 1), "mask_token_id": 2, **kw})
+    torch.manual_seed(seed)
+    model = dflash_torch.DFlashDraftModel(cfg, init_std=0.1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.2 * torch.randn_like(p))
+    return model.float().eval()
+
+
+def torch_logits(model, target, context, root):
+    """The torch model's draft for ``context + [root]`` from the engine target's features (the same features HF
+    gives: test_hf_parity checks the target itself)."""
+    layers = model.config.target_layer_ids
+    with kd.backend.use(target.backend):
+        hid = target.hidden_states(context, layers)
+    feat = np.concatenate([hid[k] for k in layers], axis=1)                       # [C, nF*H]
+    C, B = len(context), model.config.block_size
+    ids = [root] + [model.config.mask_token_id] * (B - 1)
+    w = target.state_dict()
+    with torch.no_grad():
+        out = model.block_logits(torch.from_numpy(feat), np.arange(C), ids, np.arange(C, C + B),
+                                 torch.from_numpy(w["model.embed_tokens.weight"]),
+                                 torch.from_numpy(w["lm_head.weight"]))
+    return out.numpy()
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    with kd.backend.use("numpy"):
+        target = kd.tiny_target(0)
+    model = torch_drafter(target)
+    path = tmp_path_factory.mktemp("drafter")
+    model.save_pretrained(path, dtype=torch.float32)
+    return target, model, path
+
+
+def test_engine_logits_equal_the_torch_model_numpy(pair, numpy_backend):
+    target, model, path = pair
+    drafter = kd.load_drafter(path, target)
+    assert drafter.depth == model.config.block_size - 1 and drafter.feature_layers == (0, 1)
+    got = drafter.draft_logits(PROMPT, 13)
+    want = torch_logits(model, target, PROMPT, 13)
+    assert got.shape == (4, target.config.vocab_size) and got.dtype == np.float32
+    assert want.std() > 0.5                                   # a non-trivial draft
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_engine_logits_equal_the_torch_model_kernels(pair, kernel_backend):
+    """The same on the simulator (or the GPU): tiny shapes, every stage a kernel."""
+    _, model, path = pair
+    target = kd.tiny_target(0)                               # the same weights, on the kernel backend
+    got = kd.load_drafter(path, target).draft_logits(PROMPT[:4], 13)
+    want = torch_logits(model, target, PROMPT[:4], 13)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_bf16_checkpoint_loads(pair, tmp_path, numpy_backend):
+    target, model, _ = pair
+    model.save_pretrained(tmp_path, dtype=torch.bfloat16)
+    got = kd.load_drafter(tmp_path, target).draft_logits(PROMPT, 13)
+    want = torch_logits(dflash_torch.DFlashDraftModel.from_pretrained(tmp_path), target, PROMPT, 13)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("budget", [0, 3, 16, 64])
+def test_greedy_ddtree_and_chain_equal_autoregressive(pair, budget, numpy_backend):
+    target, _, path = pair
+    drafter = kd.load_drafter(path, target)
+    ref = kd.generate(target, PROMPT, 40).tokens
+    assert kd.generate(target, PROMPT, 40, drafter=drafter, budget=budget).tokens == ref
+    assert kd.generate(target, PROMPT, 40, drafter=drafter, chain=True).tokens == ref
+
+
+def test_draft_cache_after_rounds_equals_a_fresh_draft(pair, numpy_backend):
+    """Context rows fed from the verify forward (accepted tree nodes) equal those of a causal prefill: the draft
+    after some DDTree rounds equals a fresh draft over the same committed tokens."""
+    target, _, path = pair
+    drafter = kd.load_drafter(path, target)
+    res = kd.generate(target, PROMPT, 25, drafter=drafter, budget=16)
+    last = res.rounds[-1]
+    committed = PROMPT + res.tokens
+    context = committed[:last.start + len(last.accepted)]                      # what the drafter has observed
+    root = committed[len(context)]
+    incremental = np.asarray(kd.backend.to_host(drafter.draft(np.asarray(context), root)))
+    fresh = kd.load_drafter(path, target).draft_logits(context, root)
+    np.testing.assert_allclose(incremental, fresh, rtol=1e-4, atol=1e-4 * np.abs(fresh).max())
+
+
+# ------------------------------------------------------------------------------------------------ bad checkpoints
+def _edit(path, tmp_path, change):
+    raw = json.loads((path / "config.json").read_text())
+    change(raw)
+    out = tmp_path / "bad"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps(raw))
+    (out / "model.safetensors").write_bytes((path / "model.safetensors").read_bytes())
+    return out
+
+
+@pytest.mark.parametrize("change, msg", [
+    (lambda r: r.update(hidden_size=48), "hidden_size: the drafter has 48, the target has 64"),
+    (lambda r: r.update(vocab_size=300), "vocab_size: the drafter has 300, the target has 256"),
+    (lambda r: r.update(num_target_layers=5), "num_target_layers: the drafter has 5, the target has 3"),
+    (lambda r: r["dflash_config"].update(target_layer_ids=[0, 3]), r"layer 3 is outside \[0, num_target_layers = 3\)"),
+    (lambda r: r["dflash_config"].update(mask_token_id=256), "mask_token_id: 256 is outside the target's vocabulary"),
+    (lambda r: r.update(num_key_value_heads=3), "num_key_value_heads: got 3, expected a divisor of"),
+    (lambda r: r.update(block_size=1), "block_size: got 1, expected an integer >= 2"),
+    (lambda r: r.update(head_dim="16"), "head_dim: got '16'"),
+    (lambda r: r.update(model_type="llama"), "expected 'qwen3' / \\['DFlashDraftModel'\\]"),
+    (lambda r: r.update(num_hidden_layers=3), "layers.2.self_attn.q_proj.weight: missing"),
+    (lambda r: r.update(intermediate_size=97), r"layers.0.mlp.gate_proj.weight: expected shape \(97, 64\), got \(96, 64\)"),
+    (lambda r: r.update(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 0.0,
+                                         "original_max_position_embeddings": 64}), "rope_scaling: factor 0.0"),
+])
+def test_a_drafter_that_does_not_fit_is_refused(pair, tmp_path, change, msg, numpy_backend):
+    target, _, path = pair
+    with pytest.raises(ValueError, match=msg):
+        kd.load_drafter(_edit(path, tmp_path, change), target)
+
+
+def test_yarn_rope_parses(pair, tmp_path, numpy_backend):
+    """A YaRN drafter (z-lab's Kimi-K2.5 drafter uses factor 64) loads; its rope differs from the plain one."""
+    target, _, path = pair
+    yarn = _edit(path, tmp_path, lambda r: (r.pop("rope_parameters", None), r.update(
+        rope_scaling={"type": "yarn", "factor": 64.0, "original_max_position_embeddings": 4})))
+    d = kd.load_drafter(yarn, target)
+    assert d.config.rope_scaling["factor"] == 64.0 and d.rope_amp > 1.0
+    assert not np.allclose(d.draft_logits(PROMPT, 13), kd.load_drafter(path, target).draft_logits(PROMPT, 13))
