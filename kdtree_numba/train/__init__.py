@@ -1,0 +1,1 @@
+"""Training code (torch, tokenizers): the `train` extra. Never imported by the inference path."""

@@ -1,0 +1,276 @@
+"""``python -m kdtree_numba.train {corpus,target,drafter,all}``: build the corpus, train the target and the drafter.
+
+    corpus  --out DIR [--cache DIR] [--vocab 4096]                 kdtree_numba.train.corpus.build
+    target  --data DIR --out DIR [--steps --batch --seq --lr --seed --config-json '{...}' --device cuda|cpu]
+    drafter --data DIR --target DIR --out DIR [--steps --batch --anchors --block --layers --target-layers 1,2,3
+            --regen N --seed ...]
+    all     --data DIR --out DIR [...]                             target -> OUT/target, then drafter -> OUT/drafter
+
+Defaults are sized for one H200 inside one 9-minute command (target ~4 min, regeneration <= 1.5 min, drafter
+~2.5 min); every run logs its ms/step so the step counts can be adjusted. Runs offline (HF_HUB_OFFLINE=1) and
+never prompts. A bad flag prints one line and exits 2; a failure during training raises (exit 1, traceback).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# defaults mirrored here so that `--help` and flag parsing need no torch import
+TARGET = dict(steps=4000, batch=32, seq=512, lr=2e-3, seed=0, val_every=500)
+DRAFTER = dict(steps=3000, batch=32, anchors=64, block=16, layers=2, target_layers="1,2,3", lr=6e-4, regen=2048,
+               regen_prompt=64, regen_batch=1024, regen_max_seconds=90.0, val_every=1000)
+TARGET_LAYERS = 5        # DEFAULT_TARGET_CONFIG["num_hidden_layers"]
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a usage error on ONE line and exits 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _positive_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
+    return v
+
+
+def _nonneg_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {s!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {s!r}")
+    return v
+
+
+def _positive_float(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}")
+    return v
+
+
+def _nonneg_float(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {s!r}") from None
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {s!r}")
+    return v
+
+
+def _int_list(s: str) -> tuple:
+    try:
+        v = tuple(int(x) for x in s.split(",") if x.strip() != "")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 1,2,3, got {s!r}") from None
+    if not v or any(x < 0 for x in v):
+        raise argparse.ArgumentTypeError(f"expected comma-separated non-negative integers, got {s!r}")
+    return v
+
+
+def _config_json(s: str) -> dict:
+    text = s.strip()
+    if not text.startswith("{") and os.path.exists(text):
+        with open(text) as f:
+            text = f.read()
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not a JSON object nor a readable JSON file ({e.msg})") from None
+    if not isinstance(d, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return d
+
+
+def _common(p, seq_default=512):
+    p.add_argument("--seq", type=_positive_int, default=seq_default, help="sequence length S (default 512)")
+    p.add_argument("--seed", type=_nonneg_int, default=0)
+    p.add_argument("--device", choices=["cuda", "cpu", "auto"], default="auto")
+    p.add_argument("--attn", choices=["auto", "sdpa", "eager"], default="auto",
+                   help="transformers attention for the target (auto: A/B on the first batch)")
+    p.add_argument("--experts", choices=["auto", "grouped_mm", "batched_mm", "eager"], default="auto",
+                   help="transformers MoE experts implementation for the target (auto: A/B on the first batch)")
+    p.add_argument("--log-every", type=_positive_int, default=50)
+    p.add_argument("--print-every", type=_positive_int, default=200)
+    p.add_argument("--val-windows", type=_positive_int, default=64, help="validation windows (default 64)")
+
+
+def _target_flags(p, prefix=""):
+    p.add_argument(f"--{prefix}steps", type=_positive_int, default=TARGET["steps"],
+                   help=f"target AdamW steps (default {TARGET['steps']})")
+    p.add_argument(f"--{prefix}batch", type=_positive_int, default=TARGET["batch"])
+    p.add_argument(f"--{prefix}lr", type=_positive_float, default=TARGET["lr"])
+    p.add_argument(f"--{prefix}val-every", type=_positive_int, default=TARGET["val_every"])
+    p.add_argument("--config-json", type=_config_json, default=None,
+                   help="target config overrides: a JSON object or a file holding one")
+
+
+def _drafter_flags(p, prefix=""):
+    p.add_argument(f"--{prefix}steps", type=_positive_int, default=DRAFTER["steps"],
+                   help=f"drafter AdamW steps (default {DRAFTER['steps']})")
+    p.add_argument(f"--{prefix}batch", type=_positive_int, default=DRAFTER["batch"])
+    p.add_argument(f"--{prefix}lr", type=_positive_float, default=DRAFTER["lr"])
+    p.add_argument(f"--{prefix}val-every", type=_positive_int, default=DRAFTER["val_every"])
+    p.add_argument("--anchors", type=_positive_int, default=DRAFTER["anchors"], help="anchors per sequence")
+    p.add_argument("--block", type=_positive_int, default=DRAFTER["block"], help="block size (default 16)")
+    p.add_argument("--layers", type=_positive_int, default=DRAFTER["layers"], help="drafter layers")
+    p.add_argument("--target-layers", type=_int_list, default=_int_list(DRAFTER["target_layers"]),
+                   help="target layers whose outputs feed the drafter (default 1,2,3)")
+    p.add_argument("--gamma", type=_positive_float, default=None, help="loss decay (default 7 for block 16)")
+    p.add_argument("--heads", type=_positive_int, default=8)
+    p.add_argument("--kv-heads", type=_positive_int, default=4)
+    p.add_argument("--head-dim", type=_positive_int, default=32)
+    p.add_argument("--intermediate", type=_positive_int, default=768)
+    p.add_argument("--regen", type=_nonneg_int, default=DRAFTER["regen"],
+                   help=f"prompts the target continues greedily for training text (default {DRAFTER['regen']})")
+    p.add_argument("--regen-prompt", type=_positive_int, default=DRAFTER["regen_prompt"])
+    p.add_argument("--regen-batch", type=_positive_int, default=DRAFTER["regen_batch"])
+    p.add_argument("--regen-max-seconds", type=_nonneg_float, default=DRAFTER["regen_max_seconds"],
+                   help="start no regeneration batch past this projected time (0: no cap)")
+
+
+def build_parser() -> OneLineParser:
+    ap = OneLineParser(prog="python -m kdtree_numba.train",
+                       description="Build the corpus, train the DeepSeek-V3 target and the DFlash drafter.")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="{corpus,target,drafter,all}")
+
+    p = sub.add_parser("corpus", help="build the corpus (tokens.npy, tokenizer.json, heldout.jsonl, manifest)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--cache", default=None, help="wheel cache directory")
+    p.add_argument("--vocab", type=_positive_int, default=4096)
+
+    p = sub.add_parser("target", help="train the target (DeepseekV3ForCausalLM)")
+    p.add_argument("--data", required=True, help="corpus directory (tokens.npy)")
+    p.add_argument("--out", required=True)
+    _target_flags(p)
+    _common(p)
+
+    p = sub.add_parser("drafter", help="train the DFlash drafter on a trained target")
+    p.add_argument("--data", required=True, help="corpus directory (tokens.npy)")
+    p.add_argument("--target", required=True, help="trained target directory")
+    p.add_argument("--out", required=True)
+    _drafter_flags(p)
+    _common(p)
+
+    p = sub.add_parser("all", help="target into OUT/target, then drafter into OUT/drafter")
+    p.add_argument("--data", required=True, help="corpus directory (tokens.npy)")
+    p.add_argument("--out", required=True)
+    _target_flags(p, "target-")
+    _drafter_flags(p, "drafter-")
+    _common(p)
+    return ap
+
+
+def _check_data(ap, path):
+    if not os.path.isfile(os.path.join(path, "tokens.npy")):
+        ap.error(f"--data {path}: no tokens.npy there (build it with the corpus subcommand)")
+
+
+def _common_kw(a) -> dict:
+    return dict(seed=a.seed, device=a.device, attn=a.attn, experts=a.experts, log_every=a.log_every,
+                print_every=a.print_every, val_windows=a.val_windows, seq=a.seq)
+
+
+def _target_kw(a, prefix="") -> dict:
+    g = lambda k: getattr(a, prefix + k)  # noqa: E731
+    return dict(steps=g("steps"), batch=g("batch"), lr=g("lr"), val_every=g("val_every"),
+                config_overrides=a.config_json, **_common_kw(a))
+
+
+def _drafter_kw(a, prefix="") -> dict:
+    g = lambda k: getattr(a, prefix + k)  # noqa: E731
+    return dict(steps=g("steps"), batch=g("batch"), lr=g("lr"), val_every=g("val_every"), anchors=a.anchors,
+                block=a.block, layers=a.layers, target_layers=a.target_layers, gamma=a.gamma, heads=a.heads,
+                kv_heads=a.kv_heads, head_dim=a.head_dim, intermediate=a.intermediate, regen=a.regen,
+                regen_prompt=a.regen_prompt, regen_batch=a.regen_batch, regen_max_seconds=a.regen_max_seconds,
+                **_common_kw(a))
+
+
+def _check_drafter(ap, a):
+    if a.block < 2:
+        ap.error(f"--block {a.block}: must be at least 2")
+    if a.anchors > a.seq - a.block:
+        ap.error(f"--anchors {a.anchors}: at most --seq - --block = {a.seq - a.block}")
+    if a.regen and a.regen_prompt >= a.seq:
+        ap.error(f"--regen-prompt {a.regen_prompt}: must be shorter than --seq {a.seq}")
+    if a.heads % a.kv_heads:
+        ap.error(f"--heads {a.heads} is not a multiple of --kv-heads {a.kv_heads}")
+    if a.head_dim % 2:
+        ap.error(f"--head-dim {a.head_dim}: must be even (rope)")
+    if a.cmd == "all":
+        n_layers = (a.config_json or {}).get("num_hidden_layers", TARGET_LAYERS)
+    else:
+        try:
+            with open(os.path.join(a.target, "config.json")) as f:
+                n_layers = json.load(f)["num_hidden_layers"]
+        except (OSError, ValueError, KeyError):
+            ap.error(f"--target {a.target}: no readable config.json with num_hidden_layers (train the target first)")
+    bad = [k for k in a.target_layers if k > n_layers - 2]
+    if bad:
+        ap.error(f"--target-layers {','.join(map(str, a.target_layers))}: layer {bad[0]} outside [0, {n_layers - 2}] "
+                 f"(a {n_layers}-layer target; its last layer's HF hidden state is post-norm)")
+
+
+def main(argv=None) -> int:
+    ap = build_parser()
+    a = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    if a.cmd == "corpus":
+        from . import corpus
+
+        manifest = corpus.build(a.out, cache_dir=a.cache, vocab_size=a.vocab)
+        print(json.dumps({k: v for k, v in manifest.items() if not isinstance(v, (list, dict))}, indent=1),
+              flush=True)
+        return 0
+    _check_data(ap, a.data)
+    if a.cmd in ("drafter", "all"):
+        _check_drafter(ap, a)
+    if a.cmd == "target":
+        from .target_train import train_target
+
+        train_target(a.data, a.out, **_target_kw(a))
+    elif a.cmd == "drafter":
+        from .drafter_train import train_drafter
+
+        train_drafter(a.data, a.target, a.out, **_drafter_kw(a))
+    else:
+        from .drafter_train import train_drafter
+        from .target_train import train_target, write_json
+
+        tdir, ddir = os.path.join(a.out, "target"), os.path.join(a.out, "drafter")
+        trec = train_target(a.data, tdir, **_target_kw(a, "target_"))
+        t_target = time.perf_counter() - t0
+        drec = train_drafter(a.data, tdir, ddir, **_drafter_kw(a, "drafter_"))
+        total = time.perf_counter() - t0
+        summary = {"total_seconds": total, "target_seconds": t_target, "drafter_seconds": total - t_target,
+                   "target": {"ms_per_step": trec["ms_per_step"], "val": trec["val"][-1],
+                              "implementation": {k: trec["implementation"][k] for k in ("attn", "experts")}},
+                   "drafter": {"ms_per_step": drec["ms_per_step"], "val": drec["val"][-1],
+                               "regen_seconds": drec["regen"].get("seconds")}}
+        write_json(os.path.join(a.out, "run_summary.json"), summary)
+        print(f"[all] done in {total:.1f}s (target {t_target:.1f}s, drafter {total - t_target:.1f}s) -> {a.out}",
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,382 @@
+"""Train the DFlash drafter on a frozen trained target (the `train` extra; torch).
+
+What: ``dflash_torch.DFlashDraftModel`` learns to predict the next ``block_size - 1`` tokens of the TARGET's own
+text from the target's hidden features, SpecForge's "anchored block" recipe:
+
+    text      each batch of Bt sequences (S = 512 tokens) is half corpus windows (train split, random offsets)
+              and half TARGET-REGENERATED text: ``--regen N`` prompts of ``--regen-prompt`` (64) tokens from the
+              corpus train split, continued greedily by the target for S - 64 tokens (HF ``generate``,
+              do_sample=False, use_cache=True, eos_token_id=None, min_new_tokens = max_new_tokens, in equal
+              batches of at most ``--regen-batch`` = 1024), so the drafter learns the target's own greedy
+              behaviour (what DFlash does).
+              A further max(4, min(64, N/32)) prompts from the VALIDATION split are continued the same way and held
+              out. ``--regen-max-seconds`` (90) stops starting new batches once the projected time would pass it
+              (logged; 0 = never).
+    features  frozen target, no grad, bf16 autocast: feat = concat_k hs[k + 1] for k in --target-layers
+              (forward hooks on decoder layer k = HF output_hidden_states[k + 1])           [Bt, S, nF*H]
+    anchors   A per sequence (64), without replacement, uniform in [1, S - bs]; block a = [x_a, MASK x (bs-1)]
+              at positions a .. a+bs-1, seeing context features j < a and its own block only
+    loss      sum_k w_k CE(x_{a+k}) / sum_k w_k, w_k = exp(-(k-1)/gamma), gamma 7 (bs 16) / 4 (bs 8)
+    optimiser AdamW lr 6e-4, betas 0.9/0.95, wd 0.01 on matrices, warmup 4 %, cosine to 10 %, clip 1.0, bf16
+              autocast on CUDA, exactly --steps steps
+    metrics   per-position top-1 accuracy and the greedy-chain acceptance length 1 + sum_k prod_{j<=k} correct_j,
+              on held-out corpus windows and held-out regenerated text, every --val-every steps and at the end
+    output    OUT/config.json + OUT/model.safetensors (bf16), OUT/drafter_train_log.json, OUT/tokenizer.json
+
+Reproduce::
+
+    python -m kdtree_numba.train drafter --data CORPUS_DIR --target OUT/target --out OUT/drafter   # H200 ~4 min
+"""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import time
+
+import numpy as np
+import torch
+
+from . import dflash_torch as dfl
+from . import target_train as tt
+
+DEFAULTS = dict(steps=3000, batch=32, seq=512, anchors=64, block=16, layers=2, target_layers=(1, 2, 3), lr=6e-4,
+                seed=0, weight_decay=0.01, warmup_frac=0.04, final_lr_frac=0.1, grad_clip=1.0, regen=2048,
+                regen_prompt=64, regen_batch=1024, regen_max_seconds=90.0, log_every=50, val_every=1000,
+                print_every=200, val_windows=64, heads=8, kv_heads=4, head_dim=32, intermediate=768)
+log = tt.log
+
+
+# ------------------------------------------------------------------------------------------------ target side
+def load_frozen_target(target_dir: str, device: torch.device):
+    """The trained HF target in float32 on ``device``, eval mode, every parameter frozen."""
+    import transformers
+
+    if not os.path.exists(os.path.join(target_dir, "config.json")):
+        raise FileNotFoundError(f"{target_dir}: no config.json (train the target first)")
+    try:
+        model = transformers.DeepseekV3ForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
+    except TypeError:
+        model = transformers.DeepseekV3ForCausalLM.from_pretrained(target_dir, torch_dtype=torch.float32)
+    model = model.to(device).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+class TargetFeatures:
+    """Captures the residual stream after decoder layers ``layer_ids`` with forward hooks.
+
+    ``__call__(ids [Bt, S])`` -> [Bt, S, nF*H] = concat_k output of model.model.layers[k] = HF
+    ``output_hidden_states[k + 1]`` (pre-final-norm for every k < num_hidden_layers - 1).
+    """
+
+    def __init__(self, model, layer_ids):
+        self.model = model
+        self.layer_ids = tuple(int(k) for k in layer_ids)
+        L = model.config.num_hidden_layers
+        bad = [k for k in self.layer_ids if not 0 <= k < L - 1]
+        if bad:
+            raise ValueError(f"target layer ids {list(self.layer_ids)}: each must be in [0, {L - 2}]")
+        self._out = {}
+        self._hooks = [model.model.layers[k].register_forward_hook(self._hook(k)) for k in self.layer_ids]
+
+    def _hook(self, k):
+        def fn(module, inputs, output):
+            self._out[k] = output[0] if isinstance(output, tuple) else output
+        return fn
+
+    @torch.no_grad()
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        self._out.clear()
+        self.model.model(input_ids=ids, use_cache=False)
+        feat = torch.cat([self._out[k] for k in self.layer_ids], dim=-1)                # [Bt, S, nF*H]
+        self._out.clear()
+        return feat
+
+    def remove(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+
+def regenerate(model, prompts: np.ndarray, new_tokens: int, batch: int, device: torch.device,
+               max_seconds: float = 0.0, keep_first: int = 0) -> tuple[np.ndarray, dict]:
+    """Greedy target continuations of ``prompts [N, P]``: returns ([N', P + new_tokens] int64, info).
+
+    Equal batches of at most ``batch`` prompts through HF ``generate`` (do_sample=False, use_cache=True,
+    eos_token_id=None, min_new_tokens = max_new_tokens, so every row has the same length and EOS is never
+    suppressed) under bf16 autocast on CUDA. With
+    ``max_seconds`` > 0 no new batch starts once the projected end would pass it; the first ``keep_first`` rows
+    (the validation prompts) are always generated.
+    """
+    import transformers
+
+    N, P = prompts.shape
+    gen_cfg = transformers.GenerationConfig(
+        max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, use_cache=True,
+        eos_token_id=None, pad_token_id=model.config.pad_token_id, bos_token_id=model.config.bos_token_id)
+    saved_eos = getattr(model.generation_config, "eos_token_id", None)
+    model.generation_config.eos_token_id = None
+    out, t0, capped = [], time.perf_counter(), False
+    per_batch = 0.0
+    batch = -(-N // -(-N // batch)) if N else batch       # equal chunks of at most ``batch`` rows
+    try:
+        for i in range(0, N, batch):
+            elapsed = time.perf_counter() - t0
+            if max_seconds and i >= keep_first and i > 0 and elapsed + per_batch > max_seconds:
+                capped = True
+                log(f"[regen] WARNING: stopping at {i} of {N} sequences after {elapsed:.1f}s "
+                    f"(--regen-max-seconds {max_seconds:g})")
+                break
+            tb = time.perf_counter()
+            x = torch.from_numpy(np.ascontiguousarray(prompts[i:i + batch])).to(device)  # [b, P]
+            with torch.no_grad(), tt.autocast(device):
+                y = model.generate(x, attention_mask=torch.ones_like(x), generation_config=gen_cfg)
+            if y.shape[1] != P + new_tokens:
+                raise RuntimeError(f"generate returned {y.shape[1]} tokens per row, expected {P + new_tokens}")
+            out.append(y.cpu().numpy().astype(np.int64))                                # [b, P+new]
+            tt.sync(device)
+            per_batch = max(per_batch, time.perf_counter() - tb)
+            log(f"[regen] {min(i + batch, N)}/{N} sequences, {time.perf_counter() - t0:.1f}s")
+    finally:
+        model.generation_config.eos_token_id = saved_eos
+    seqs = np.concatenate(out) if out else np.zeros((0, P + new_tokens), np.int64)
+    secs = time.perf_counter() - t0
+    info = {"sequences": int(len(seqs)), "requested": int(N), "prompt_tokens": int(P), "new_tokens": int(new_tokens),
+            "batch": int(batch), "seconds": secs, "capped": capped,
+            "new_tokens_per_s": float(len(seqs) * new_tokens / max(secs, 1e-9))}
+    return seqs, info
+
+
+# ------------------------------------------------------------------------------------------------ sampling
+def sample_anchors(rng: np.random.Generator, rows: int, anchors: int, seq: int, block: int) -> np.ndarray:
+    """``anchors`` distinct anchors per row, uniform in [1, seq - block], sorted                -> [rows, A] int64"""
+    hi = seq - block
+    if anchors > hi:
+        raise ValueError(f"--anchors {anchors} > the {hi} possible anchors of a {seq}-token sequence, block {block}")
+    a = np.argsort(rng.random((rows, hi)), axis=1)[:, :anchors] + 1
+    return np.sort(a, axis=1).astype(np.int64)
+
+
+class DraftBatches:
+    """Training batches: half corpus windows, half regenerated sequences (all corpus without regen text)."""
+
+    def __init__(self, data: tt.TokenData, regen: np.ndarray, seq: int):
+        self.data, self.regen, self.seq = data, regen, seq
+
+    def __call__(self, rng: np.random.Generator, batch: int) -> np.ndarray:
+        n_regen = batch // 2 if len(self.regen) else 0
+        parts = []
+        if batch - n_regen:
+            parts.append(self.data.sample(rng, batch - n_regen, self.seq))              # [b1, S]
+        if n_regen:
+            parts.append(self.regen[rng.integers(0, len(self.regen), n_regen)])         # [b2, S]
+        return np.concatenate(parts)                                                    # [Bt, S]
+
+
+# ------------------------------------------------------------------------------------------------ steps
+def drafter_loss(drafter, feats: TargetFeatures, embed_w, head_w, ids, anchors, weights):
+    """One anchored-block pass: (loss, correct [Bt, A, bs-1] bool). ids [Bt, S], anchors [Bt, A] on device."""
+    feat = feats(ids)                                                                   # [Bt, S, nF*H]
+    logits = drafter(feat, ids, anchors, embed_w, head_w)                               # [Bt, A, bs-1, V]
+    labels = dfl.block_labels(ids, anchors, drafter.config.block_size)                  # [Bt, A, bs-1]
+    return dfl.weighted_block_loss(logits, labels, weights)
+
+
+@torch.no_grad()
+def evaluate_drafter(drafter, feats, embed_w, head_w, seqs: np.ndarray, anchors: np.ndarray, weights,
+                     batch: int, device: torch.device) -> dict:
+    """Weighted loss, per-position top-1 accuracy and greedy-chain acceptance length over fixed (seqs, anchors)."""
+    if len(seqs) == 0:
+        return {}
+    was = drafter.training
+    drafter.eval()
+    loss_sum, n_rows, acc_sum, chain_sum = 0.0, 0, None, 0.0
+    for i in range(0, len(seqs), batch):
+        ids = torch.from_numpy(seqs[i:i + batch]).to(device)                            # [b, S]
+        anc = torch.from_numpy(anchors[i:i + batch]).to(device)                         # [b, A]
+        with tt.autocast(device):
+            loss, correct = drafter_loss(drafter, feats, embed_w, head_w, ids, anc, weights)
+        b = correct.shape[0] * correct.shape[1]
+        loss_sum += float(loss) * b
+        n_rows += b
+        acc = correct.float().sum(dim=(0, 1))                                            # [bs-1]
+        acc_sum = acc if acc_sum is None else acc_sum + acc
+        chain_sum += float(dfl.chain_accept_length(correct)) * b
+    drafter.train(was)
+    acc = (acc_sum / n_rows).cpu().tolist()
+    return {"loss": loss_sum / n_rows, "acc": [round(a, 5) for a in acc], "mean_acc": float(np.mean(acc)),
+            "chain_accept": chain_sum / n_rows, "blocks": n_rows}
+
+
+def _decode_sample(tok_path: str, ids) -> str | None:
+    try:
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(tok_path).decode([int(t) for t in ids], skip_special_tokens=False)[:600]
+    except Exception:  # noqa: BLE001 - a sample is a nicety; no tokenizer, no sample
+        return None
+
+
+def train_drafter(data_dir: str, target_dir: str, out_dir: str, *, steps: int = DEFAULTS["steps"],
+                  batch: int = DEFAULTS["batch"], seq: int = DEFAULTS["seq"], anchors: int = DEFAULTS["anchors"],
+                  block: int = DEFAULTS["block"], layers: int = DEFAULTS["layers"],
+                  target_layers=DEFAULTS["target_layers"], lr: float = DEFAULTS["lr"], seed: int = DEFAULTS["seed"],
+                  gamma: float | None = None, heads: int = DEFAULTS["heads"], kv_heads: int = DEFAULTS["kv_heads"],
+                  head_dim: int = DEFAULTS["head_dim"], intermediate: int = DEFAULTS["intermediate"],
+                  weight_decay: float = DEFAULTS["weight_decay"], warmup_frac: float = DEFAULTS["warmup_frac"],
+                  final_lr_frac: float = DEFAULTS["final_lr_frac"], grad_clip: float = DEFAULTS["grad_clip"],
+                  regen: int = DEFAULTS["regen"], regen_prompt: int = DEFAULTS["regen_prompt"],
+                  regen_batch: int = DEFAULTS["regen_batch"], regen_max_seconds: float = DEFAULTS["regen_max_seconds"],
+                  log_every: int = DEFAULTS["log_every"], val_every: int = DEFAULTS["val_every"],
+                  print_every: int = DEFAULTS["print_every"], val_windows: int = DEFAULTS["val_windows"],
+                  device: str | None = None, attn: str = "auto", experts: str = "auto") -> dict:
+    """Regenerate text with the target, train the drafter for exactly ``steps`` steps, save it (bf16) + log."""
+    args = {k: (list(v) if isinstance(v, tuple) else v) for k, v in locals().items()}
+    t_start = time.perf_counter()
+    dev = tt.pick_device(device)
+    if dev.type == "cuda":
+        torch.set_float32_matmul_precision("high")                                      # TF32 for fp32 matmuls
+    if not 0 < regen_prompt < seq:
+        raise ValueError(f"--regen-prompt {regen_prompt} must be in [1, --seq {seq})")
+    target = load_frozen_target(target_dir, dev)
+    tcfg = target.config
+    cfg = dfl.config_for_target(tcfg, num_hidden_layers=layers, num_attention_heads=heads,
+                                num_key_value_heads=kv_heads, head_dim=head_dim, intermediate_size=intermediate,
+                                block_size=block, target_layer_ids=tuple(target_layers))
+    gamma = dfl.default_gamma(block) if gamma is None else float(gamma)
+    weights = dfl.position_weights(block, gamma).to(dev)                                # [bs-1]
+    data = tt.TokenData(data_dir, tcfg.vocab_size)
+    rng = np.random.default_rng(seed)
+    os.makedirs(out_dir, exist_ok=True)
+    log(f"[drafter] target {target_dir}: {tcfg.num_hidden_layers} layers, hidden {tcfg.hidden_size}; features of "
+        f"layers {list(cfg.target_layer_ids)}; device {dev}")
+
+    # ---- kernels for the frozen target's forward (no grad)
+    probe = torch.from_numpy(data.sample(np.random.default_rng(seed + 7919), batch, seq + 1)).to(dev)
+    impl = tt.choose_implementations(target, probe, dev, attn, experts, train=False)
+    del probe
+    log(f"[drafter] target attention {impl['attn']}, experts {impl['experts']}")
+
+    # ---- regenerate text with the target (val prompts from the validation split first)
+    n_val_regen = max(4, min(64, regen // 32)) if regen > 0 else 0
+    regen_info, regen_train, regen_val, sample = {"sequences": 0}, np.zeros((0, seq), np.int64), None, None
+    if regen > 0:
+        vp = data.sample(rng, n_val_regen, regen_prompt, split="val")                   # [Nv, P]
+        tp = data.sample(rng, regen, regen_prompt)                                      # [N, P]
+        log(f"[regen] {regen} + {n_val_regen} (val) prompts of {regen_prompt} tokens -> {seq} tokens, "
+            f"batch {regen_batch}")
+        seqs, regen_info = regenerate(target, np.concatenate([vp, tp]), seq - regen_prompt, regen_batch, dev,
+                                      regen_max_seconds, keep_first=n_val_regen)
+        regen_val, regen_train = seqs[:n_val_regen], seqs[n_val_regen:]                 # [Nv, S], [N', S]
+        regen_info["train_sequences"], regen_info["val_sequences"] = int(len(regen_train)), int(len(regen_val))
+        log(f"[regen] {len(seqs)} sequences in {regen_info['seconds']:.1f}s "
+            f"({regen_info['new_tokens_per_s']:.0f} new tokens/s)")
+        tok = os.path.join(target_dir, "tokenizer.json")
+        sample = _decode_sample(tok, regen_val[0]) if len(regen_val) else None
+        regen_info["sample"] = sample
+    batches = DraftBatches(data, regen_train, seq)
+
+    # ---- fixed validation sets
+    vrng = np.random.default_rng(seed + 104729)
+    val_sets = {"corpus": data.val_windows(seq, val_windows)}                           # [W, S]
+    if regen_val is not None and len(regen_val):
+        val_sets["regen"] = regen_val
+    val_anchors = {k: sample_anchors(vrng, len(v), anchors, seq, block) for k, v in val_sets.items()}
+
+    # ---- model, optimiser
+    torch.manual_seed(seed)
+    drafter = dfl.DFlashDraftModel(cfg).to(dev)
+    drafter.train()
+    feats = TargetFeatures(target, cfg.target_layer_ids)
+    embed_w = target.model.embed_tokens.weight                                          # [V, H] frozen
+    head_w = target.lm_head.weight                                                      # [V, H] frozen
+    n_params = sum(p.numel() for p in drafter.parameters())
+    opt = tt.make_adamw(drafter.named_parameters(), lr, weight_decay, dev)
+    params = list(drafter.parameters())
+    record = {"config": cfg.to_dict(), "target": {"dir": os.path.abspath(target_dir), "config": tcfg.to_dict()},
+              "args": args, "params": n_params, "gamma": gamma, "position_weights": weights.cpu().tolist(),
+              "device": str(dev), "versions": tt.versions(), "target_implementation": impl, "regen": regen_info,
+              "steps": [], "val": []}
+    log_path = os.path.join(out_dir, "drafter_train_log.json")
+    log(f"[drafter] {n_params / 1e6:.2f} M params ({cfg.num_hidden_layers} layers, block {block}, gamma {gamma:g}); "
+        f"{steps} steps x {batch} sequences x {anchors} anchors; regen train {len(regen_train)} sequences")
+
+    def run_val(step):
+        res = {"step": step}
+        for k, v in val_sets.items():
+            res[k] = evaluate_drafter(drafter, feats, embed_w, head_w, v, val_anchors[k], weights, batch, dev)
+        res["t"] = time.perf_counter() - t0
+        record["val"].append(res)
+        log(f"[drafter] step {step} val " + "; ".join(
+            f"{k}: loss {res[k]['loss']:.4f} acc@1 {res[k]['acc'][0]:.3f} mean acc {res[k]['mean_acc']:.3f} "
+            f"chain tau {res[k]['chain_accept']:.2f}" for k in val_sets))
+        tt.write_json(log_path, record)
+
+    loss_acc = torch.zeros((), device=dev)
+    pos_acc = torch.zeros(block - 1, device=dev)
+    n_acc = 0
+    tt.sync(dev)
+    t0 = time.perf_counter()
+    t_mark, s_mark = t0, 0
+    for step in range(steps):
+        cur_lr = tt.lr_at(step, steps, lr, warmup_frac, final_lr_frac)
+        for g in opt.param_groups:
+            g["lr"] = cur_lr
+        ids = torch.from_numpy(batches(rng, batch)).to(dev, non_blocking=True)           # [Bt, S]
+        anc = torch.from_numpy(sample_anchors(rng, batch, anchors, seq, block)).to(dev)  # [Bt, A]
+        with tt.autocast(dev):
+            loss, correct = drafter_loss(drafter, feats, embed_w, head_w, ids, anc, weights)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss_acc += loss.detach()
+        pos_acc += correct.float().mean(dim=(0, 1))
+        n_acc += 1
+        done = step + 1
+        if done % log_every == 0 or done == steps:
+            mean_loss = float(loss_acc) / n_acc
+            if not math.isfinite(mean_loss):
+                tt.write_json(log_path, record)
+                raise FloatingPointError(f"[drafter] loss is {mean_loss} at step {done}")
+            record["steps"].append({"step": done, "loss": mean_loss, "lr": cur_lr,
+                                    "acc": [round(a, 4) for a in (pos_acc / n_acc).cpu().tolist()],
+                                    "t": time.perf_counter() - t0})
+            loss_acc.zero_()
+            pos_acc.zero_()
+            n_acc = 0
+        if done % print_every == 0 or done == steps:
+            tt.sync(dev)
+            now = time.perf_counter()
+            ms = 1e3 * (now - t_mark) / max(1, done - s_mark)
+            t_mark, s_mark = now, done
+            last = record["steps"][-1]
+            log(f"[drafter] step {done}/{steps} loss {last['loss']:.4f} acc@1 {last['acc'][0]:.3f} "
+                f"acc@{block - 1} {last['acc'][-1]:.3f} lr {cur_lr:.2e} t {now - t0:.1f}s "
+                f"({ms:.1f} ms/step, eta {ms * (steps - done) / 1e3:.0f}s)")
+        if done % val_every == 0 and done != steps:
+            run_val(done)
+    tt.sync(dev)
+    train_s = time.perf_counter() - t0
+    record["train_seconds"] = train_s
+    record["ms_per_step"] = 1e3 * train_s / max(1, steps)
+    run_val(steps)
+    if dev.type == "cuda":
+        record["peak_mem_gb"] = torch.cuda.max_memory_allocated(dev) / 2**30
+    feats.remove()
+    drafter.save_pretrained(out_dir)                                                    # bf16
+    for src in (os.path.join(target_dir, "tokenizer.json"), os.path.join(data_dir, "tokenizer.json")):
+        if os.path.exists(src):
+            shutil.copyfile(src, os.path.join(out_dir, "tokenizer.json"))
+            break
+    record["total_seconds"] = time.perf_counter() - t_start
+    tt.write_json(log_path, record)
+    log(f"[drafter] saved {out_dir} (bf16); train {train_s:.1f}s ({record['ms_per_step']:.1f} ms/step), "
+        f"total {record['total_seconds']:.1f}s")
+    return record
+
+
+__all__ = ["DEFAULTS", "TargetFeatures", "load_frozen_target", "regenerate", "sample_anchors", "DraftBatches",
+           "drafter_loss", "evaluate_drafter", "train_drafter"]

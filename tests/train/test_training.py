@@ -1,0 +1,306 @@
+"""Training code smoke tests on CPU with tiny configs: target (HF + engine parity), the DFlash drafter's anchored
+mask against its one-block reference, the weighted loss, save/load round trips, the CLI."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import kdtree_numba as kd  # noqa: E402
+from kdtree_numba.train import dflash_torch as dfl  # noqa: E402
+from kdtree_numba.train import drafter_train as dt  # noqa: E402
+from kdtree_numba.train import target_train as tt  # noqa: E402
+
+V = 128
+TINY_TARGET = dict(vocab_size=V, hidden_size=32, intermediate_size=64, moe_intermediate_size=24, num_hidden_layers=3,
+                   num_attention_heads=4, num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16,
+                   qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8, max_position_embeddings=128)
+TINY_DRAFTER = dict(layers=2, heads=4, kv_heads=2, head_dim=8, intermediate=48)
+SEQ = 48
+
+
+def _fake_corpus(path):
+    """tokens.npy: a repeated random 'file' (ids 3..V-1) + EOT 0 with 10 % noise; a byte-level BPE tokenizer.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    rng = np.random.default_rng(0)
+    base = rng.integers(3, V, 61)
+    stream = np.tile(np.concatenate([base, [0]]), 200)
+    noise = rng.random(len(stream)) < 0.1
+    stream[noise] = rng.integers(3, V, int(noise.sum()))
+    os.makedirs(path, exist_ok=True)
+    np.save(os.path.join(path, "tokens.npy"), stream.astype(np.uint16))
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(["def f(x):\n    return x\n"] * 20, trainers.BpeTrainer(
+        vocab_size=V, special_tokens=["<|endoftext|>", "<|mask|>", "<|pad|>"]))
+    tok.save(os.path.join(path, "tokenizer.json"))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return _fake_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="module")
+def trained_target(data_dir, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("target"))
+    rec = tt.train_target(data_dir, out, steps=3, batch=2, seq=SEQ, config_overrides=TINY_TARGET, device="cpu",
+                          log_every=1, val_every=2, val_windows=4)
+    return out, rec
+
+
+# ------------------------------------------------------------------------------------------------ target
+def test_target_trains_and_saves_bf16(trained_target):
+    out, rec = trained_target
+    assert [s["step"] for s in rec["steps"]] == [1, 2, 3]
+    assert all(np.isfinite(s["loss"]) for s in rec["steps"]) and np.isfinite(rec["val"][-1]["loss"])
+    assert [v["step"] for v in rec["val"]] == [2, 3]
+    log = json.load(open(os.path.join(out, "train_log.json")))
+    assert set(log) >= {"config", "args", "steps", "val"}
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    assert cfg["dtype"] == "bfloat16" and cfg["tie_word_embeddings"] is False
+    assert os.path.exists(os.path.join(out, "tokenizer.json"))
+    from safetensors import safe_open
+
+    with safe_open(os.path.join(out, "model.safetensors"), "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
+        bias = f.get_tensor("model.layers.1.mlp.gate.e_score_correction_bias")
+        assert torch.count_nonzero(bias) == 0                          # stays at HF's zeros
+
+
+def test_target_loads_in_transformers_and_in_the_engine(trained_target, numpy_backend):
+    out, _ = trained_target
+    hf = transformers.DeepseekV3ForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    ids = np.random.default_rng(1).integers(0, V, 21)
+    with torch.no_grad():
+        want = hf(torch.tensor(ids)[None]).logits[0].numpy()                   # [T, V]
+    got = kd.load_target(out).logits(ids)
+    assert np.abs(got - want).max() <= 1e-3
+    assert want.std() > 1e-3
+
+
+def test_feature_hooks_are_hf_hidden_states_k_plus_1(trained_target):
+    out, _ = trained_target
+    model = dt.load_frozen_target(out, torch.device("cpu"))
+    ids = torch.tensor(np.random.default_rng(2).integers(0, V, (2, 17)))
+    feats = dt.TargetFeatures(model, (0, 1))
+    got = feats(ids)                                                            # [2, 17, 2H]
+    with torch.no_grad():
+        hs = model(ids, output_hidden_states=True).hidden_states
+    want = torch.cat([hs[1], hs[2]], dim=-1)
+    assert torch.equal(got, want)
+    with pytest.raises(ValueError):
+        dt.TargetFeatures(model, (2,))                                          # the last layer is refused
+    feats.remove()
+
+
+def test_lr_schedule():
+    lrs = [tt.lr_at(s, 100, 1.0) for s in range(100)]
+    assert lrs[0] == pytest.approx(0.25) and lrs[3] == pytest.approx(1.0)       # 4 warm-up steps
+    assert lrs[-1] == pytest.approx(0.1, abs=2e-3) and min(lrs[4:]) >= 0.1
+
+
+# ------------------------------------------------------------------------------------------------ drafter
+def _random_drafter(bs=4, seed=0):
+    cfg = dfl.DFlashConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, head_dim=8, vocab_size=V, block_size=bs, num_target_layers=4,
+                           target_layer_ids=(0, 2))
+    torch.manual_seed(seed)
+    m = dfl.DFlashDraftModel(cfg, init_std=0.1)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if "norm" in name:
+                p.add_(0.3 * torch.randn_like(p))
+    embed = torch.randn(V, 32)
+    head = torch.randn(V, 32) * 0.2
+    return m.eval(), embed, head
+
+
+def test_drafter_state_dict_keys_and_shapes():
+    m, _, _ = _random_drafter()
+    sd = {k: tuple(v.shape) for k, v in m.state_dict().items()}
+    want = {"fc.weight": (32, 64), "hidden_norm.weight": (32,), "norm.weight": (32,)}
+    for i in range(2):
+        p = f"layers.{i}."
+        want.update({p + "self_attn.q_proj.weight": (32, 32), p + "self_attn.k_proj.weight": (16, 32),
+                     p + "self_attn.v_proj.weight": (16, 32), p + "self_attn.o_proj.weight": (32, 32),
+                     p + "self_attn.q_norm.weight": (8,), p + "self_attn.k_norm.weight": (8,),
+                     p + "mlp.gate_proj.weight": (48, 32), p + "mlp.up_proj.weight": (48, 32),
+                     p + "mlp.down_proj.weight": (32, 48), p + "input_layernorm.weight": (32,),
+                     p + "post_attention_layernorm.weight": (32,)})
+    assert sd == want
+
+
+def test_anchored_training_forward_equals_block_logits():
+    """Each anchor's logits in the batched masked pass == the one-block reference on ctx = features of j < a."""
+    bs, S = 4, 24
+    m, embed, head = _random_drafter(bs)
+    g = torch.Generator().manual_seed(3)
+    feat = torch.randn(2, S, 64, generator=g)                                   # [Bt, S, nF*H]
+    ids = torch.randint(3, V, (2, S), generator=g)
+    anchors = torch.tensor([[1, 7, 20], [5, 6, 13]])                            # [Bt, A], max S - bs
+    with torch.no_grad():
+        logits = m(feat, ids, anchors, embed, head)                             # [2, 3, bs-1, V]
+        assert logits.shape == (2, 3, bs - 1, V)
+        for b in range(2):
+            for i, a in enumerate(anchors[b].tolist()):
+                blk = torch.tensor([int(ids[b, a])] + [m.config.mask_token_id] * (bs - 1))
+                ref = m.block_logits(feat[b, :a], torch.arange(a), blk, a + torch.arange(bs), embed, head)
+                assert torch.allclose(logits[b, i], ref, atol=1e-5, rtol=0), (b, a)
+        # features at or after the anchor must not matter; another block's tokens must not matter either
+        feat2, ids2 = feat.clone(), ids.clone()
+        feat2[0, 7:] += 5.0
+        ids2[0, 20] = (ids2[0, 20] + 1) % V
+        again = m(feat2, ids2, anchors, embed, head)
+        assert torch.allclose(again[0, 1], logits[0, 1], atol=1e-6)
+        assert not torch.allclose(again[0, 2], logits[0, 2], atol=1e-3)
+
+
+def test_weighted_loss_matches_hand_computation():
+    bs = 4
+    w = dfl.position_weights(bs)                                                # gamma 2 for block 4
+    np.testing.assert_allclose(w.numpy(), np.exp(-np.arange(3) / 2.0), rtol=1e-6)
+    assert dfl.default_gamma(16) == 7.0 and dfl.default_gamma(8) == 4.0
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(2, 3, bs - 1, 11, generator=g)
+    labels = torch.randint(0, 11, (2, 3, bs - 1), generator=g)
+    loss, correct = dfl.weighted_block_loss(logits, labels, w)
+    x = logits.double().numpy()
+    lse = np.log(np.exp(x).sum(-1))
+    ce = lse - np.take_along_axis(x, labels.numpy()[..., None], -1)[..., 0]   # [2, 3, 3]
+    ww = np.exp(-np.arange(3) / 2.0)
+    assert float(loss) == pytest.approx((ce * ww).sum() / (ww.sum() * 6), rel=1e-6)
+    assert torch.equal(correct, logits.argmax(-1) == labels)
+    lab = dfl.block_labels(torch.arange(100, 120)[None], torch.tensor([[1, 9]]), bs)
+    assert lab.tolist() == [[[102, 103, 104], [110, 111, 112]]]
+
+
+def test_drafter_save_load_round_trip(tmp_path):
+    m, embed, head = _random_drafter()
+    with torch.no_grad():                                                       # bf16-exact weights
+        for p in m.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    m.save_pretrained(tmp_path)
+    cfg = json.load(open(tmp_path / "config.json"))
+    assert cfg["model_type"] == "qwen3" and cfg["architectures"] == ["DFlashDraftModel"]
+    assert cfg["dflash_config"] == {"target_layer_ids": [0, 2], "mask_token_id": 1}
+    assert cfg["rope_scaling"] is None and cfg["rope_parameters"]["rope_type"] == "default"
+    again = dfl.DFlashDraftModel.from_pretrained(tmp_path)
+    args = (torch.randn(9, 64), torch.arange(9), torch.tensor([5, 1, 1, 1]), torch.arange(9, 13), embed, head)
+    assert torch.equal(m.block_logits(*args), again.block_logits(*args))
+
+
+def test_drafter_trains_three_steps(trained_target, data_dir, tmp_path):
+    tdir, _ = trained_target
+    rec = dt.train_drafter(data_dir, tdir, str(tmp_path), steps=3, batch=2, seq=SEQ, anchors=6, block=4,
+                           target_layers=(0, 1), regen=4, regen_prompt=8, regen_batch=8, log_every=1,
+                           val_windows=2, device="cpu", **TINY_DRAFTER)
+    assert [s["step"] for s in rec["steps"]] == [1, 2, 3] and all(np.isfinite(s["loss"]) for s in rec["steps"])
+    assert rec["regen"]["train_sequences"] == 4 and rec["regen"]["val_sequences"] == 4
+    val = rec["val"][-1]
+    assert set(val) >= {"corpus", "regen"} and len(val["corpus"]["acc"]) == 3
+    m = dfl.DFlashDraftModel.from_pretrained(tmp_path)
+    assert m.config.block_size == 4 and m.config.target_layer_ids == (0, 1) and m.config.num_target_layers == 3
+    log = json.load(open(tmp_path / "drafter_train_log.json"))
+    assert log["regen"]["sequences"] == 8
+
+
+def test_regenerated_text_is_the_targets_greedy_continuation(trained_target):
+    tdir, _ = trained_target
+    model = dt.load_frozen_target(tdir, torch.device("cpu"))
+    prompts = np.random.default_rng(5).integers(3, V, (2, 6))
+    seqs, info = dt.regenerate(model, prompts, 5, 2, torch.device("cpu"))
+    assert seqs.shape == (2, 11) and (seqs[:, :6] == prompts).all()
+    ids = torch.tensor(seqs[:1, :6])
+    with torch.no_grad():
+        for _ in range(5):                                                      # greedy by hand, no cache
+            ids = torch.cat([ids, model(ids).logits[:, -1].argmax(-1, keepdim=True)], 1)
+    assert ids[0].tolist() == seqs[0].tolist()
+
+
+def test_anchor_sampling():
+    a = dt.sample_anchors(np.random.default_rng(0), 3, 10, 40, 8)
+    assert a.shape == (3, 10) and a.min() >= 1 and a.max() <= 32
+    assert all(len(set(r)) == 10 for r in a.tolist())
+    with pytest.raises(ValueError):
+        dt.sample_anchors(np.random.default_rng(0), 1, 33, 40, 8)
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+def test_cli_bad_flag_exits_2_with_one_line(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "kdtree_numba.train", "target", "--data", str(tmp_path), "--out",
+                        str(tmp_path), "--no-such-flag"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1 and "error" in r.stderr
+
+
+@pytest.mark.parametrize("argv", [["target", "--data", "D", "--out", "O", "--steps", "0"],
+                                  ["drafter", "--data", "D", "--target", "T", "--out", "O", "--target-layers", "x"],
+                                  ["all", "--data", "MISSING", "--out", "O"], ["bogus"]])
+def test_cli_errors_in_process(argv, capsys):
+    from kdtree_numba.train.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_cli_all_end_to_end(data_dir, tmp_path):
+    from kdtree_numba.train.__main__ import main
+
+    out = tmp_path / "run"
+    rc = main(["all", "--data", data_dir, "--out", str(out), "--device", "cpu", "--seq", str(SEQ),
+               "--target-steps", "2", "--target-batch", "2", "--drafter-steps", "2", "--drafter-batch", "2",
+               "--anchors", "4", "--block", "4", "--target-layers", "0,1", "--regen", "2", "--regen-prompt", "8",
+               "--config-json", json.dumps(TINY_TARGET), "--heads", "4", "--kv-heads", "2", "--head-dim", "8",
+               "--intermediate", "48", "--val-windows", "2"])
+    assert rc == 0
+    assert (out / "target" / "config.json").exists() and (out / "drafter" / "model.safetensors").exists()
+    summary = json.load(open(out / "run_summary.json"))
+    assert summary["total_seconds"] > 0
+
+
+def test_cli_defaults_mirror_the_training_modules():
+    from kdtree_numba.train import __main__ as cli
+
+    for k in ("steps", "batch", "seq", "lr", "seed", "val_every"):
+        assert cli.TARGET[k] == tt.DEFAULTS[k], k
+    for k in ("steps", "batch", "anchors", "block", "layers", "lr", "regen", "regen_prompt", "regen_batch",
+              "regen_max_seconds", "val_every"):
+        assert cli.DRAFTER[k] == dt.DEFAULTS[k], k
+    assert tuple(int(x) for x in cli.DRAFTER["target_layers"].split(",")) == dt.DEFAULTS["target_layers"]
+    assert cli.TARGET_LAYERS == tt.DEFAULT_TARGET_CONFIG["num_hidden_layers"]
+
+
+def test_cli_refuses_target_layers_beyond_the_target_before_training(data_dir, capsys):
+    from kdtree_numba.train.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["all", "--data", data_dir, "--out", "O", "--config-json", '{"num_hidden_layers": 3}'])  # 1,2,3
+    assert e.value.code == 2 and "--target-layers" in capsys.readouterr().err
+
+
+def test_cli_corpus_calls_corpus_build(tmp_path, monkeypatch, capsys):
+    from kdtree_numba.train import corpus
+    from kdtree_numba.train.__main__ import main
+
+    seen = {}
+
+    def fake_build(out_dir, cache_dir=None, vocab_size=4096):
+        seen.update(out_dir=out_dir, cache_dir=cache_dir, vocab_size=vocab_size)
+        return {"tokens": 123, "files": ["a"]}
+
+    monkeypatch.setattr(corpus, "build", fake_build)
+    assert main(["corpus", "--out", str(tmp_path), "--cache", "C", "--vocab", "512"]) == 0
+    assert seen == {"out_dir": str(tmp_path), "cache_dir": "C", "vocab_size": 512}
+    assert '"tokens": 123' in capsys.readouterr().out
