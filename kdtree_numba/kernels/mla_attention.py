@@ -46,11 +46,12 @@ def masked_attention_ref(q, keys, visible, scale: float, lkv: int):
     """Softmax attention with an explicit boolean mask (float64 math): q [T, N, D], keys [S, D],
     visible [T, S] -> out [T, N, Lkv]. The plain spec every attention kernel here is checked against."""
     k = np.asarray(keys, np.float64)                                               # [S, D]
-    s = np.einsum("tnd,sd->tns", np.asarray(q, np.float64), k) * scale             # [T, N, S]
+    T, N, D = q.shape
+    s = (np.asarray(q, np.float64).reshape(T * N, D) @ k.T).reshape(T, N, -1) * scale   # [T, N, S]
     s = np.where(np.asarray(visible)[:, None, :], s, -np.inf)
     p = np.exp(s - s.max(axis=2, keepdims=True))
     p /= p.sum(axis=2, keepdims=True)
-    return np.einsum("tns,sd->tnd", p, k[:, :lkv]).astype(np.float32)              # [T, N, Lkv]
+    return (p.reshape(T * N, -1) @ k[:, :lkv]).reshape(T, N, lkv).astype(np.float32)   # [T, N, Lkv]
 
 
 def mla_attention_ref(q, cache, start: int, scale: float, lkv: int):
