@@ -15,11 +15,23 @@ __version__ = "0.1.0"
 
 
 def load_target(path) -> Target:
-    """Load an HF DeepSeek-V3-family checkpoint directory (config.json + safetensors; FP8 / INT4 dequantized)."""
-    from .model import checkpoint
+    """Load an HF DeepSeek-V3-family checkpoint directory (config.json + safetensors; FP8 / INT4 dequantized;
+    its tokenizer.json, if any, becomes ``target.tokenizer``)."""
+    from .model import checkpoint, tokenizer
 
     cfg, state = checkpoint.load_state_dict(str(path))
-    return Target.from_state_dict(cfg, state)
+    tok = tokenizer.load(str(path), cfg.vocab_size)
+    target = Target.from_state_dict(cfg, state)
+    target.tokenizer = tok
+    return target
+
+
+def load_default():
+    """The shipped trained pair ``(target, drafter)`` (the package's embedded default model; see its model card:
+    ``kdtree_numba/default_model/MODEL_CARD.md``)."""
+    from .model.presets import load_default as _load
+
+    return _load()
 
 
 def __getattr__(name):
@@ -30,7 +42,8 @@ def __getattr__(name):
     raise AttributeError(f"module 'kdtree_numba' has no attribute {name!r}")
 
 
-__all__ = ["backend", "TargetConfig", "ConfigError", "CheckpointError", "Target", "load_target", "tiny_target",
+__all__ = ["backend", "TargetConfig", "ConfigError", "CheckpointError", "Target", "load_target", "load_default",
+           "tiny_target",
            "tiny_config", "Drafter", "OracleDrafter", "RandomDrafter", "DFlashDrafter", "DFlashConfig", "load_drafter",
            "generate", "Generation", "RoundTrace",
            "Tree", "build_tree", "build_trees", "__version__"]

@@ -1,4 +1,4 @@
-"""Tiny random DeepSeek-V3-family targets for tests, tutorials and the demo.
+"""Tiny random DeepSeek-V3-family targets for tests and tutorials, and the loader of the embedded trained pair.
 
 ``tiny_target(seed, **overrides)`` builds any TargetConfig (defaults below: vocab 256, hidden 64, 4 heads, MLA
 with q_lora, 3 layers of which 1 dense, 8 routed experts top-2 in 2 groups + 1 shared) with random weights that
@@ -6,6 +6,8 @@ give non-trivial, peaked logits: N(0, 0.1) matrices like HF's initializer_range=
 e_score_correction_bias, and a wider lm_head (N(0, 0.5)) so next-token distributions have a clear favourite.
 """
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
@@ -51,20 +53,23 @@ def tiny_target(seed: int = 0, **overrides) -> Target:
 
 
 # ------------------------------------------------------------------------------------------------ the default pair
-def default_target() -> Target:
-    """The embedded default model the demo and the CLI use: a tiny byte-level (256-token) target.
-
-    It is random, so its text is not English; it has the full architecture (MLA with q_lora, YaRN-free plain
-    rope, 1 dense + 2 MoE layers, 8 experts top-2 in 2 groups, 1 shared expert). Replace this function and
-    ``default_drafter`` together to ship a trained pair; callers do not change."""
-    return tiny_target(0)
+DEFAULT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "default_model")
 
 
-def default_drafter(target: Target, noise: float = 0.3, depth: int = 8, seed: int = 0):
-    """The drafter paired with ``default_target``: the oracle drafter (module drafters.py)."""
-    from .drafters import OracleDrafter
+def load_default():
+    """The embedded default pair ``(target, drafter)``: a DeepSeek-V3-architecture code model and its DFlash
+    drafter, trained by ``python -m kdtree_numba.train`` (default_model/MODEL_CARD.md: data, steps, how to rebuild).
+    ``target.tokenizer`` encodes and decodes text."""
+    from .dflash import load_drafter
 
-    return OracleDrafter(target, noise=noise, seed=seed, depth=depth)
+    for part in ("target", "drafter"):
+        if not os.path.isfile(os.path.join(DEFAULT_DIR, part, "config.json")):
+            raise FileNotFoundError(f"default model: {os.path.join(DEFAULT_DIR, part)} is missing (a broken install?"
+                                    f" reinstall kdtree-numba)")
+    from .. import load_target
+
+    target = load_target(os.path.join(DEFAULT_DIR, "target"))
+    return target, load_drafter(os.path.join(DEFAULT_DIR, "drafter"), target)
 
 
 def describe(target: Target) -> str:

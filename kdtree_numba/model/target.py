@@ -60,6 +60,7 @@ class Target:
     def __init__(self, config: TargetConfig, weights: dict, layers: list[dict]):
         self.config = config
         self.backend = backend.name
+        self.tokenizer = None     # a model/tokenizer.Tokenizer when the checkpoint has a tokenizer.json
         self.w = weights          # embed [V, H], norm [H], lm_head [V, H]
         self.layers = layers      # per layer: see from_state_dict
         inv_freq, amp = config.rope_tables()
@@ -198,6 +199,7 @@ class Target:
                              f"is on {self.backend!r}")
         with backend.use(name):
             clone = Target(self.config, self.w, self.layers)
+        clone.tokenizer = self.tokenizer
         return clone
 
     # ---------------------------------------------------------------------------------------- forward
