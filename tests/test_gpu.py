@@ -120,3 +120,36 @@ def test_ddtree_greedy_equals_autoregressive_on_gpu():
                           temperature=0.8, seed=3)
     assert sampled.tokens == kd.generate(target, prompt, 32, drafter=kd.OracleDrafter(target, noise=0.5, depth=8),
                                          budget=32, temperature=0.8, seed=3).tokens
+
+
+def test_block_attention_kimi_drafter_shape():
+    """The DFlash block attention at z-lab's Kimi-K2.5 drafter shape (64 q heads / 8 kv heads, head_dim 128),
+    a 2000-row context plus the 8-token block."""
+    from kdtree_numba.kernels import block_attention as ba
+
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((8, 64, 128)).astype(np.float32)
+    k = rng.standard_normal((2100, 8, 128)).astype(np.float32)
+    v = rng.standard_normal((2100, 8, 128)).astype(np.float32)
+    out = poisoned(q.shape)
+    ba.block_attention(q, k, v, 2008, 128 ** -0.5, out=out)
+    np.testing.assert_allclose(H(out), ba.block_attention_ref(q, k, v, 2008, 128 ** -0.5), rtol=1e-4, atol=1e-5)
+
+
+def test_default_pair_on_gpu_matches_numpy_and_plain_decoding():
+    """The shipped trained pair on the GPU: the DFlash draft equals the NumPy backend's, and greedy DDTree and the
+    chain equal greedy autoregressive on a held-out prompt."""
+    import json
+    import os
+
+    target, drafter = kd.load_default()
+    path = os.path.join(os.path.dirname(kd.__file__), "default_model", "humaneval_prompts.jsonl")
+    ids = target.tokenizer.encode(json.loads(open(path).readline())["prompt"])
+    got = drafter.draft_logits(ids, 7)
+    with kd.backend.use("numpy"):
+        t_np, d_np = kd.load_default()
+        want = d_np.draft_logits(ids, 7)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    ref = kd.generate(target, ids, 48).tokens
+    assert kd.generate(target, ids, 48, drafter=drafter, budget=64).tokens == ref
+    assert kd.generate(target, ids, 48, drafter=drafter, chain=True).tokens == ref

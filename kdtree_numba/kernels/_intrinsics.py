@@ -22,6 +22,10 @@ warp_suffix_sum gives (3, 2, 2, 0, ...).
 
 Block-wide, from the warp collectives and one barrier: ``block_prefix_sum`` (int32, exclusive, and the block total)
 and ``block_min`` (any float type; the smallest value to every thread; used by the top-K scan and the tree build).
+
+``online_softmax_row(sc, h, n, m_run, l_run, alpha)``: one step of the streaming softmax both attention kernels
+use, for row h of a tile of n scores: M = max(m, max_j sc[h, j]); alpha = exp(m - M); sc[h, j] = exp(sc[h, j] - M);
+l = l * alpha + sum_j sc[h, j]; m = M. The caller then rescales its accumulators by alpha[h] and adds the tile.
 """
 from __future__ import annotations
 
@@ -201,3 +205,20 @@ def block_min(v, wpart, nwarps, buf):
         wpart[cuda.threadIdx.x // 32] = m
     cuda.syncthreads()
     return warp_min(wpart[lane] if lane < nwarps else wpart[0], buf)
+
+
+@cuda.jit(device=True)
+def online_softmax_row(sc, h, n, m_run, l_run, alpha):
+    """Streaming-softmax update of row ``h`` (module docstring); one thread per row, plain float32 exp."""
+    mx = m_run[h]
+    for j in range(n):
+        mx = max(mx, sc[h, j])
+    a = float32(math.exp(m_run[h] - mx))
+    lsum = l_run[h] * a
+    for j in range(n):
+        e = float32(math.exp(sc[h, j] - mx))
+        sc[h, j] = e
+        lsum += e
+    m_run[h] = mx
+    l_run[h] = lsum
+    alpha[h] = a

@@ -26,6 +26,7 @@ from numba import cuda, float32
 
 from .. import backend
 from . import _checks
+from ._intrinsics import online_softmax_row
 
 MAX_G = 8         # query heads per kv head (Kimi-K2.5's DFlash drafter: 64 / 8)
 MAX_D = 256       # head dim
@@ -90,18 +91,7 @@ def _block_attention_kernel(q, k, v, n_keys, scale, out):
             p[h, j] = acc
         cuda.syncthreads()
         if tid < G:                                         # online softmax, one thread per head
-            mx = m_run[tid]
-            for j in range(nk):
-                mx = max(mx, p[tid, j])
-            a = float32(math.exp(m_run[tid] - mx))
-            lsum = l_run[tid] * a
-            for j in range(nk):
-                e = float32(math.exp(p[tid, j] - mx))
-                p[tid, j] = e
-                lsum += e
-            m_run[tid] = mx
-            l_run[tid] = lsum
-            alpha[tid] = a
+            online_softmax_row(p, tid, nk, m_run, l_run, alpha)
         cuda.syncthreads()
         for i in range(tid, G * D, nthreads):              # o[h, d] = o[h, d] * alpha[h] + sum_j p[h, j] v[j, d]
             h = i // D

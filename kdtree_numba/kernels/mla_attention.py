@@ -30,6 +30,7 @@ from numba import cuda, float32, int32
 
 from .. import backend
 from . import _checks
+from ._intrinsics import online_softmax_row
 
 HG = 4            # heads per block
 BK = 8            # cache rows per tile
@@ -136,18 +137,7 @@ def _attention_kernel(q, cache, start, scale, paths, depths, tree, split_len, di
 
         # online softmax, one thread per head
         if tid < hn:
-            mx = m_run[tid]
-            for j in range(nk):
-                mx = max(mx, sc[tid, j])
-            a = float32(math.exp(m_run[tid] - mx))
-            lsum = l_run[tid] * a
-            for j in range(nk):
-                p = float32(math.exp(sc[tid, j] - mx))
-                sc[tid, j] = p
-                lsum += p
-            m_run[tid] = mx
-            l_run[tid] = lsum
-            alpha[tid] = a
+            online_softmax_row(sc, tid, nk, m_run, l_run, alpha)
         cuda.syncthreads()
 
         # accumulators: o[h, c] = o[h, c] * alpha[h] + sum_j p[h, j] * row_j[c]
