@@ -54,6 +54,9 @@ def _generate(target, prompt_ids, max_new_tokens, drafter, budget, temperature, 
     if drafter.vocab_size != target.config.vocab_size:
         raise ValueError(f"drafter: vocabulary of {drafter.vocab_size} tokens does not match the target's "
                          f"{target.config.vocab_size}")
+    if drafter.feature_layers and drafter.target is not target:
+        raise ValueError(f"drafter: a {drafter.name} drafter reads the features of the target it was loaded for, "
+                         f"and that is another Target object (load it with kd.load_drafter(path, target))")
     depth = getattr(drafter, "depth", None)
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
         raise ValueError(f"drafter: depth {depth!r} is not a positive integer")

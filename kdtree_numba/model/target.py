@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 
 import numpy as np
 
@@ -186,8 +187,11 @@ class Target:
         return sd
 
     def save(self, path: str) -> None:
-        """Write an HF directory (config.json + model.safetensors, fp32) that transformers can load."""
+        """Write an HF directory (config.json + model.safetensors, fp32, + tokenizer.json when the target has a
+        tokenizer) that transformers can load."""
         checkpoint.save_state_dict(str(path), self.config, self.state_dict())
+        if self.tokenizer is not None:
+            self.tokenizer.save(os.path.join(str(path), "tokenizer.json"))
 
     def with_backend(self, name: str) -> "Target":
         """The same model on another host backend ("sim" <-> "numpy"), sharing the weight arrays (no copy).

@@ -37,6 +37,12 @@ class Tokenizer:
     def decode(self, ids) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
 
+    def save(self, path: str) -> None:
+        """Write the tokenizer as ``tokenizer.json`` at ``path`` (atomically)."""
+        tmp = os.fspath(path) + ".partial"
+        self._tok.save(tmp)
+        os.replace(tmp, path)
+
     def token_id(self, token: str) -> int | None:
         """The id of a (special) token string, or None."""
         return self._tok.token_to_id(token)

@@ -148,3 +148,21 @@ def test_yarn_rope_parses(pair, tmp_path, numpy_backend):
     d = kd.load_drafter(yarn, target)
     assert d.config.rope_scaling["factor"] == 64.0 and d.rope_amp > 1.0
     assert not np.allclose(d.draft_logits(PROMPT, 13), kd.load_drafter(path, target).draft_logits(PROMPT, 13))
+
+
+def test_a_drafter_loaded_for_another_target_is_refused(pair, numpy_backend):
+    target, _, path = pair
+    drafter = kd.load_drafter(path, target)
+    other = kd.tiny_target(0)
+    with pytest.raises(ValueError, match="drafter: a dflash drafter reads the features of the target it was "
+                                         "loaded for"):
+        kd.generate(other, PROMPT, 4, drafter=drafter)
+
+
+def test_default_target_saves_with_its_tokenizer(tmp_path, numpy_backend):
+    target, _ = kd.load_default()
+    target.save(tmp_path)
+    again = kd.load_target(tmp_path)
+    text = "def add(a, b):\n    return a + b\n"
+    assert again.tokenizer.encode(text) == target.tokenizer.encode(text)
+    assert again.tokenizer.decode(again.tokenizer.encode(text)) == text
