@@ -9,7 +9,8 @@ The token choice is ``logprobs.choose_tokens`` (one block per node); the walk is
 each step every thread scans a strided share of the nodes for the matching child (at most L + 1 steps).
 Outputs stay on the device: ``accepted [L+1]`` node indices (ascending, -1 padded), ``n_acc [1]``, and one packed
 row the host reads per round, ``result = [m, token_1 .. token_{m-1}, bonus]`` (m = path length with the root;
-m = -1 when a row of target logits held NaN).
+m = -1 when a node the walk uses has NaN logits; NaN rows of rejected nodes are ignored, as plain decoding never
+computes them).
 Shapes: logits [n+1, V] float32, node tokens/parents [B] int32 (node i at index i-1), n [1] int32.
 Example: parents [-1, 0, 0, 1] tokens [_, 5, 7, 9], chosen [7, 1, 3, 4] -> path [0, 2], bonus 3.
 """
@@ -25,16 +26,16 @@ from . import _checks, logprobs
 
 
 def walk_ref(chosen, tokens, parents, n: int):
-    """The accepted path (node indices with the root) and the bonus token; (None, None) on a NaN row (-1)."""
+    """The accepted path (node indices with the root) and the bonus token; (None, None) when a node the walk
+    uses holds a NaN row (chosen -1). NaN rows of rejected nodes do not matter: plain decoding never sees them.
+    (A -1 choice matches no child, so only the walk's last node can be one.)"""
     chosen = np.asarray(chosen)
-    if (chosen[:n + 1] < 0).any():
-        return None, None
     path = [0]
     while True:
         cur = path[-1]
         nxt = [j for j in range(1, n + 1) if parents[j - 1] == cur and tokens[j - 1] == chosen[cur]]
         if not nxt:
-            return path, int(chosen[cur])
+            return (path, int(chosen[cur])) if chosen[cur] >= 0 else (None, None)
         path.append(nxt[0])
 
 
@@ -45,22 +46,9 @@ def _walk_kernel(chosen, tokens, parents, n_nodes, accepted, n_acc, result):
     L1 = accepted.shape[0]
     n = n_nodes[0]
     found = cuda.shared.array(1, int32)
-    bad = cuda.shared.array(1, int32)
-    if tid == 0:
-        bad[0] = 0
-    cuda.syncthreads()
-    for i in range(tid, n + 1, nthreads):
-        if chosen[i] < 0:
-            bad[0] = 1
     for i in range(tid, L1, nthreads):
         accepted[i] = -1
     cuda.syncthreads()
-    if bad[0]:
-        if tid == 0:
-            n_acc[0] = 1
-            accepted[0] = 0
-            result[0] = -1
-        return
     cur = 0
     m = 1
     while True:
@@ -83,8 +71,8 @@ def _walk_kernel(chosen, tokens, parents, n_nodes, accepted, n_acc, result):
         m += 1
     if tid == 0:
         n_acc[0] = m
-        result[0] = m
-        result[m] = chosen[cur]
+        result[0] = m if chosen[cur] >= 0 else -1       # a NaN row on the walk (a -1 choice matches no child,
+        result[m] = chosen[cur]                           # so only its last node can be one)
 
 
 class Acceptor:

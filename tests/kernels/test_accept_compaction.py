@@ -1,4 +1,6 @@
 """Tree accept (walk) and KV compaction against their references."""
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -51,6 +53,16 @@ def test_nan_logits_are_reported():
     x[1, 0] = np.nan
     with pytest.raises(ValueError, match="NaN"):
         ta.accept(x, [1], [0], 1)
+
+
+@pytest.mark.parametrize("backend_name", ["kernel", "numpy"])
+def test_nan_in_a_rejected_node_does_not_matter(backend_name):
+    """Plain decoding never computes a rejected node's logits, so a NaN there must not abort the round: root
+    chooses 1 -> node 1 (token 1) accepted, node 2 (token 4) rejected with NaN logits, bonus = node 1's choice."""
+    x = logits_choosing([1, 3, 0])
+    x[2, :] = np.nan
+    with kd.backend.use("numpy") if backend_name == "numpy" else contextlib.nullcontext():
+        assert ta.accept(x, [1, 4], [0, 0], 2) == ([0, 1], 3)
 
 
 @pytest.mark.parametrize("accepted,start", [([0, 2, 5], 10), ([0, 1, 2, 3], 4), ([0], 0),
