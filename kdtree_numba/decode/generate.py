@@ -60,6 +60,10 @@ def _generate(target, prompt_ids, max_new_tokens, drafter, budget, temperature, 
     depth = getattr(drafter, "depth", None)
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
         raise ValueError(f"drafter: depth {depth!r} is not a positive integer")
+    if len(prompt) + max_new_tokens + depth > limit:       # the last round's tree reaches depth positions further
+        raise ValueError(f"drafter: prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) + draft depth "
+                         f"({depth}) = {len(prompt) + max_new_tokens + depth} exceeds the context limit of {limit} "
+                         f"(max_position_embeddings)")
     if chain:
         return ddtree(target, prompt, max_new_tokens, drafter, depth, temperature, seed, stop, top_k=1,
                       progress=progress)

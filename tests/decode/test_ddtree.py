@@ -252,3 +252,12 @@ def test_stop_token_on_the_kernel_backend(kernel_backend):
     res = kd.generate(t, prompt, 10, drafter=kd.OracleDrafter(ref_t, noise=0.0, depth=4), budget=6,
                       stop_tokens=[stop])
     assert res.tokens == ref[:ref.index(stop) + 1]
+
+
+@pytest.mark.parametrize("depth", [5000, 100000])
+def test_a_draft_deeper_than_the_context_is_refused_up_front(targets, depth, numpy_backend):
+    """Tree positions reach start + depth: a depth past max_position_embeddings is refused before any work
+    (depth 100000 used to hang building the oracle's continuation; 5000 ran the target past its positions)."""
+    t = targets["default"]
+    with pytest.raises(ValueError, match=r"draft depth \(\d+\) = \d+ exceeds the context limit of 4096"):
+        kd.generate(t, PROMPT, 8, drafter=kd.RandomDrafter(t.config.vocab_size, depth=depth), budget=4)
