@@ -134,17 +134,20 @@ def uniforms_ref(seed: int, stream: int, row: int, n: int) -> np.ndarray:
 
 
 def choose_tokens_ref(logits, temperature: float, seed: int = 0, stream: int = 0):
-    """T == 0: argmax (first max); T > 0: Gumbel-max sample with the counter-based uniforms. NaN rows -> -1."""
+    """T == 0: argmax (first max); T > 0: Gumbel-max sample with the counter-based uniforms,
+    argmax_v (x_v - max x) / T + g_v in float64: the shift keeps every scaled logit in [-inf, 0], so a vanishing
+    T (1e-308) cannot overflow to inf and tie unrelated tokens. NaN rows and rows without a value > -inf -> -1."""
     x = np.asarray(logits, np.float32)
     out = np.empty(x.shape[0], np.int32)
     for r in range(x.shape[0]):
-        if np.isnan(x[r]).any():
+        if np.isnan(x[r]).any() or not (x[r] > -np.inf).any():
             out[r] = -1
         elif temperature == 0:
             out[r] = int(np.argmax(x[r]))
         else:
             g = -np.log(-np.log(uniforms_ref(seed, stream, r, x.shape[1])))
-            out[r] = int(np.argmax(x[r].astype(np.float64) / temperature + g))
+            xr = x[r].astype(np.float64)
+            out[r] = int(np.argmax((xr - xr.max()) / temperature + g))
     return out
 
 
@@ -912,6 +915,21 @@ def _choose_kernel(x, temperature, seed_lo, seed_hi, stream, out):
     cuda.syncthreads()
     k0 = uint64(seed_lo)
     k1 = uint64(seed_hi)
+    top = float64(0.0)
+    if temperature > 0:                           # the row max: scores (x - top) / T stay in [-inf, 0]
+        m = -math.inf
+        for v in range(tid, V, nthreads):
+            m = max(m, float64(x[row, v]))
+        red_v[tid] = m
+        cuda.syncthreads()
+        stride = nthreads // 2
+        while stride > 0:
+            if tid < stride:
+                red_v[tid] = max(red_v[tid], red_v[tid + stride])
+            cuda.syncthreads()
+            stride //= 2
+        top = red_v[0]
+        cuda.syncthreads()
     best = -math.inf
     best_i = V
     for v in range(tid, V, nthreads):
@@ -922,7 +940,7 @@ def _choose_kernel(x, temperature, seed_lo, seed_hi, stream, out):
         score = float64(val)
         if temperature > 0:
             u = _philox_u(v, row, stream, k0, k1)
-            score = score / temperature - math.log(-math.log(u))
+            score = (score - top) / temperature - math.log(-math.log(u))
         if score > best or (score == best and v < best_i):
             best = score
             best_i = v

@@ -1,4 +1,6 @@
 """Top-K draft log-probs and the token choice: ids exactly equal to the reference, values within fp32."""
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -188,3 +190,15 @@ def test_topk_split_rows_with_fewer_finite_values_than_k():
     rlp, rids = lpk.topk_logprobs_ref(x, k)
     np.testing.assert_array_equal(H(ids), rids)
     np.testing.assert_allclose(H(lp), rlp, rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("backend_name", ["kernel", "numpy"])
+def test_vanishing_temperature_samples_the_argmax(backend_name):
+    """T = 1e-308 is greedy in the limit: x / T used to overflow to inf for every logit above ~1.8, and the
+    first of those won whatever its value."""
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((5, 77)) * 4 + 10).astype(np.float32)          # every logit far above 1.8
+    with kd.backend.use("numpy") if backend_name == "numpy" else contextlib.nullcontext():
+        for T in (1e-308, 5e-324, 1e-30):
+            got = kd.backend.to_host(lpk.choose_tokens(x, T, seed=1, stream=2))
+            np.testing.assert_array_equal(got, np.argmax(x, axis=1))
