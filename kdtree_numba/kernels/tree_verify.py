@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import backend
 from . import _checks
-from .mla_attention import launch_attention, masked_attention_ref
+from .mla_attention import launch_attention, masked_attention_fast, masked_attention_ref
 
 
 def ancestor_paths(parents: np.ndarray, max_depth: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -77,7 +77,7 @@ def tree_attention(q, cache, start: int, paths, depths, scale: float, lkv: int, 
         for d in range(paths.shape[1]):                                            # each node's path rows
             rows = np.flatnonzero(np.asarray(depths) >= d)
             visible[rows, start + np.asarray(paths)[rows, d]] = True
-        out[...] = masked_attention_ref(q, cache[:start + n1], visible, scale, lkv)
+        out[...] = masked_attention_fast(q, cache[:start + n1], visible, scale, lkv)
         return out
     return launch_attention(q, cache, start, scale, lkv, out, paths=paths, depths=depths,
                             max_keys=start + max_depth + 1, splits=splits)

@@ -66,3 +66,14 @@ def test_ancestor_paths_example():
 def test_bad_input(call, msg):
     with pytest.raises(ValueError, match=msg):
         call()
+
+
+@pytest.mark.parametrize("T,N,D,S,lkv", [(3, 5, 13, 11, 9), (66, 4, 40, 130, 32), (1, 2, 7, 1, 7)])
+def test_numpy_backend_float32_path_matches_the_float64_reference(T, N, D, S, lkv):
+    rng = np.random.default_rng(T + S)
+    q = (3 * rng.standard_normal((T, N, D))).astype(np.float32)
+    keys = rng.standard_normal((S, D)).astype(np.float32)
+    visible = rng.random((T, S)) < 0.7
+    visible[:, 0] = True                                   # every row sees something
+    np.testing.assert_allclose(mla.masked_attention_fast(q, keys, visible, 0.3, lkv),
+                               mla.masked_attention_ref(q, keys, visible, 0.3, lkv), rtol=1e-5, atol=1e-5)
