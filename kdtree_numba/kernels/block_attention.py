@@ -31,7 +31,9 @@ from ._intrinsics import online_softmax_row
 MAX_G = 8         # query heads per kv head (Kimi-K2.5's DFlash drafter: 64 / 8)
 MAX_D = 256       # head dim
 BK = 8            # key rows per tile
+KROW = 257        # MAX_D + 1 as a literal: numba sizes shared arrays from plain constants, not expressions
 NEG_INF = -math.inf
+assert KROW == MAX_D + 1
 
 
 def block_attention_ref(q, k, v, n_keys: int, scale: float):
@@ -58,7 +60,7 @@ def _block_attention_kernel(q, k, v, n_keys, scale, out):
     h0 = g * G
 
     qs = cuda.shared.array((MAX_G, MAX_D), float32)        # the G queries, pre-scaled
-    ks = cuda.shared.array((BK, MAX_D + 1), float32)       # key tile (odd stride: row reads spread over banks)
+    ks = cuda.shared.array((BK, KROW), float32)       # key tile (odd stride: row reads spread over banks)
     vs = cuda.shared.array((BK, MAX_D), float32)           # value tile
     o = cuda.shared.array((MAX_G, MAX_D), float32)         # running (unnormalised) outputs
     p = cuda.shared.array((MAX_G, BK), float32)            # scores, then probabilities, of the tile
