@@ -165,31 +165,54 @@ check_true("NeoX on the raw layout is NOT the checkpoint's RoPE", err_wrong > 1e
 # %% [markdown]
 # ## YaRN: stretching the low frequencies for long contexts
 #
-# Kimi K2 / DeepSeek-V3 extend the context with YaRN: high-frequency pairs (small i) keep `base^(-2i/R)`, low
-# frequencies are divided by `factor`, with a linear ramp in between (`rope.yarn_inv_freq`). The plot compares
-# plain and YaRN inverse frequencies for a Kimi-K2-like setting (R 64, base 50000, factor 32, original context 4096,
-# beta_fast 1, beta_slow 1).
+# DeepSeek-V3 and Kimi K2 extend the context with YaRN (`rope.yarn_inv_freq`): high-frequency pairs (small i)
+# keep `base^(-2i/R)` ("extrapolation"), low frequencies are divided by `factor` ("interpolation"), and a linear
+# ramp blends the two in between. The ramp's ends are the pairs whose wavelength fits `beta_fast` and `beta_slow`
+# full turns into the original context:
+#
+#     corr(beta) = R * ln(orig / (2 pi beta)) / (2 ln base)
+#     low = floor(corr(beta_fast)),   high = ceil(corr(beta_slow)),   ramp[i] = clamp((i - low) / (high - low), 0, 1)
+#     inv_freq = inv_extra * (1 - ramp) + inv_inter * ramp
+#
+# DeepSeek-V3's parameters (R 64, base 10000, factor 40, original context 4096, beta_fast 32, beta_slow 1) give a
+# ramp over ~13 pairs. Kimi K2's (base 50000, factor 32, **beta_fast = beta_slow = 1**) make both ends the same
+# corr value, so `high - low` is 1 (floor and ceil of one number): the ramp is a **step** - every pair keeps its
+# frequency or is divided by the full factor, nothing in between. Both are plotted.
 
 # %%
 section("YaRN inverse frequencies")
 import matplotlib.pyplot as plt  # noqa: E402
 
-plain_f = rope.rope_inv_freq(64, 50000.0)
-yarn_f = rope.yarn_inv_freq(64, 50000.0, 32.0, 4096, beta_fast=1.0, beta_slow=1.0)
-ratio = plain_f / yarn_f
-check_true("YaRN: first pair unchanged, last pair divided by factor",
-           abs(ratio[0] - 1) < 1e-6 and abs(ratio[-1] - 32) < 1e-3,
-           f"ratio[0] {ratio[0]:.4f}, ratio[-1] {ratio[-1]:.2f}")
-fig, ax = plt.subplots(1, 2, figsize=(10, 3.2))
-ax[0].semilogy(plain_f, "o-", ms=3, label="plain base^(-2i/R)")
-ax[0].semilogy(yarn_f, "s-", ms=3, label="YaRN (factor 32)")
+YARN = {"DeepSeek-V3": dict(base=10000.0, factor=40.0, orig=4096, beta_fast=32.0, beta_slow=1.0),
+        "Kimi K2": dict(base=50000.0, factor=32.0, orig=4096, beta_fast=1.0, beta_slow=1.0)}
+fig, ax = plt.subplots(1, 2, figsize=(11, 3.4))
+for j, (name, c) in enumerate(YARN.items()):
+    plain_f = rope.rope_inv_freq(64, c["base"])
+    yarn_f = rope.yarn_inv_freq(64, c["base"], c["factor"], c["orig"], beta_fast=c["beta_fast"],
+                                beta_slow=c["beta_slow"])
+    ratio = plain_f / yarn_f
+    between = int(np.sum((ratio > 1 + 1e-4) & (ratio < c["factor"] * (1 - 1e-4))))   # pairs strictly on the ramp
+    check_true(f"YaRN {name}: first pair unchanged, last pair divided by factor",
+               abs(ratio[0] - 1) < 1e-6 and abs(ratio[-1] - c["factor"]) < 1e-3,
+               f"ratio[0] {ratio[0]:.4f}, ratio[-1] {ratio[-1]:.2f}")
+    if name == "DeepSeek-V3":
+        check_true("YaRN DeepSeek-V3: a ramp (many pairs strictly between 1 and factor)", between >= 8,
+                   f"{between} pairs on the ramp")
+    else:
+        check_true("YaRN Kimi K2: a step (beta_fast = beta_slow: no pair strictly between)", between == 0,
+                   f"{between} pairs on the ramp")
+    ax[0].semilogy(plain_f, "o-" if j == 0 else "^-", ms=3, color=f"C{j}", alpha=0.4, label=f"{name} plain")
+    ax[0].semilogy(yarn_f, "s-" if j == 0 else "v-", ms=3, color=f"C{j}", label=f"{name} YaRN")
+    ramp = (1 - yarn_f / plain_f) / (1 - 1 / c["factor"])          # recovered from inv_freq: 0 = plain, 1 = / factor
+    ax[1].plot(ramp, "o-" if j == 0 else "v--", ms=3, color=f"C{j}",
+               label=f"{name}: beta_fast {c['beta_fast']:g}, beta_slow {c['beta_slow']:g} ({between} ramp pairs)")
 ax[0].set_xlabel("pair i")
 ax[0].set_ylabel("inv_freq")
-ax[0].legend(fontsize=8)
-ax[1].plot(ratio, "o-", ms=3)
+ax[0].legend(fontsize=7)
 ax[1].set_xlabel("pair i")
-ax[1].set_ylabel("plain / YaRN")
-ax[1].set_title("interpolation ramp")
+ax[1].set_ylabel("ramp[i]")
+ax[1].set_title("the ramp: extrapolation (0) -> interpolation (1)")
+ax[1].legend(fontsize=7)
 save_figure(fig, args, "02_rope_yarn_inv_freq.png")
 
 # %%

@@ -11,7 +11,7 @@ Run:  KDTREE_BACKEND=numpy python tutorials/06_target_vs_transformers.py [--size
 # can share their misunderstandings, so the whole model is also checked against a reference nobody here wrote:
 # transformers' `DeepseekV3ForCausalLM`, on the CPU, in float64.
 #
-# The recipe (`shared/reference/deepseek_v3_mla_moe.md`, "Building a peer reference"):
+# The recipe for a peer reference:
 #
 # 1. a tiny `DeepseekV3Config` (any variant: q_lora or not, groups, dense layers, YaRN) with
 #    `initializer_range=0.1` so the logits are not all ~0, and a **random** `e_score_correction_bias` (HF starts

@@ -9,14 +9,21 @@ imported), so a tutorial may ``from numba import cuda`` right after it.
     check_true("trees identical", tree_a == tree_b, "12 nodes")
     save_figure(fig, args, "rmsnorm.png")
     finish()                              # exit status 1 if any check failed
+
+The tutorials that show whole-model behaviour (07-11) use the shipped trained pair:
+    target, drafter = load_pair()         # kd.load_default() on model_backend(): NumPy when the process is sim
+    prompts = heldout_prompts()           # the 164 held-out HumanEval prompts ({"task_id", "prompt"})
 """
 from __future__ import annotations
 
 import argparse
+import inspect
+import json
 import os
 import sys
 import tempfile
 import time
+import warnings
 
 import numpy as np
 
@@ -25,6 +32,15 @@ import kdtree_numba as kd  # noqa: E402  (first: it chooses the backend before n
 import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")                   # never a window: figures go to files
+
+# On the simulator the top-K kernel's device functions run as Python float32 arithmetic. Its online log-sum-exp
+# starts every thread's running max at NEG = -FLT_MAX, so the first rescale computes exp(NEG - m) as
+# ex2((NEG - m) * log2(e)): that product overflows float32 to -inf, the intended value (ex2(-inf) = 0 rescales the
+# still-empty sum), exactly as the FMUL does on a GPU - but NumPy's float32 scalars also print "RuntimeWarning:
+# overflow encountered in scalar multiply". Only that message, only from that module, is silenced; any other
+# overflow still warns.
+warnings.filterwarnings("ignore", message="overflow encountered in scalar multiply", category=RuntimeWarning,
+                        module=r"kdtree_numba\.kernels\.logprobs")
 
 _RESULTS: list[tuple[str, bool]] = []
 
@@ -187,3 +203,56 @@ def table(rows, header) -> None:
 def rng(args: argparse.Namespace, salt: int = 0) -> np.random.Generator:
     """Fresh random inputs every tutorial, reproducible from ``--seed``."""
     return np.random.default_rng([args.seed, salt])
+
+
+# ------------------------------------------------------------------------------------------------ the trained pair
+PROMPTS_FILE = os.path.join(os.path.dirname(os.path.abspath(kd.__file__)), "default_model",
+                            "humaneval_prompts.jsonl")
+
+
+def model_backend() -> str:
+    """Where whole-model runs go: the process backend, except on the simulator, where they run on the NumPy
+    references (one forward of the trained 5-layer target on simulated kernels would take minutes); the
+    simulator is kept for single kernels at tiny shapes."""
+    return "numpy" if kd.backend.process_name == "sim" else kd.backend.process_name
+
+
+def load_pair():
+    """``kd.load_default()`` on ``model_backend()``: the trained 9.1 M-parameter DeepSeek-V3-architecture code
+    model (``target.tokenizer``: byte-level BPE, vocab 4096) and its DFlash drafter. Every call of the target
+    and the drafter (and ``kd.generate`` with them) then runs on that backend."""
+    with kd.backend.use(model_backend()):
+        target, drafter = kd.load_default()
+    return target, drafter
+
+
+def heldout_prompts() -> list[dict]:
+    """The 164 HumanEval prompts held out of the pair's training corpus: ``[{"task_id", "prompt"}, ...]``."""
+    with open(PROMPTS_FILE) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def show_text(text: str, width: int = 96, last_lines: int | None = None) -> str:
+    """``text`` indented for printing (optionally only its last lines), with a visible end marker."""
+    lines = text.splitlines() or [""]
+    if last_lines is not None and len(lines) > last_lines:
+        lines = ["    ..."] + lines[-last_lines:]
+    return "\n".join("    | " + ln[:width] for ln in lines)
+
+
+def token_texts(tokenizer, ids) -> list[str]:
+    """Each id's own text with whitespace made visible (``tokenizer.token_text``), or the id without one."""
+    return [tokenizer.token_text(int(i)) if tokenizer is not None else str(int(i)) for i in ids]
+
+
+def plot_round(round_trace, target, path: str, **kw):
+    """``kd.viz.plot_tree`` of one round, its nodes labelled with the target's tokenizer when ``plot_tree`` takes a
+    ``tokenizer=`` argument (else by token ids); saved to ``path``. Returns the Figure."""
+    from kdtree_numba import viz
+
+    params = inspect.signature(viz.plot_tree).parameters
+    if "tokenizer" in params and getattr(target, "tokenizer", None) is not None:
+        kw["tokenizer"] = target.tokenizer
+    fig = viz.plot_tree(round_trace, vocab_size=target.config.vocab_size, path=path, **kw)
+    print(f"saved figure: {path}" + ("" if "tokenizer" in kw else "  (nodes labelled by token id)"))
+    return fig

@@ -1,9 +1,10 @@
-"""Tutorial 08: tree verify - positions start + depth, the ancestor mask, tree attention, and the key property.
+"""Tutorial 09: tree verify - positions start + depth, the ancestor mask, tree attention, and the key property.
 
-Run:  KDTREE_BACKEND=sim python tutorials/08_tree_verify.py [--size small|large] [--out DIR]
+Run:  KDTREE_BACKEND=sim python tutorials/09_tree_verify.py [--size small|large] [--out DIR]
+      (the tree attention kernel runs on the simulator at a tiny shape; the trained target on NumPy there)
 """
 # %% [markdown]
-# # 08 - Verifying a whole tree in one target forward
+# # 09 - Verifying a whole tree in one target forward
 #
 # With `start` committed tokens in the cache, the verify input is the root (the last bonus token, not yet in the
 # cache) followed by the n tree nodes: `[root, node_1, .., node_n]`, n + 1 tokens in **one** forward.
@@ -14,42 +15,52 @@ Run:  KDTREE_BACKEND=sim python tutorials/08_tree_verify.py [--size small|large]
 #
 # Then the logits at node i are **exactly** the target's next-token logits after the sequence
 # `committed + root + path(i)` - as if that path had been decoded one token at a time. That is the property that
-# makes DDTree lossless, and the one this tutorial checks on a real (tiny) target.
+# makes DDTree lossless, and the one this tutorial checks on the trained target, with a real DFlash draft tree on a
+# held-out prompt.
 
 # %%
 import numpy as np
 
-from _common import (banner, check, check_true, finish, host, parse_args, rng, save_figure, section, stopwatch,
-                     table)
+from _common import (banner, check, check_true, finish, heldout_prompts, host, load_pair, parse_args, rng,
+                     save_figure, section, show_text, stopwatch, table, token_texts)
 
 import kdtree_numba as kd
-from kdtree_numba.kernels import logprobs, tree_verify
+from kdtree_numba.kernels import logprobs, tree_accept, tree_verify
 from kdtree_numba.model.target import TreeInput
 
 args = parse_args(__doc__)
-banner("Tutorial 08 - tree verify", args)
-Rng = rng(args, 8)
+banner("Tutorial 09 - tree verify", args)
+Rng = rng(args, 9)
 LARGE = args.size == "large"
 PROC = kd.backend.process_name
 
 # %% [markdown]
-# ## A draft tree (tutorial 07) and its positions
+# ## A draft tree (tutorial 08) and its positions
+#
+# The first round on a held-out prompt: the trained pair's DFlash draft after the prompt, the target's greedy
+# token as the root, and the best-first tree of a small budget.
 
 # %%
 section("the tree, its positions and root-to-node paths")
-L, BUDGET, V = (8, 64, 256) if LARGE else (3, 6, 64)
-draft = Rng.standard_normal((L, V)).astype(np.float32)
-draft[np.arange(L), Rng.integers(0, V, L)] += 5.0                 # a favourite per depth: the tree gets deep
-lp, ids = logprobs.topk_logprobs(draft, min(BUDGET, V))
+target, drafter = load_pair()
+tok = target.tokenizer
+task = heldout_prompts()[1]
+prompt = np.asarray(tok.encode(task["prompt"]), np.int32)
+print(f"{task['task_id']} ({len(prompt)} tokens), ending with")
+print(show_text(task["prompt"], last_lines=3))
+L, BUDGET, V = drafter.depth, (64 if LARGE else 12), target.config.vocab_size
+root = int(np.argmax(target.logits(prompt)[-1]))                   # the bonus token of the previous round
+draft = drafter.draft_logits(prompt, root)                          # [L, V] (tutorial 07)
+lp, ids = logprobs.topk_logprobs_ref(draft, min(BUDGET, V))
 tree = kd.build_tree(lp, ids, BUDGET)
 n = tree.n
 paths, pdepth = tree.paths(L)                    # [n+1, L+1] node indices by depth (-1 padded), [n+1] depths
-start = 5
+start = len(prompt)
 positions = (start + pdepth).astype(np.int32)    # root: start, node i: start + depth
+words = ["root " + repr(tok.token_text(root))] + [repr(w) for w in token_texts(tok, tree.tokens)]
 if not LARGE:
-    table([(i, int(tree.parents[i]), pdepth[i], positions[i], paths[i, :pdepth[i] + 1].tolist(),
-            "-" if i == 0 else int(tree.tokens[i - 1])) for i in range(n + 1)],
-          ("node", "parent", "depth", "position", "path (root..node)", "token"))
+    table([(i, int(tree.parents[i]), pdepth[i], positions[i], paths[i, :pdepth[i] + 1].tolist(), words[i])
+           for i in range(n + 1)], ("node", "parent", "depth", "position", "path (root..node)", "token"))
 
 # %% [markdown]
 # ## The ancestor mask
@@ -57,7 +68,7 @@ if not LARGE:
 # The official DDTree code builds a dense (n+1) x (n+1) bool matrix on the CPU and a dense float mask over the whole
 # context. kdtree_numba never materialises it: the attention kernel reads each node's key list from `paths`
 # (committed rows `0 .. start-1`, then `start + paths[i, 0..depth[i]]`), at most L + 1 tree rows per node. We draw
-# the mask here only to look at it.
+# the mask here only to look at it (the committed rows, all visible to every tree token, as one column).
 
 # %%
 section("the mask")
@@ -75,16 +86,18 @@ print(f"tree block visible entries: {int(rec.sum())} of {(n + 1) ** 2} (a causal
 
 import matplotlib.pyplot as plt  # noqa: E402
 
-fig, ax = plt.subplots(figsize=(2 + 0.3 * C_all, 1.5 + 0.3 * (n + 1)))
-ax.imshow(mask, cmap="Greens", vmin=0, vmax=1.3, aspect="equal")
-ax.axvline(start - 0.5, color="k", lw=1)
-ax.set_xticks(range(C_all))
-ax.set_xticklabels([str(c) if c < start else f"t{c - start}" for c in range(C_all)], fontsize=7)
-ax.set_yticks(range(n + 1))
-ax.set_yticklabels([f"node {i} (pos {positions[i]})" for i in range(n + 1)], fontsize=7)
-ax.set_xlabel(f"cache row: committed 0..{start - 1} | tree rows t0 (root) .. t{n}")
+shown_n = min(n, 24)                                     # the first nodes (all of them at the small size)
+view = np.concatenate([mask[:shown_n + 1, :1], mask[:shown_n + 1, start:start + shown_n + 1]], axis=1)
+fig, ax = plt.subplots(figsize=(3 + 0.32 * (shown_n + 2), 1.5 + 0.3 * (shown_n + 1)))
+ax.imshow(view, cmap="Greens", vmin=0, vmax=1.3, aspect="equal")
+ax.axvline(0.5, color="k", lw=1)
+ax.set_xticks(range(shown_n + 2))
+ax.set_xticklabels([f"0..{start - 1}"] + [f"t{c}" for c in range(shown_n + 1)], fontsize=7, rotation=90)
+ax.set_yticks(range(shown_n + 1))
+ax.set_yticklabels([f"{words[i]} (node {i}, pos {positions[i]})" for i in range(shown_n + 1)], fontsize=7)
+ax.set_xlabel(f"cache row: committed 0..{start - 1} | tree rows t0 (root) .. t{shown_n}")
 ax.set_title("who sees whom in the verify pass")
-save_figure(fig, args, "08_tree_mask.png")
+save_figure(fig, args, "09_tree_mask.png")
 
 # %% [markdown]
 # ## The kernel: tree mode of `kernels/mla_attention.py::_attention_kernel`
@@ -94,11 +107,13 @@ save_figure(fig, args, "08_tree_mask.png")
 # `[0 .. start-1] + [start + paths[i, 0], .., start + paths[i, depth[i]]]` through shared memory in tiles of 8 rows
 # with an online softmax. Prefill, decode and verify share one attention code path.
 # The reference `tree_attention_ref(q, cache, start, parents, ...)` builds the explicit visibility matrix.
+# Below: the real tree's structure, random q and cache at a tiny shape (2 heads, latent 8 + rope 4, 5 committed
+# rows), the output poisoned with NaN before the launch.
 
 # %%
 section("tree attention: kernel vs reference")
 N, Lkv, R = (64, 512, 64) if LARGE else (2, 8, 4)
-start_k = 2000 if LARGE else start
+start_k = 2000 if LARGE else 5
 D = Lkv + R
 cache = Rng.standard_normal((start_k + n + 1, D)).astype(np.float32)
 q = Rng.standard_normal((n + 1, N, D)).astype(np.float32)
@@ -118,25 +133,15 @@ check("node 1 ignores non-ancestor tree rows", host(tree_verify.tree_attention(q
       host(out)[1], atol=0, rtol=0)
 
 # %% [markdown]
-# ## The key property on a tiny target
+# ## The key property on the trained target
 #
-# Prefill a prompt, verify `[root] + tree` in one forward with `TreeInput(positions, paths, depths, max_depth)`,
+# Prefill the prompt, verify `[root] + tree` in one forward with `TreeInput(positions, paths, depths, max_depth)`,
 # and compare every node's row with a plain causal forward over `prompt + root + path(node)` (its last row).
-# On the simulator the per-path forwards run on a NumPy twin of the same target (`target.with_backend("numpy")`,
-# same weights) to stay fast; one of them also runs on the simulator.
+# (On the simulator the trained target runs on the NumPy references: tutorials 01-06 checked each stage's kernel
+# against them; on a GPU it runs the kernels.)
 
 # %%
 section("verify logits == plain causal forward over each root-to-node path")
-if LARGE:
-    target = kd.tiny_target(args.seed)
-else:
-    target = kd.tiny_target(args.seed, num_hidden_layers=2, vocab_size=V, hidden_size=32, n_routed_experts=4,
-                            n_group=1, topk_group=1, num_attention_heads=2, kv_lora_rank=16, q_lora_rank=None)
-plain_target = target.with_backend("numpy") if PROC == "sim" else target
-prompt = Rng.integers(0, V, 5 if not LARGE else 40).astype(np.int32)
-start = len(prompt)
-root = int(np.argmax(plain_target.logits(prompt)[-1]))          # the bonus token of the previous round
-
 cache = target.new_cache(start + n + 1)
 target.forward(prompt, cache, 0)                                 # prefill: rows 0 .. start-1
 verify_ids = np.concatenate([[root], tree.tokens]).astype(np.int32)
@@ -146,22 +151,25 @@ with stopwatch() as t:
 vlogits = host(vlogits)
 print(f"verify forward over {n + 1} tree tokens on {target.backend}: {t.ms:.0f} ms")
 
-rows, worst = [], 0.0
+rows, plain_rows = [], []
 for i in range(n + 1):
     path_tokens = [root] + [int(tree.tokens[j - 1]) for j in paths[i, 1:pdepth[i] + 1]]
-    plain = plain_target.logits(np.concatenate([prompt, path_tokens]).astype(np.int32))[-1]
+    plain = target.logits(np.concatenate([prompt, path_tokens]).astype(np.int32))[-1]
+    plain_rows.append(plain)
     err = float(np.abs(vlogits[i] - plain).max())
-    worst = max(worst, err)
     if i < 16:
-        rows.append((i, pdepth[i], path_tokens, int(np.argmax(vlogits[i])), int(np.argmax(plain)), f"{err:.2e}"))
-    check(f"node {i}: verify row == causal forward over its path", vlogits[i], plain, atol=1e-4, rtol=1e-4)
-table(rows, ("node", "depth", "root + path tokens", "verify argmax", "plain argmax", "max|diff|"))
-
-if PROC == "sim":                                                 # one path forward on the simulator too
-    deep = int(np.argmax(pdepth))
-    path_tokens = [root] + [int(tree.tokens[j - 1]) for j in paths[deep, 1:pdepth[deep] + 1]]
-    sim_plain = target.logits(np.concatenate([prompt, path_tokens]).astype(np.int32))[-1]
-    check(f"node {deep}: same on the simulator's causal kernels", vlogits[deep], sim_plain, atol=1e-4, rtol=1e-4)
+        rows.append((i, pdepth[i], repr(tok.decode(path_tokens)), repr(tok.token_text(int(np.argmax(vlogits[i])))),
+                     repr(tok.token_text(int(np.argmax(plain)))), f"{err:.2e}"))
+table(rows, ("node", "depth", "root + path", "verify argmax", "plain argmax", "max|diff|"))
+print(f"(logits up to |{np.abs(vlogits).max():.1f}|)")
+check("every node: verify row == causal forward over its path", vlogits, np.stack(plain_rows), atol=1e-4,
+      rtol=1e-4)
+check("greedy choice at every node == the causal forward's", np.argmax(vlogits, axis=1),
+      np.argmax(np.stack(plain_rows), axis=1))
+acc_path, bonus = tree_accept.walk_ref(np.argmax(vlogits, axis=1).astype(np.int32), tree.tokens, tree.parents[1:], n)
+print(f"with these rows the target accepts nodes {acc_path} "
+      f"({tok.decode([int(tree.tokens[j - 1]) for j in acc_path[1:]])!r}) and adds the bonus "
+      f"{tok.token_text(bonus)!r} (tutorial 10)")
 
 # %% [markdown]
 # ## Without the tree mask it goes wrong
@@ -172,7 +180,7 @@ if PROC == "sim":                                                 # one path for
 
 # %%
 section("the same tokens without the tree mask")
-flat = plain_target.logits(np.concatenate([prompt, verify_ids]).astype(np.int32))[start:]
+flat = target.logits(np.concatenate([prompt, verify_ids]).astype(np.int32))[start:]
 errs = np.abs(flat - vlogits).max(axis=1)
 on_chain = [i for i in range(n + 1) if list(paths[i, :pdepth[i] + 1]) == list(range(pdepth[i] + 1))]
 print("max|causal-flattened - verify| per node: " + ", ".join(f"{i}:{e:.2g}" for i, e in enumerate(errs[:16])))

@@ -1,0 +1,332 @@
+"""Tutorial 08: draft distributions -> top-K log-probs per depth -> DDTree's best-first draft tree.
+
+Run:  KDTREE_BACKEND=sim python tutorials/08_draft_tree.py [--size small|large] [--out DIR]
+"""
+# %% [markdown]
+# # 08 - From draft distributions to the best-first tree
+#
+# A DDTree round starts with the drafter's logits for depths 1..L (`[L, V]`): depth d is its guess for the token
+# at position `start + d` (the root, the last committed token, sits at `start`). The DFlash drafter (tutorial 07)
+# proposes one distribution per *position* - marginals, not a tree; DDTree builds the tree:
+#
+# 1. **Top-K per depth.** `K = min(budget, V)`. For each depth the K best tokens and their log-probs from an fp32
+#    log-softmax: `lp[d][r] = logit[d][ids[d][r]] - logsumexp(logits[d])`, sorted descending (equal logits: lower
+#    token id first). Draft logits are never divided by the temperature.
+# 2. **Best-first tree.** A node is a rank tuple `(r_1, .., r_d)` = "the r_i-th best token at depth i". Its weight
+#
+#        logw = sum_i lp[i][r_i]          (float64)   = log of the product of the per-depth draft probabilities
+#
+#    is a *surrogate* for "probability that the whole path gets accepted" - exact if the positions were
+#    independent and the draft were the target. The tree is the `budget` nodes of largest weight; a max-heap
+#    finds them without enumerating all K^L tuples: pop the best, push its next sibling (same parent, rank+1) and
+#    its first child (depth+1, rank 0).
+#
+# **Why the node set is prefix-closed**: log-probs are <= 0, so a child never outweighs its parent, and a
+# sibling of rank r+1 never outweighs rank r. Whenever a node is among the best, its parent (and its elder
+# siblings) are too - so every node's path to the root is in the tree, which is what verification needs (a node
+# is only useful if its parent is accepted). Summing `exp(logw)` over the tree gives the expected number of
+# accepted draft tokens under the surrogate; the top-`budget` set maximises it.
+
+# %%
+import numpy as np
+
+from _common import (banner, check, check_true, finish, heldout_prompts, host, load_pair, parse_args, rng,
+                     save_figure, section, show_text, stopwatch, table, token_texts)
+
+import kdtree_numba as kd
+from kdtree_numba.kernels import logprobs, tree_build
+
+args = parse_args(__doc__)
+banner("Tutorial 08 - draft distributions and the best-first tree", args)
+Rng = rng(args, 8)
+LARGE = args.size == "large"
+PROC = kd.backend.process_name
+
+# %% [markdown]
+# ## Real draft logits
+#
+# The first round on a held-out HumanEval prompt: the trained pair's DFlash draft after the prompt, with the
+# target's greedy next token as the root - `[15, 4096]` logits. (`--size large` instead makes up logits over
+# Kimi-K2's 163840-token vocabulary, a favourite per depth plus noise, to exercise the split top-K path on a GPU.)
+
+# %%
+section("the draft")
+target, drafter = load_pair()
+tok = target.tokenizer
+if LARGE:
+    L, V, BUDGET = 15, 163840, 256                           # depths, vocabulary, tree budget
+    draft = Rng.standard_normal((L, V)).astype(np.float32)
+    draft[np.arange(L), Rng.integers(0, V, L)] += np.linspace(6.0, 2.0, L).astype(np.float32)
+    labels = None
+else:
+    task = heldout_prompts()[0]
+    prompt = tok.encode(task["prompt"])
+    root = int(kd.generate(target, prompt, 1).tokens[0])          # the target's greedy token after the prompt
+    draft = drafter.draft_logits(prompt, root)                   # [L, V], host float32
+    L, V = draft.shape
+    BUDGET = 24
+    labels = tok
+    print(f"{task['task_id']} ({len(prompt)} tokens), ending with")
+    print(show_text(task["prompt"], last_lines=3))
+    print(f"root {tok.token_text(root)!r}; draft logits {draft.shape} (depths 1..{L}, vocabulary {V})")
+K = min(BUDGET, V)
+
+
+def text(ids):
+    """Token labels: their text with the trained pair's tokenizer, else ids."""
+    return token_texts(labels, ids)
+
+
+# %% [markdown]
+# ## Top-K log-probs: the reference
+
+# %%
+section("top-K log-probs per depth: reference")
+m = draft.max(axis=1, keepdims=True)
+lse = m + np.log(np.exp(draft - m).sum(axis=1, keepdims=True))            # logsumexp per depth
+ids_plain = np.argsort(-draft, axis=1, kind="stable")[:, :K]              # best K tokens (lower id on ties)
+lp_plain = np.take_along_axis(draft, ids_plain, 1) - lse
+lp_ref, ids_ref = logprobs.topk_logprobs_ref(draft, K)
+check("plain NumPy == topk_logprobs_ref: ids", ids_ref, ids_plain.astype(np.int32))
+check("plain NumPy == topk_logprobs_ref: log-probs", lp_ref, lp_plain, atol=1e-6, rtol=1e-6)
+
+# %% [markdown]
+# ## The kernel: `kernels/logprobs.py::_topk_kernel`
+#
+# Thread mapping: **one block per row** (a depth), 512 threads on a GPU (`MAX_THREADS`; 32 on the simulator).
+# Every (value, index) is packed into one 64-bit number `order_key << 32 | ~index` (the float's bits flipped so
+# that unsigned order = float order): one unsigned compare then orders by (value desc, index asc), and no two
+# elements tie.
+# * Pass 1: each thread folds its strided elements, eight loads per step, into a running (max, sum of exp) - an
+#   "online" log-sum-exp, combined across the block by a reduction into the row's lse - and keeps **two tops**:
+#   the maximum of its even steps and the maximum of its odd steps (two distinct elements, one compare each per
+#   element instead of the three that keeping its two largest elements would cost).
+# * Threshold: those 2 x threads tops belong to distinct elements, so their K-th largest is a lower bound for the
+#   row's K-th largest. A shared **2048-bin histogram** of them (over [smallest second top, row max]) finds the
+#   bin b* holding it; the bin map is monotone, so every element of the top K lies in a bin >= b*.
+# * Pass 2 collects the elements in bins >= b* (typically K plus a few percent) and sorts them: a **rank sort**
+#   (each candidate counts the candidates above it) up to 1024 candidates, a bitonic network above.
+# * Long runs of equal values can overflow the 4096-entry candidate buffer: then each thread's 4 largest
+#   composites are bitonic-sorted, and failing that a radix search finds the exact threshold key (ties broken by
+#   an ordered scan, lowest ids first).
+# * Only **large vocabularies, V >= 2 x 16384 = 32768** (`SPLIT_CHUNK`), split a row over several blocks, so that
+#   a single request's 15 rows still fill the GPU: one block of 512 threads per **16384-column chunk**, staged in
+#   64 KB of dynamic shared memory, finds its own bound t (<= its K-th largest) from the thread tops and lists the
+#   elements >= t; a per-row select kernel sorts what survives the largest t. The logits are read once. The
+#   trained pair's 4096-token rows take the one-block path; `--size large` (V = 163840) the split one.
+
+# %%
+section("top-K log-probs: kernel vs reference")
+check_true("the constants the text describes", (logprobs.MAX_THREADS, logprobs.SPLIT_CHUNK, logprobs.NBINS,
+                                                logprobs.RANK_SORT, logprobs.CAP) == (512, 16384, 2048, 1024, 4096),
+           f"MAX_THREADS {logprobs.MAX_THREADS}, SPLIT_CHUNK {logprobs.SPLIT_CHUNK} (split at V >= "
+           f"{2 * logprobs.SPLIT_CHUNK}), NBINS {logprobs.NBINS}, RANK_SORT {logprobs.RANK_SORT}, CAP {logprobs.CAP}")
+# on the simulator three rows (depths 1, 2 and 15) are plenty: every row is its own block
+rows_k = [0, 1, L - 1] if PROC == "sim" else list(range(L))
+split = V >= 2 * logprobs.SPLIT_CHUNK
+with stopwatch() as t:
+    lp_k, ids_k = logprobs.topk_logprobs(np.ascontiguousarray(draft[rows_k]), K)
+how = (f"split: {-(-V // logprobs.SPLIT_CHUNK)} chunks x {len(rows_k)} rows" if split else
+       f"_topk_kernel[grid={len(rows_k)}, block={kd.backend.block_size(logprobs.MAX_THREADS, 32)}]")
+print(f"{how} on [{len(rows_k)}, {V}], K={K}: {t.ms:.1f} ms"
+      + ("  (rows of depths 1, 2, 15 on the simulator)" if PROC == "sim" else ""))
+check("topk_logprobs kernel vs reference: ids (exact)", host(ids_k), ids_ref[rows_k])
+check("topk_logprobs kernel vs reference: log-probs", host(lp_k), lp_ref[rows_k], atol=1e-5, rtol=1e-5)
+lp, ids = lp_ref, ids_ref                      # the tree below uses all 15 rows (equal to the kernel's where run)
+if not LARGE:
+    table([(d + 1, " ".join(f"{w!r}" for w in text(ids[d, :4])), " ".join(f"{np.exp(v):.3f}" for v in lp[d, :4]),
+            f"{np.exp(lp[d]).sum():.3f}")
+           for d in range(L)], ("depth", "top-4 tokens", "draft probabilities", f"mass in top-{K}"))
+
+# %% [markdown]
+# ## The heap reference and the GPU formulation
+#
+# `tree_build.build_tree_ref(lp, ids, budget)` is the heap algorithm exactly as the official DDTree code runs it
+# (entries `(-logw, rank_tuple, parent, depth, rank, logw)`; equal weights pop in rank-tuple order; sibling
+# weights telescoped in float64 as `logw - lp[d][r] + lp[d][r+1]`).
+#
+# `kd.build_tree(lp, ids, budget)` runs `_build_kernel` on the device (the numpy backend runs the heap): **one block
+# per request**, level by level d = 1..L:
+# 1. *expand* - every kept node of depth d-1 gets its children's sibling chain with the heap's exact float64
+#    arithmetic (stopping at rank `budget`, a -inf log-prob, or once the list is full, below the current
+#    budget-th weight). While every telescoping step is exact - the rule for float32 log-probs - a chain's
+#    weights are `W_parent + lp[d][r]`, so one thread per parent finds its length by binary search and one thread
+#    per child writes it; an inexact step makes that level walk its chains in order instead;
+# 2. *sort* the candidates in heap pop order (rank sort or bitonic sort in shared memory, with a comparator that
+#    reproduces the heap's tie order even when telescoped weights differ by an ulp; at d = 1 the root's single
+#    chain is already in order);
+# 3. *merge* them with the kept list (co-ranking by binary search) and keep the first `budget`.
+#
+# It must give **the same tree**: same tokens, depths, parents, and bit-identical float64 weights (`Tree.__eq__`
+# compares the weights' bit patterns).
+
+# %%
+section("best-first tree: heap reference vs kd.build_tree")
+ref_tree = tree_build.build_tree_ref(lp, ids, BUDGET)          # same inputs as the device build
+with stopwatch() as t:
+    tree = kd.build_tree(lp, ids, BUDGET)
+print(f"kd.build_tree ({'heap reference' if kd.backend.process_name == 'numpy' else '_build_kernel'}): "
+      f"{tree.n} nodes in {t.ms:.1f} ms")
+check_true("kd.build_tree == build_tree_ref (Tree ==, incl. float64 weights)", tree == ref_tree, f"{tree.n} nodes")
+check("weights bit-identical", tree.logw.view(np.int64), ref_tree.logw.view(np.int64))
+
+parents = tree.parents
+check_true("pop order: parents[i] < i", all(parents[i] < i for i in range(1, tree.n + 1)))
+check_true("depth[i] == depth[parent] + 1", all(tree.depths[i - 1] == (tree.depths[parents[i] - 1] if parents[i]
+                                                                    else 0) + 1 for i in range(1, tree.n + 1)))
+check_true("pops come out in non-increasing weight", bool(np.all(np.diff(tree.logw) <= 1e-12)))
+check_true("prefix-closed: a node never outweighs its parent",
+           all(parents[i] == 0 or tree.logw[i - 1] <= tree.logw[parents[i] - 1] for i in range(1, tree.n + 1)))
+
+# %% [markdown]
+# ## The tree as an outline
+#
+# `q` = the draft probability of the node's token at its depth (`exp(lp)`), `w` = `exp(logw)`, the product of the
+# q's along the path (the surrogate weight). Children are listed in pop order.
+
+# %%
+section("the tree")
+
+
+def outline(tree, max_lines=40):
+    children = {i: [] for i in range(tree.n + 1)}
+    for i in range(1, tree.n + 1):
+        children[int(tree.parents[i])].append(i)
+    lines = ["root (position start)"]
+
+    def walk(node, prefix):
+        kids = children[node]
+        for j, c in enumerate(kids):
+            last = j == len(kids) - 1
+            par_w = tree.logw[tree.parents[c] - 1] if tree.parents[c] else 0.0
+            q, w = np.exp(tree.logw[c - 1] - par_w), np.exp(tree.logw[c - 1])
+            lines.append(f"{prefix}{'`-- ' if last else '|-- '}[{c}] {text([tree.tokens[c - 1]])[0]!r:<12s} "
+                         f"q={q:.3f}  w={w:.4f}")
+            walk(c, prefix + ("    " if last else "|   "))
+
+    walk(0, "")
+    print("\n".join(lines[:max_lines]) + ("\n..." if len(lines) > max_lines else ""))
+
+
+outline(tree)
+print(f"\nsum of exp(logw) = {np.exp(tree.logw).sum():.3f} expected accepted draft tokens under the surrogate "
+      f"(a chain of the top-1 tokens: {np.exp(np.cumsum(lp[:, 0].astype(np.float64))).sum():.3f})")
+
+# %% [markdown]
+# ## It really is the top-`budget` set of prefixes
+#
+# For a small problem we can enumerate every rank tuple up to depth Ls (K + K^2 + .. + K^Ls of them) and compare
+# the tree's weights with the `budget` largest. We cut the real draft down to its first 4 depths and 6 ranks
+# (1554 prefixes) and build a tree of 12 nodes from it.
+
+# %%
+section("brute force: all prefixes (the draft cut to 4 depths x 6 ranks)")
+Ls, Ks, Bs = 4, 6, 12
+lp_s, ids_s = np.ascontiguousarray(lp[:Ls, :Ks]), np.ascontiguousarray(ids[:Ls, :Ks])
+tree_s = kd.build_tree(lp_s, ids_s, Bs)
+lp64 = lp_s.astype(np.float64)
+weights, level = [], np.zeros(1)
+for d in range(Ls):
+    level = (level[:, None] + lp64[d][None, :]).ravel()             # all tuples of depth d + 1
+    weights.append(level)
+allw = np.sort(np.concatenate(weights))[::-1]
+print(f"{allw.size} prefixes enumerated")
+check_true("kd.build_tree == build_tree_ref (cut draft)", tree_s == tree_build.build_tree_ref(lp_s, ids_s, Bs),
+           f"{tree_s.n} nodes")
+check("tree weights == the budget largest prefix weights", np.sort(tree_s.logw)[::-1], allw[:Bs],
+      atol=1e-12, rtol=0)
+
+# %% [markdown]
+# ## Ties: uniform rows (made-up logits)
+#
+# Real drafts rarely tie, so here the logits are made up on purpose. With all draft logits equal every tuple of a
+# depth has the same weight, and only the heap's tie rule (rank tuples in Python tuple order) decides. Telescoped
+# float64 weights may even differ by an ulp between tuples that are mathematically equal - the GPU version
+# reproduces the heap's order anyway.
+
+# %%
+section("ties: uniform and partly tied rows (made-up logits)")
+Lt, Vt, Bt = (L, V, BUDGET) if LARGE else (4, 40, 10)
+Kt = min(Bt, Vt)
+uniform = np.zeros((Lt, Vt), np.float32)
+lp_u, ids_u = (host(a) for a in logprobs.topk_logprobs(uniform, Kt))
+lp_u_ref, ids_u_ref = logprobs.topk_logprobs_ref(uniform, Kt)
+check("uniform rows: top-K ids == lowest ids first", ids_u, ids_u_ref)
+check("uniform rows: log-probs == -log V", lp_u, np.full((Lt, Kt), -np.log(Vt), np.float32), atol=1e-5, rtol=1e-5)
+tu = kd.build_tree(lp_u, ids_u, Bt)
+check_true("uniform rows: kd.build_tree == build_tree_ref", tu == tree_build.build_tree_ref(lp_u, ids_u, Bt),
+           f"{tu.n} nodes")
+tied = np.round(Rng.standard_normal((Lt, Vt)) * 2).astype(np.float32) / 2      # values on a 0.5 grid: many ties
+lp_t, ids_t = (host(a) for a in logprobs.topk_logprobs(tied, Kt))
+lp_t_ref, ids_t_ref = logprobs.topk_logprobs_ref(tied, Kt)
+check("partly tied rows: top-K ids (exact)", ids_t, ids_t_ref)
+tt = kd.build_tree(lp_t, ids_t, Bt)
+check_true("partly tied rows: kd.build_tree == build_tree_ref",
+           tt == tree_build.build_tree_ref(lp_t, ids_t, Bt), f"{tt.n} nodes")
+
+ex = kd.build_tree(np.array([[-0.1, -2.5], [-0.2, -1.8]], np.float32), np.array([[10, 11], [20, 21]]), 3)
+check("docstring example: tokens [10, 20, 21], parents [-1, 0, 1, 1]",
+      np.concatenate([ex.tokens, ex.parents]), np.array([10, 20, 21, -1, 0, 1, 1], np.int32))
+
+# %% [markdown]
+# ## Pictures: the draft probabilities and the tree
+#
+# Left: each depth's top-16 probabilities - a real drafter is sure about little beyond depth 1 (the rows are
+# marginals, tutorial 07). Right: the tree, nodes coloured by their path weight w on a log scale: the budget goes
+# to siblings near the root, where the draft is uncertain but a node still carries weight.
+
+# %%
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.colors import LogNorm  # noqa: E402
+
+
+def draw_tree(ax, tree, max_nodes=40):
+    n = min(tree.n, max_nodes)
+    children = {i: [] for i in range(n + 1)}
+    for i in range(1, n + 1):
+        children[int(tree.parents[i])].append(i)
+    xs, counter = {}, [0]
+
+    def place(node):                                       # leaves left to right, parents centred over children
+        if not children[node]:
+            xs[node] = counter[0]
+            counter[0] += 1
+        else:
+            for c in children[node]:
+                place(c)
+            xs[node] = np.mean([xs[c] for c in children[node]])
+
+    place(0)
+    depth = {0: 0, **{i: int(tree.depths[i - 1]) for i in range(1, n + 1)}}
+    for i in range(1, n + 1):
+        p = int(tree.parents[i])
+        ax.plot([xs[p], xs[i]], [-depth[p], -depth[i]], "-", color="0.6", lw=1, zorder=1)
+    w = np.concatenate([[1.0], np.exp(tree.logw[:n])])
+    sc = ax.scatter([xs[i] for i in range(n + 1)], [-depth[i] for i in range(n + 1)], c=np.maximum(w, 1e-3),
+                    cmap="viridis", norm=LogNorm(vmin=1e-3, vmax=1), s=260, zorder=2, edgecolors="k")
+    for i in range(1, n + 1):
+        ax.annotate(text([tree.tokens[i - 1]])[0][:6], (xs[i], -depth[i]), ha="center", va="center", fontsize=6,
+                    color="w")
+    ax.annotate("root", (xs[0], 0), ha="center", va="center", fontsize=7, color="k")
+    ax.set_yticks([-d for d in range(max(depth.values()) + 1)])
+    ax.set_yticklabels([f"depth {d}" for d in range(max(depth.values()) + 1)])
+    ax.set_xticks([])
+    return sc
+
+
+fig, ax = plt.subplots(1, 2, figsize=(14, 4.2), gridspec_kw={"width_ratios": [1, 2]})
+kk = min(K, 16)
+im = ax[0].imshow(np.exp(lp[:, :kk]), cmap="viridis", vmin=0, aspect="auto")
+fig.colorbar(im, ax=ax[0])
+ax[0].set_xlabel("rank r")
+ax[0].set_yticks(range(L))
+ax[0].set_yticklabels([f"depth {d + 1}" for d in range(L)])
+ax[0].set_title("draft probability exp(lp[d][r])")
+sc = draw_tree(ax[1], tree)
+ax[1].set_title(f"best-first tree, budget {BUDGET} (colour: path weight w, log scale)")
+fig.colorbar(sc, ax=ax[1])
+save_figure(fig, args, "08_draft_tree.png")
+
+
+# %%
+finish()
