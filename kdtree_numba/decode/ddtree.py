@@ -77,10 +77,10 @@ def ddtree(target, prompt: np.ndarray, max_new_tokens: int, drafter, budget: int
         if cut is not None:                        # a stop token inside the accepted path ends generation there,
             del out[len(out) - len(emitted) + cut + 1:]   # exactly where plain decoding would have stopped
             break
+    settings = {"method": "chain" if top_k == 1 else "ddtree", "budget": budget, "temperature": temperature,
+                "seed": seed, "drafter": getattr(drafter, "name", "drafter"), "depth": L}
     return Generation([int(x) for x in prompt], out[:max_new_tokens], s.traces(), 1 + len(s.rounds),
-                      time.perf_counter() - t0, {"method": "chain" if top_k == 1 else "ddtree", "budget": budget, "temperature": temperature,
-                                                 "seed": seed, "drafter": getattr(drafter, "name", "drafter"),
-                                                 "depth": L})
+                      time.perf_counter() - t0, settings)
 
 
 def _first_stop(tokens: list[int], stop_tokens) -> int | None:
