@@ -1,4 +1,12 @@
-"""The command line: the demo runs and agrees with plain decoding; bad input prints one line and exits 2."""
+"""The command line: the demo completes a held-out prompt with the trained pair and agrees with plain decoding;
+generate / trees / sweep work on the default pair and on byte-level checkpoints; bad input prints one line naming
+the flag and exits 2.
+
+Runs that generate are subprocesses on the NumPy backend with short generations (a few seconds each); BLAS is held
+to one thread there: two test workers on two cores would otherwise oversubscribe the CPU and slow every run
+several-fold. Error paths and the ``trees`` command run in this process (``cli.main``): they fail or finish before
+anything is generated, so the backend does not matter and no interpreter start-up is paid.
+"""
 import json
 import os
 import subprocess
@@ -6,7 +14,8 @@ import sys
 
 import pytest
 
-ENV = {**os.environ, "KDTREE_BACKEND": "numpy"}
+ENV = {**os.environ, "KDTREE_BACKEND": "numpy", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+       "MKL_NUM_THREADS": "1"}
 
 
 def cli(*args, cwd=None):
@@ -14,57 +23,245 @@ def cli(*args, cwd=None):
                           timeout=300, cwd=cwd)
 
 
-def test_demo_runs_and_writes_its_outputs(tmp_path):
-    r = cli("demo", "--max-new-tokens", "40", "--out", str(tmp_path / "demo"))
-    assert r.returncode == 0, r.stderr
-    assert "DDTree output == plain greedy decoding: yes" in r.stdout
-    assert "speedup in target forwards" in r.stdout
-    for f in ("rounds.png", "acceptance.png", "viewer.html", "trace.json"):
-        assert (tmp_path / "demo" / f).stat().st_size > 0
+def inproc(capsys, *args):
+    """The CLI in this process (no interpreter start-up): for error paths and commands that do not generate."""
+    from kdtree_numba.cli import main
+
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out, err)
 
 
-def test_generate_trace_then_trees(tmp_path):
-    trace = tmp_path / "t.json"
-    r = cli("generate", "--prompt", "Hello", "--max-new-tokens", "12", "--budget", "8", "--trace", str(trace))
-    assert r.returncode == 0, r.stderr
-    data = json.loads(trace.read_text())
-    assert len(data["tokens"]) == 12 and data["rounds"]
-    r = cli("trees", str(trace), "--out", str(tmp_path / "trees"), "--rounds", "0,1")
-    assert r.returncode == 0, r.stderr
-    assert (tmp_path / "trees" / "round001.png").exists() and (tmp_path / "trees" / "viewer.html").exists()
-    r = cli("generate", "--ids", "1,2,3", "--max-new-tokens", "5", "--drafter", "none")
-    assert r.returncode == 0 and len(r.stdout.split()) == 5
-
-
-@pytest.mark.parametrize("args, msg", [
-    (["generate", "--model", "/no/such/dir"], "--model: /no/such/dir is not a directory"),
-    (["generate", "--ids", "1,999"], "--ids: token id 999 is outside the vocabulary"),
-    (["generate", "--ids", "1,2,x"], "--ids: expected comma-separated whole numbers"),
-    (["generate", "--budget", "-3", "--max-new-tokens", "3"], "budget: expected an integer >= 0, got -3"),
-    (["generate", "--temperature", "nan", "--max-new-tokens", "3"], "temperature: expected a number >= 0"),
-    (["generate", "--max-new-tokens", "0"], "--max-new-tokens: expected a number >= 1"),
-    (["trees", "/no/such/trace.json"], "trace: /no/such/trace.json does not exist"),
-    (["demo", "--budget", "x"], "--budget: invalid int value"),
-    (["frobnicate"], "invalid choice: 'frobnicate'"),
-    (["bench", "nonsense"], "unknown benchmark 'nonsense'"),
-])
-def test_bad_input_is_one_line_and_status_2(args, msg):
-    r = cli(*args)
-    assert r.returncode == 2
+def one_line_error(r, msg):
+    assert r.returncode == 2, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and msg in lines[0], r.stderr
     assert "Traceback" not in r.stderr
 
 
-def test_not_a_trace(tmp_path):
+@pytest.fixture(scope="module")
+def byte_model(tmp_path_factory):
+    """A tiny byte-level checkpoint directory (vocab 256, no tokenizer.json, no drafter/)."""
+    import kdtree_numba as kd
+
+    path = tmp_path_factory.mktemp("byte_model")
+    with kd.backend.use("numpy"):
+        kd.tiny_target(0).save(str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def wide_model(tmp_path_factory):
+    """A tiny checkpoint with a 300-token vocabulary and no tokenizer: text prompts cannot be encoded."""
+    import kdtree_numba as kd
+
+    path = tmp_path_factory.mktemp("wide_model")
+    with kd.backend.use("numpy"):
+        kd.tiny_target(0, vocab_size=300).save(str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def default_trace(tmp_path_factory):
+    """``generate --trace`` on the default pair (the demo's prompt, 16 tokens)."""
+    trace = tmp_path_factory.mktemp("trace") / "t.json"
+    r = cli("generate", "--max-new-tokens", "16", "--budget", "16", "--trace", str(trace))
+    assert r.returncode == 0, r.stderr
+    return trace, r
+
+
+# ------------------------------------------------------------------------------------------------ demo
+def test_demo_runs_and_writes_its_outputs(tmp_path):
+    out = tmp_path / "demo"
+    r = cli("demo", "--max-new-tokens", "24", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    s = r.stdout
+    assert "HumanEval/18, held out from training" in s and "def how_many_times(string: str" in s   # the prompt
+    assert "outputs identical to plain decoding:  DFlash chain yes   DDTree yes" in s
+    for row in ("autoregressive", "DFlash chain", "DDTree (budget 64)", "new tokens", "target forwards / token",
+                "acceptance length", "tokens/s, wall clock", "tokens/s, target side", "docs/PERFORMANCE.md"):
+        assert row in s, row
+    for f in ("rounds.png", "acceptance.png", "viewer.html", "trace.json"):
+        assert (out / f).stat().st_size > 0
+    trace = json.loads((out / "trace.json").read_text())
+    assert trace["settings"]["model"] == "default" and trace["settings"]["vocab_size"] == 4096
+    assert len(trace["tokens"]) == 24
+    page = (out / "viewer.html").read_text(encoding="utf-8")
+    assert '"short":' in page and "\\u00b7" in page                    # decoded labels (spaces shown as ·)
+
+
+def test_demo_other_task_and_prompt(tmp_path):
+    r = cli("demo", "--task", "HumanEval/62", "--max-new-tokens", "12", "--budget", "8", "--out", str(tmp_path / "a"))
+    assert r.returncode == 0, r.stderr
+    assert "HumanEval/62" in r.stdout and "def derivative(xs: list)" in r.stdout
+    assert "DDTree (budget 8)" in r.stdout and "DDTree yes" in r.stdout
+    r = cli("demo", "--prompt", "def add(a, b):", "--max-new-tokens", "8", "--out", str(tmp_path / "b"))
+    assert r.returncode == 0, r.stderr
+    assert "your --prompt" in r.stdout and "def add(a, b):" in r.stdout
+
+
+# ------------------------------------------------------------------------------------------------ generate
+def test_generate_default_pair_text_and_trace(default_trace, tmp_path):
+    trace, r = default_trace
+    assert "self" in r.stdout                                          # decoded text, not ids
+    assert "[ddtree: 16 tokens" in r.stderr and "tau" in r.stderr
+    data = json.loads(trace.read_text())
+    assert len(data["tokens"]) == 16 and data["rounds"] and data["settings"]["drafter"] == "dflash"
+    r = cli("generate", "--prompt", "def add(a, b):", "--max-new-tokens", "8", "--chain")
+    assert r.returncode == 0 and "[chain: 8 tokens" in r.stderr, r.stderr
+    r = cli("generate", "--task", "HumanEval/2", "--max-new-tokens", "6", "--drafter", "none", "--stop-at-eos")
+    assert r.returncode == 0 and "[autoregressive: " in r.stderr, r.stderr
+    r = cli("generate", "--ids", "5,6,7", "--max-new-tokens", "5", "--drafter", "oracle", "--noise", "0.5",
+            "--depth", "4")
+    assert r.returncode == 0 and len(r.stdout.split()) == 5 and all(t.isdigit() for t in r.stdout.split())
+
+
+def test_generate_byte_model(byte_model, tmp_path):
+    trace = tmp_path / "b.json"
+    r = cli("generate", "--model", byte_model, "--prompt", "Hello", "--drafter", "oracle", "--max-new-tokens", "12",
+            "--budget", "8", "--trace", str(trace))
+    assert r.returncode == 0, r.stderr
+    data = json.loads(trace.read_text())
+    assert len(data["tokens"]) == 12 and data["settings"]["vocab_size"] == 256
+    r = cli("generate", "--model", byte_model, "--ids", "1,2,3", "--max-new-tokens", "5", "--drafter", "none")
+    assert r.returncode == 0 and len(r.stdout.split()) == 5
+
+
+# ------------------------------------------------------------------------------------------------ trees
+def test_trees_labels(default_trace, byte_model, tmp_path, capsys):
+    trace, _ = default_trace
+    r = inproc(capsys, "trees", trace, "--out", tmp_path / "t", "--rounds", "0,1")
+    assert r.returncode == 0, r.stderr
+    assert "labels: decoded tokens" in r.stdout
+    for f in ("round000.png", "round001.png", "rounds.png", "acceptance.png", "tree_shape.png", "stage_times.png",
+              "viewer.html"):
+        assert (tmp_path / "t" / f).stat().st_size > 0, f
+    r = inproc(capsys, "trees", trace, "--out", tmp_path / "ids", "--vocab-size", "4096", "--rounds", "0")
+    assert r.returncode == 0 and "labels: token ids" in r.stdout, r.stderr
+    r = inproc(capsys, "trees", trace, "--out", tmp_path / "m", "--rounds", "0",
+               "--model", os.path.join(os.path.dirname(__import__("kdtree_numba").__file__), "default_model", "target"))
+    assert r.returncode == 0 and "labels: decoded tokens" in r.stdout, r.stderr
+    btrace = tmp_path / "b.json"
+    r = cli("generate", "--model", byte_model, "--prompt", "Hi", "--drafter", "random", "--depth", "3",
+            "--max-new-tokens", "6", "--budget", "4", "--trace", str(btrace))
+    assert r.returncode == 0, r.stderr
+    r = inproc(capsys, "trees", btrace, "--out", tmp_path / "b", "--rounds", "0")
+    assert r.returncode == 0 and "labels: bytes" in r.stdout, r.stderr
+
+
+def test_not_a_trace(tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text('{"a": 1}')
-    r = cli("trees", str(bad))
-    assert r.returncode == 2 and "not a kdtree_numba trace" in r.stderr
+    one_line_error(inproc(capsys, "trees", bad), "not a kdtree_numba trace")
+    auto = tmp_path / "ar.json"
+    r = cli("generate", "--drafter", "none", "--max-new-tokens", "3", "--trace", str(auto))
+    assert r.returncode == 0, r.stderr
+    one_line_error(inproc(capsys, "trees", auto), "has no DDTree rounds")
 
 
-def test_tour_and_help():
+# ------------------------------------------------------------------------------------------------ sweep
+def test_sweep(tmp_path):
+    out = tmp_path / "s.svg"
+    r = cli("sweep", "--budgets", "2,16", "--max-new-tokens", "10", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert out.read_text().lstrip().startswith("<?xml")
+    assert "budget     2" in r.stdout and "budget    16" in r.stdout and "DFlash chain: tau" in r.stdout
+
+
+# ------------------------------------------------------------------------------------------------ errors
+@pytest.mark.parametrize("args, msg", [
+    (["generate", "--model", "/no/such/dir"], "--model: /no/such/dir is not a directory"),
+    (["generate", "--ids", "1,9999"], "--ids: token id 9999 is outside the vocabulary"),
+    (["generate", "--ids", "1,2,x"], "--ids: expected comma-separated whole numbers"),
+    (["generate", "--budget", "-3"], "argument --budget: expected a tree budget in [0, 1024], got -3"),
+    (["demo", "--budget", "2000"], "argument --budget: expected a tree budget in [0, 1024], got 2000"),
+    (["generate", "--temperature", "nan"], "argument --temperature: expected a finite number >= 0, got 'nan'"),
+    (["generate", "--temperature", "hot"], "argument --temperature: expected a number >= 0, got 'hot'"),
+    (["generate", "--max-new-tokens", "0"], "--max-new-tokens: expected a number >= 1"),
+    (["generate", "--noise", "0.5"], "--noise 0.5: applies to --drafter oracle only, not --drafter dflash"),
+    (["generate", "--drafter", "random", "--noise", "1"], "--noise 1: applies to --drafter oracle only, not "
+                                                          "--drafter random"),
+    (["generate", "--drafter", "oracle", "--noise", "-1"], "--noise -1: expected a number >= 0"),
+    (["generate", "--depth", "3"], "--depth 3: applies to --drafter oracle or random only, not --drafter dflash"),
+    (["generate", "--drafter", "none", "--depth", "3"], "--depth 3: applies to --drafter oracle or random only, "
+                                                        "not --drafter none"),
+    (["generate", "--drafter-dir", "/no/such"], "--drafter-dir /no/such: not a directory"),
+    (["generate", "--drafter", "oracle", "--drafter-dir", "/tmp"], "--drafter-dir /tmp: applies to --drafter "
+                                                                  "dflash only, not --drafter oracle"),
+    (["generate", "--drafter", "none", "--chain"], "--chain: needs a drafter, not --drafter none"),
+    (["generate", "--chain", "--budget", "8"], "--budget 8: does not apply with --chain"),
+    (["generate", "--drafter", "none", "--budget", "8"], "--budget 8: does not apply with --drafter none"),
+    (["generate", "--trace", "/no/such/dir/t.json"], "--trace: cannot write /no/such/dir/t.json (the folder "
+                                                     "/no/such/dir does not exist)"),
+    (["generate", "--trace", "/tmp"], "--trace: /tmp is a folder, expected a file path"),
+    (["generate", "--task", "HumanEval/999"], "--task: unknown task 'HumanEval/999', expected HumanEval/0 .. "
+                                              "HumanEval/163"),
+    (["generate", "--task", "HumanEval/1", "--prompt", "x"], "argument --prompt: not allowed with argument --task"),
+    (["generate", "--drafter", "medusa"], "argument --drafter: invalid choice: 'medusa'"),
+    (["sweep", "--budgets", ""], "argument --budgets: expected at least one budget (comma-separated, e.g. "
+                                 "4,16,64), got ''"),
+    (["sweep", "--budgets", "4,2000"], "argument --budgets: budget 2000 outside [0, 1024] in '4,2000'"),
+    (["sweep", "--out", "sweep.pdf"], "--out: expected a file path ending in .png or .svg, got 'sweep.pdf'"),
+    (["sweep", "--out", "/no/such/dir/s.png"], "--out: cannot write /no/such/dir/s.png"),
+    (["sweep", "--drafter", "none"], "argument --drafter: invalid choice: 'none'"),
+    (["trees", "/no/such/trace.json"], "trace: /no/such/trace.json does not exist"),
+    (["demo", "--budget", "x"], "argument --budget: invalid int value: 'x'"),
+    (["demo", "--task", "nope"], "--task: unknown task 'nope'"),
+    (["demo", "--noise", "0.3"], "unrecognized arguments: --noise 0.3"),
+    (["demo", "--depth", "8"], "unrecognized arguments: --depth 8"),
+    (["demo", "--task", "HumanEval/1", "--prompt", "x"], "argument --prompt: not allowed with argument --task"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+    (["bench", "nonsense"], "unknown benchmark 'nonsense'"),
+])
+def test_bad_input_is_one_line_and_status_2(args, msg, capsys):
+    one_line_error(inproc(capsys, *args), msg)
+
+
+def test_bad_input_in_a_real_process():
+    """The same contract through the interpreter: status 2, one line on stderr."""
+    one_line_error(cli("generate", "--noise", "0.5"), "--noise 0.5: applies to --drafter oracle only")
+    one_line_error(cli("sweep", "--budgets", ""), "argument --budgets: expected at least one budget")
+
+
+def test_errors_that_need_files(tmp_path, byte_model, wide_model, default_trace, capsys):
+    trace, _ = default_trace
+    cli = lambda *a: inproc(capsys, *a)                                  # noqa: E731
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    one_line_error(cli("demo", "--out", str(afile)), f"--out: {afile} exists and is not a folder")
+    one_line_error(cli("figures", "--out", str(afile)), f"--out: {afile} exists and is not a folder")
+    one_line_error(cli("generate", "--model", byte_model),
+                   f"--drafter dflash: {byte_model} has no drafter/ folder; pass --drafter-dir DIR")
+    one_line_error(cli("generate", "--model", wide_model, "--prompt", "hi", "--drafter", "none"),
+                   "--prompt: this model has no tokenizer.json and a 300-token vocabulary, so text cannot be "
+                   "encoded; pass token ids with --ids")
+    one_line_error(cli("generate", "--model", wide_model, "--task", "HumanEval/3", "--drafter", "none"),
+                   "--task: this model has no tokenizer.json")
+    one_line_error(cli("generate", "--model", byte_model, "--drafter", "none", "--stop-at-eos"),
+                   "--stop-at-eos: this model has no tokenizer with an <|endoftext|> token")
+    one_line_error(cli("trees", str(trace), "--model", "/no/such"), "--model: /no/such is not a directory")
+    one_line_error(cli("trees", str(trace), "--model", byte_model), f"--model: {byte_model} has no tokenizer.json")
+    one_line_error(cli("trees", str(trace), "--vocab-size", "10"), "--vocab-size 10: too small for this trace")
+    one_line_error(cli("trees", str(trace), "--rounds", "99"), "--rounds: round 99 outside")
+    one_line_error(cli("trees", str(trace), "--out", str(afile)), f"--out: {afile} exists and is not a folder")
+
+
+def test_tour_and_help(capsys):
     r = cli("tour")
     assert r.returncode == 0 and "all stages match their references" in r.stdout
-    assert cli("--help").returncode == 0
-    assert cli("generate", "--help").returncode == 0
+    assert inproc(capsys, "--help").returncode == 0
+    for cmd in ("demo", "generate", "trees", "sweep", "figures"):
+        h = inproc(capsys, cmd, "--help")
+        assert h.returncode == 0 and "usage:" in h.stdout
+
+
+def test_bench_runs_from_any_directory(tmp_path, capsys):
+    """``bench`` finds the scripts' shared helpers (_common.py) from any working directory (#16 item 10), and
+    without a GPU refuses a full run in one line but runs the --quick smoke test."""
+    import kdtree_numba as kd
+
+    if kd.backend.name != "cuda":
+        one_line_error(inproc(capsys, "bench", "tree"), "bench: the benchmarks need a GPU")
+    r = cli("bench", "tree", "--quick", cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "== bench_tree.py" in r.stdout and "Traceback" not in r.stderr

@@ -1,18 +1,23 @@
 """Pictures of DDTree decoding, made from the traces ``kd.generate`` returns.
 
-* ``plot_tree`` / ``plot_rounds`` (trees.py): one round's draft tree, the accepted path and the bonus token.
+* ``plot_tree`` / ``plot_rounds`` (trees.py): one round's draft tree, the accepted path and the bonus token;
+  ``showcase_rounds`` picks a typical round and the best one to draw.
 * ``acceptance_histogram``, ``tree_shape``, ``budget_sweep``, ``stage_times`` (rounds.py): statistics over
   rounds and runs; ``sweep_rows`` runs the generations a budget sweep needs.
+* ``rows_from_runs`` (rounds.py): budget-sweep rows from finished runs, pooled over prompts.
+* ``training_curves`` (training.py): the default pair's training logs (loss and per-position accuracy).
 * ``write_html`` (html.py): a self-contained page that steps through the rounds interactively.
-* ``token_label`` / ``text_of`` (labels.py): readable tokens and text (byte-level or ids).
+* ``token_label`` / ``text_of`` (labels.py): readable tokens and text (decoded with a tokenizer, byte-level or
+  ids). Every function that labels tokens takes ``tokenizer=`` (``target.tokenizer``; None: bytes or ids).
 
 Every plotting function returns a ``matplotlib.figure.Figure`` and saves it when given ``path``. Figures are
 made without pyplot (no GUI backend is touched, nothing is shown), so the package works headless.
 """
 from .html import write_html
 from .labels import text_of, token_label
-from .rounds import acceptance_histogram, budget_sweep, stage_times, sweep_rows, tree_shape
-from .trees import plot_rounds, plot_tree
+from .rounds import acceptance_histogram, budget_sweep, rows_from_runs, stage_times, sweep_rows, tree_shape
+from .training import training_curves
+from .trees import plot_rounds, plot_tree, showcase_rounds
 
 __all__ = ["plot_tree", "plot_rounds", "acceptance_histogram", "tree_shape", "budget_sweep", "stage_times",
-           "sweep_rows", "write_html", "token_label", "text_of"]
+           "sweep_rows", "rows_from_runs", "showcase_rounds", "training_curves", "write_html", "token_label", "text_of"]

@@ -13,6 +13,8 @@ opens round 3, counting from 1 as the page does):
   * the text so far: the prompt greyed, earlier output plain, this round's accepted tokens highlighted in orange
     and its bonus token outlined;
   * the round's stage times (draft / build / verify / accept / compact) as one stacked bar.
+Tokens read as in the PNG figures: decoded text when ``tokenizer=`` is given (``target.tokenizer``), else bytes
+(``vocab_size=256``) or ids.
 
 Markup a test can rely on: tree nodes are ``<circle class="node ...">`` (the root too; ``accepted`` on the
 accepted path, root included), the bonus is ``<circle class="bonus">``, edges are ``<line class="edge ...">``;
@@ -34,7 +36,7 @@ from ..decode.trace import STAGES
 from .labels import token_label, token_piece
 from .rounds import STAGE_COLOURS
 from .trees import (ACCENT, CMAP, FADE_TO, GRID, MUTED_TEXT, NORM, REJECTED_EDGE, REJECTED_LINE, edge_width,
-                    layout_tree, node_fill, text_colour)
+                    layout_tree, node_fill, node_label, text_colour)
 
 
 def _num(x, nd: int = 6):
@@ -43,7 +45,7 @@ def _num(x, nd: int = 6):
     return round(x, nd) if math.isfinite(x) else None
 
 
-def _round_data(rt, vocab_size: int, prompt_len: int) -> dict:
+def _round_data(rt, vocab_size: int, prompt_len: int, tokenizer=None) -> dict:
     lay = layout_tree(rt, None)
     tokens = rt.tree.tokens
     nodes = []
@@ -52,7 +54,8 @@ def _round_data(rt, vocab_size: int, prompt_len: int) -> dict:
         acc = bool(lay.on_path[i])
         fill = node_fill(lay.cum[i], acc)
         nodes.append({"x": _num(lay.x[i], 3), "y": _num(lay.y[i], 3), "tok": tok,
-                      "label": token_label(tok, vocab_size), "p": int(lay.parents[i]),
+                      "label": token_label(tok, vocab_size, tokenizer),
+                      "short": node_label(tok, vocab_size, tokenizer, limit=12), "p": int(lay.parents[i]),
                       "d": int(lay.x[i]), "rank": int(lay.rank[i]), "nsib": int(lay.n_sib[i]),
                       "cond": _num(lay.cond[i]), "logw": _num(lay.logw[i]), "acc": acc, "fill": fill,
                       "tc": text_colour(fill, acc), "w": _num(edge_width(lay.cond[i], acc), 3)})
@@ -62,22 +65,24 @@ def _round_data(rt, vocab_size: int, prompt_len: int) -> dict:
     return {"start": int(rt.start), "first": int(rt.start) - prompt_len, "n": lay.n, "slots": int(lay.slots),
             "maxx": _num(lay.max_x, 3), "accepted": [int(a) for a in rt.accepted], "nodes": nodes,
             "bonus": {"x": _num(bx, 3), "y": _num(by, 3), "tok": int(rt.bonus),
-                      "label": token_label(int(rt.bonus), vocab_size), "p": int(rt.accepted[-1]) if m else 0,
+                      "label": token_label(int(rt.bonus), vocab_size, tokenizer),
+                      "short": node_label(int(rt.bonus), vocab_size, tokenizer, limit=12),
+                      "p": int(rt.accepted[-1]) if m else 0,
                       "draft_p": _num(dp)},
             "times": {s: _num(rt.times.get(s, 0.0), 4) for s in STAGES}}
 
 
-def _data(gen, vocab_size: int) -> dict:
+def _data(gen, vocab_size: int, tokenizer=None) -> dict:
     P = len(gen.prompt)
-    pieces = lambda toks: [[token_piece(int(t), vocab_size), token_label(int(t), vocab_size).startswith("\\x")]
-                           for t in toks]
+    pieces = lambda toks: [[token_piece(int(t), vocab_size, tokenizer),
+                            tokenizer is None and token_label(int(t), vocab_size).startswith("\\x")] for t in toks]
     ramp = [to_hex(CMAP(NORM(10 ** e))) for e in np.linspace(-3, 0, 9)]
     s = dict(gen.settings or {})
     return {"settings": {k: (_num(v) if isinstance(v, float) else v) for k, v in s.items()},
             "vocab_size": int(vocab_size), "prompt": pieces(gen.prompt), "tokens": pieces(gen.tokens),
             "target_forwards": int(gen.target_forwards), "tau": _num(gen.acceptance_length, 4),
             "fpt": _num(gen.forwards_per_token, 4),
-            "rounds": [_round_data(r, vocab_size, P) for r in gen.rounds],
+            "rounds": [_round_data(r, vocab_size, P, tokenizer) for r in gen.rounds],
             "style": {"accent": ACCENT, "rejected_edge": REJECTED_EDGE, "rejected_line": REJECTED_LINE,
                       "muted": MUTED_TEXT, "grid": GRID, "fade_to": FADE_TO, "ramp": ramp,
                       "stages": {k: STAGE_COLOURS[k] for k in STAGES}}}
@@ -89,13 +94,14 @@ def _json_for_script(obj) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def write_html(result, path, vocab_size: int = 256) -> str:
+def write_html(result, path, vocab_size: int = 256, tokenizer=None) -> str:
     """Write the round-by-round viewer of ``result`` (a ``Generation``) to ``path``; return the path.
 
-    vocab_size: 256 shows tokens as characters (byte-level), other sizes as ids. The file is self-contained
-    (inline CSS, JS and data; nothing is fetched). A generation without rounds (autoregressive) still gets a
-    page, with its text and a note instead of a tree."""
-    data = _data(result, vocab_size)
+    vocab_size: 256 shows tokens as characters (byte-level), other sizes as ids; tokenizer (``target.tokenizer``):
+    show decoded tokens instead (nodes show up to 12 characters, the tooltip the whole token). The file is
+    self-contained (inline CSS, JS and data; nothing is fetched). A generation without rounds (autoregressive)
+    still gets a page, with its text and a note instead of a tree."""
+    data = _data(result, vocab_size, tokenizer)
     s = data["settings"]
     title = "DDTree trace"
     bits = [f"{k} {s[k]}" for k in ("method", "budget", "drafter", "depth", "temperature") if k in s]
@@ -350,8 +356,9 @@ _JS = r"""
     var rad = Math.min(11, SLOT * 0.46);
     // labels inside the circles when they fit, else (long ids) over them with a white halo, as in the PNGs
     var longest = 1;
-    r.nodes.forEach(function (nd) { longest = Math.max(longest, nd.label.length); });
-    longest = Math.max(longest, r.bonus.label.length);
+    function shown(nd) { return nd.short || nd.label; }
+    r.nodes.forEach(function (nd) { longest = Math.max(longest, shown(nd).length); });
+    longest = Math.max(longest, shown(r.bonus).length);
     var inside = Math.min(11, 2 * rad * 0.92 / (0.62 * Math.max(longest, 1.6)));
     var halo = inside < 6.5;
     var font = halo ? Math.min(10.5, SLOT * 0.6, 0.8 * COL / (0.62 * longest)) : inside;
@@ -387,11 +394,11 @@ _JS = r"""
         c.addEventListener("mousemove", moveTip);
         c.addEventListener("mouseleave", function () { hideTip(); highlight(r, k, false); });
       })(i);
-      if (fontFor(nd.label) >= 5) {
+      if (fontFor(shown(nd)) >= 5) {
         var tx = el("text", {x: px(nd.x), y: py(nd.y), fill: halo ? "#1d1f21" : nd.tc,
                              "class": (nd.acc ? "acc" : "") + (halo ? " halo" : ""),
-                             "font-size": fontFor(nd.label).toFixed(1)}, gT);
-        tx.textContent = nd.label;
+                             "font-size": fontFor(shown(nd)).toFixed(1)}, gT);
+        tx.textContent = shown(nd);
       }
     }
     var bc = el("circle", {"class": "bonus", cx: px(b.x), cy: py(b.y), r: rad}, gN);
@@ -402,12 +409,12 @@ _JS = r"""
     });
     bc.addEventListener("mousemove", moveTip);
     bc.addEventListener("mouseleave", hideTip);
-    if (fontFor(b.label) >= 5) {
+    if (fontFor(shown(b)) >= 5) {
       var bt = el("text", {"class": "bonus-label" + (halo ? " halo" : ""), x: px(b.x), y: py(b.y),
-                           "font-size": fontFor(b.label).toFixed(1)}, gT);
-      bt.textContent = b.label;
+                           "font-size": fontFor(shown(b)).toFixed(1)}, gT);
+      bt.textContent = shown(b);
     }
-    var capx = Math.max(rad, halo ? 0.31 * font * b.label.length : 0) + 4;
+    var capx = Math.max(rad, halo ? 0.31 * font * shown(b).length : 0) + 4;
     var cap = el("text", {"class": "caption", x: px(b.x) + capx, y: py(b.y)}, gT);
     cap.textContent = "bonus" + (b.draft_p === null ? "" : "  draft p=" + fmt(b.draft_p));
     // a tall tree scrolls: bring the end of the accepted path into view

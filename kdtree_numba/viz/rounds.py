@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 from matplotlib.figure import Figure
-from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullLocator
+from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullLocator, PercentFormatter
 
 from ..decode.trace import STAGES
 from .trees import ACCENT, GRID, MUTED_TEXT, save
@@ -77,30 +77,41 @@ def _new(ncols: int, size, axes, ratios=None):
 
 
 # ---------------------------------------------------------------------------------------------- acceptance
-def acceptance_histogram(gen_or_gens, labels=None, path=None, ax=None) -> Figure:
+def _rounds_of(item) -> list:
+    """The rounds of one histogram series: a Generation, or a list of Generations pooled together."""
+    if hasattr(item, "rounds"):
+        return list(item.rounds)
+    return [r for g in item for r in g.rounds]
+
+
+def acceptance_histogram(gen_or_gens, labels=None, path=None, ax=None, title: str | None = None) -> Figure:
     """Histogram of tokens committed per round (``len(accepted)``: accepted drafts + bonus), tau marked.
 
-    gen_or_gens: one ``Generation`` or a list of them (drawn as grouped bars, one colour each, as shares of
-    rounds so runs of different lengths compare); labels: legend names (default from each run's settings,
-    e.g. ``ddtree B=64``); ax: draw into this Axes; path: save there."""
-    gens = [gen_or_gens] if hasattr(gen_or_gens, "rounds") else list(gen_or_gens)
+    gen_or_gens: one ``Generation`` (bars count rounds) or a list of series, each a ``Generation`` or a list of
+    Generations whose rounds are pooled (e.g. one run per prompt); several series are drawn as grouped bars,
+    one colour each, as percentages of their rounds (the axis stops at 100 %) so runs of different lengths
+    compare. labels: legend names (default from each series' settings, e.g. ``ddtree B=64``); title: the axes
+    title (default: what is counted, and for one run its name and rounds); ax: draw into this Axes; path: save
+    there."""
+    single = hasattr(gen_or_gens, "rounds")
+    series = [gen_or_gens] if single else list(gen_or_gens)
     if labels is None:
-        labels = [_name(g) for g in gens]
-    if len(labels) != len(gens):
-        raise ValueError(f"labels: {len(labels)} labels for {len(gens)} generations")
+        labels = [_name(g if hasattr(g, "rounds") else (list(g) or [None])[0]) for g in series]
+    if len(labels) != len(series):
+        raise ValueError(f"labels: {len(labels)} labels for {len(series)} generations")
     if ax is None:
-        fig = Figure(figsize=(7.0, 3.8), layout="constrained")
+        fig = Figure(figsize=(7.6, 3.9), layout="constrained")
         ax = fig.add_subplot()
     fig = ax.figure
     _style(ax)
-    lengths = [np.array([len(r.accepted) for r in g.rounds], int) for g in gens]
+    lengths = [np.array([len(r.accepted) for r in _rounds_of(g)], int) for g in series]
     top = max([int(x.max()) for x in lengths if x.size] + [1])
     xs = np.arange(1, top + 1)
-    k = len(gens)
-    width = 0.8 / max(k, 1)
+    k = len(series)
+    width = 0.84 / max(k, 1)
     shares = k > 1
     ymax = 0.0
-    for j, (g, x, lab) in enumerate(zip(gens, lengths, labels)):
+    for j, (x, lab) in enumerate(zip(lengths, labels)):
         c = SERIES[j % len(SERIES)]
         if not x.size:
             ax.bar([], [], color=c, label=f"{lab}: no rounds (autoregressive)")
@@ -108,29 +119,34 @@ def acceptance_histogram(gen_or_gens, labels=None, path=None, ax=None) -> Figure
         counts = np.bincount(x, minlength=top + 1)[1:]
         h = counts / x.size * 100 if shares else counts
         ymax = max(ymax, float(h.max()))
-        ax.bar(xs + (j - (k - 1) / 2) * width, h, width=width * 0.92, color=c, alpha=0.85,
+        ax.bar(xs + (j - (k - 1) / 2) * width, h, width=width * 0.92, color=c, alpha=0.88,
                label=f"{lab}  (\u03c4 = {x.mean():.2f}, {x.size} rounds)")
     for j, x in enumerate(lengths):
         if x.size:
             tau = float(x.mean())
             c = SERIES[j % len(SERIES)]
-            ax.axvline(tau, color=c, ls="--", lw=1.4)
+            ax.axvline(tau, color=c, ls=(0, (4, 2)), lw=1.5, zorder=3)
             if k == 1:                                  # several runs: tau is in the legend
                 ax.annotate(f"\u03c4 = {tau:.2f}", (tau, 1.0), xycoords=("data", "axes fraction"),
                             xytext=(4, -4), textcoords="offset points", ha="left", va="top", fontsize=9,
                             color=c, fontweight="bold")
     ax.set_xticks(xs)
     ax.set_xlim(0.4, top + 0.6)
-    ax.set_ylim(0, max(ymax * (1.15 + 0.07 * k if shares else 1.15), 1))
-    if not shares:
+    if shares:
+        ax.set_ylim(0, min(100.0, max(ymax * (1.12 + 0.08 * k), 1.0)))
+        ax.yaxis.set_major_formatter(PercentFormatter(100, decimals=0))
+    else:
+        ax.set_ylim(0, max(ymax * 1.15, 1))
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    title = "Acceptance length per round"
-    if k == 1:
-        title += f": {labels[0]}, {lengths[0].size} rounds"
-    _label(ax, "tokens committed per round (accepted drafts + bonus)", "% of rounds" if shares else "rounds",
+    if title is None:
+        title = "Tokens committed per round"
+        if k == 1:
+            title += f": {labels[0]}, {lengths[0].size} rounds"
+    _label(ax, "tokens committed per round (accepted drafts + bonus)", "share of rounds" if shares else "rounds",
            title)
     if k > 1 or not lengths[0].size:
-        ax.legend(fontsize=8, frameon=False, loc="upper right")
+        ax.legend(fontsize=8, frameon=False, loc="upper right", title="dashed lines: \u03c4 (mean)",
+                  title_fontsize=7.5, alignment="right")
     save(fig, path)
     return fig
 
@@ -199,14 +215,17 @@ def tree_shape(gen, path=None, axes=None) -> Figure:
 
 
 # ---------------------------------------------------------------------------------------------- budget sweep
-def budget_sweep(rows, path=None, axes=None) -> Figure:
+def budget_sweep(rows, path=None, axes=None, chain_label: str = "single draft chain",
+                 title: str | None = None) -> Figure:
     """Tau and target forwards per token vs the tree budget, DDTree vs the single draft chain.
 
     rows: list of dicts ``{"budget", "tree_tau", "tree_fpt", "chain_tau", "chain_fpt"}`` (as ``sweep_rows``
-    returns; the chain values are the same in every row, the first finite one is drawn). axes: two Axes to
-    draw into; path: save there."""
+    returns; the chain values are the same in every row, the first finite one is drawn). DDTree is a solid line
+    with filled circles; the chain a dashed line with hollow squares at the same budgets, so neither hides the
+    other where they meet. chain_label: the chain's legend name; title: a figure title (the fpt panel says
+    what was averaged when rows carry ``"prompts"``). axes: two Axes to draw into; path: save there."""
     rows = sorted(rows, key=lambda r: r["budget"])
-    fig, (a1, a2) = _new(2, (9.0, 3.7), axes)
+    fig, (a1, a2) = _new(2, (9.6, 3.9), axes)
     if not rows:
         _empty(a1, "no rows")
         _empty(a2, "")
@@ -214,35 +233,48 @@ def budget_sweep(rows, path=None, axes=None) -> Figure:
         return fig
     b = np.array([float(r["budget"]) for r in rows])
     positive = b > 0
-    for ax, key, ylabel, title in ((a1, "tau", "mean tokens per round (\u03c4)", "Acceptance length"),
-                                   (a2, "fpt", "target forwards per generated token", "Target forwards per token")):
+    bp = b[positive]
+    for ax, key, ylabel, title_ in ((a1, "tau", "mean tokens per round (\u03c4)", "Acceptance length \u03c4"),
+                                    (a2, "fpt", "target forwards per generated token", "Target forwards per token")):
         _style(ax, "both")
         tree = np.array([float(r[f"tree_{key}"]) for r in rows])
-        ax.plot(b[positive], tree[positive], color=TREE_COLOUR, marker="o", lw=2.2, ms=5.5, label="DDTree",
-                zorder=3)
-        for x, y in zip(b[positive], tree[positive]):
-            ax.annotate(f"{y:.2f}", (x, y), xytext=(0, 7 if key == "tau" else -12), textcoords="offset points",
-                        ha="center", fontsize=7, color=TREE_COLOUR)
         chain = [float(r.get(f"chain_{key}", math.nan)) for r in rows]
         chain = next((c for c in chain if math.isfinite(c)), math.nan)
-        if math.isfinite(chain):
-            ax.axhline(chain, color=CHAIN_COLOUR, ls="--", lw=1.8, label="single draft chain")
-            ax.annotate(f"{chain:.2f}", (1.0, chain), xycoords=("axes fraction", "data"), xytext=(-2, 3),
-                        textcoords="offset points", ha="right", va="bottom", fontsize=7, color=CHAIN_COLOUR)
         if key == "fpt":
-            ax.axhline(1.0, color="#80868b", ls=":", lw=1.4, label="autoregressive (1 per token)")
+            ax.axhline(1.0, color="#80868b", ls=":", lw=1.4, label="autoregressive (1 per token)", zorder=1)
+        tp = tree[positive]
+        if math.isfinite(chain):
+            ax.plot(bp, np.full(bp.size, chain), color=CHAIN_COLOUR, ls=(0, (5, 3)), lw=1.8, marker="s", ms=6.5,
+                    markerfacecolor="white", markeredgewidth=1.5, label=chain_label, zorder=2)
+            # the chain's value: between two middle markers, on the side away from the DDTree line
+            m = max(bp.size // 2 - 1, 0)
+            xm = math.sqrt(bp[m] * bp[min(m + 1, bp.size - 1)])
+            above = bp.size == 0 or float(np.interp(math.log2(xm), np.log2(bp), tp)) <= chain
+            ax.annotate(f"{chain:.2f}", (xm, chain), xytext=(0, 5 if above else -5), textcoords="offset points",
+                        ha="center", va="bottom" if above else "top", fontsize=7.5, color=CHAIN_COLOUR,
+                        fontweight="bold")
+        ax.plot(bp, tp, color=TREE_COLOUR, marker="o", lw=2.2, ms=5, label="DDTree", zorder=3)
+        for x, y in zip(bp, tp):
+            up = y >= chain if math.isfinite(chain) else key == "tau"       # DDTree labels away from the chain
+            ax.annotate(f"{y:.2f}", (x, y), xytext=(0, 6 if up else -6), textcoords="offset points",
+                        ha="center", va="bottom" if up else "top", fontsize=7, color=TREE_COLOUR)
+        if key == "fpt":
             ax.set_ylim(0, max(1.08, float(np.nanmax(tree)) * 1.1, chain * 1.1 if math.isfinite(chain) else 0))
         else:
             top = max(float(np.nanmax(tree)), chain if math.isfinite(chain) else 0, 1.0)
             ax.set_ylim(0, top * 1.2)
         ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_locator(FixedLocator(b[positive]))
+        ax.xaxis.set_major_locator(FixedLocator(bp))
         ax.xaxis.set_minor_locator(NullLocator())
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{int(round(v))}"))
         if positive.any():
-            ax.set_xlim(b[positive].min() / 1.35, b[positive].max() * 1.35)
-        _label(ax, "tree budget (nodes per round, log\u2082 scale)", ylabel, title)
+            ax.set_xlim(bp.min() / 1.35, bp.max() * 1.35)
+        _label(ax, "tree budget (nodes per round, log\u2082 scale)", ylabel, title_)
+    if title:
+        fig.suptitle(title, fontsize=10, x=0.01, ha="left", color="#202124")
     handles, names = a2.get_legend_handles_labels()
+    order = [names.index(n) for n in ("DDTree", chain_label, "autoregressive (1 per token)") if n in names]
+    handles, names = [handles[k] for k in order], [names[k] for k in order]
     if axes is None:
         fig.legend(handles, names, loc="outside lower center", ncol=len(names), frameon=False, fontsize=8.5)
     else:
@@ -251,35 +283,65 @@ def budget_sweep(rows, path=None, axes=None) -> Figure:
     return fig
 
 
-def sweep_rows(target, make_drafter, prompt_ids, budgets, max_new_tokens: int, temperature: float = 0.0,
-               seed: int = 0) -> list[dict]:
-    """Run DDTree once per budget and the single chain once; return rows for ``budget_sweep``.
+def rows_from_runs(tree_runs: dict, chain_runs) -> list[dict]:
+    """Rows for ``budget_sweep`` from finished runs, pooled over prompts.
 
-    target: a Target; make_drafter: a zero-argument callable returning a fresh drafter (called once per run);
-    prompt_ids / max_new_tokens / temperature / seed: as in ``kd.generate``; budgets: tree budgets to try.
-    Each row: ``{"budget", "tree_tau", "tree_fpt", "chain_tau", "chain_fpt"}`` where fpt = target forwards /
-    generated tokens (the prefill included) and tau = mean tokens committed per round."""
-    from ..decode.generate import generate
+    tree_runs: ``{budget: [Generation, ...]}`` (one per prompt); chain_runs: the chain's Generations (same
+    prompts). Pooled over the runs: tau = tokens committed / rounds, fpt = target forwards / generated tokens
+    (prefills included). Each row also says how many prompts it pools (``"prompts"``)."""
+    def stats(gens):
+        rounds = [r for g in gens for r in g.rounds]
+        tau = sum(len(r.accepted) for r in rounds) / len(rounds) if rounds else math.nan
+        fpt = sum(g.target_forwards for g in gens) / max(sum(len(g.tokens) for g in gens), 1)
+        return float(tau), float(fpt)
 
-    chain = generate(target, prompt_ids, max_new_tokens, drafter=make_drafter(), temperature=temperature,
-                     seed=seed, chain=True)
-    c_tau, c_fpt = chain.acceptance_length, chain.target_forwards / max(len(chain.tokens), 1)
+    chain_runs = list(chain_runs)
+    c_tau, c_fpt = stats(chain_runs) if chain_runs else (math.nan, math.nan)
     rows = []
-    for b in budgets:
-        g = generate(target, prompt_ids, max_new_tokens, drafter=make_drafter(), budget=int(b),
-                     temperature=temperature, seed=seed)
-        rows.append({"budget": int(b), "tree_tau": float(g.acceptance_length),
-                     "tree_fpt": g.target_forwards / max(len(g.tokens), 1), "chain_tau": float(c_tau),
-                     "chain_fpt": float(c_fpt)})
+    for b in sorted(tree_runs):
+        gens = list(tree_runs[b])
+        t_tau, t_fpt = stats(gens)
+        rows.append({"budget": int(b), "tree_tau": t_tau, "tree_fpt": t_fpt, "chain_tau": c_tau, "chain_fpt": c_fpt,
+                     "prompts": len(gens)})
     return rows
 
 
+def sweep_rows(target, make_drafter, prompt_ids, budgets, max_new_tokens: int, temperature: float = 0.0,
+               seed: int = 0, progress=None) -> list[dict]:
+    """Run DDTree once per budget and the single chain once (per prompt); return rows for ``budget_sweep``.
+
+    target: a Target; make_drafter: a zero-argument callable returning a drafter (called once per run; it may
+    return the same object, every generation resets it); prompt_ids: one prompt (a list of ids) or a list of
+    prompts (the rows then pool all of them, as ``rows_from_runs``); max_new_tokens / temperature / seed: as in
+    ``kd.generate``; budgets: tree budgets to try; progress(done, total): called after every run.
+    Each row: ``{"budget", "tree_tau", "tree_fpt", "chain_tau", "chain_fpt", "prompts"}`` where fpt = target
+    forwards / generated tokens (the prefill included) and tau = mean tokens committed per round."""
+    from ..decode.generate import generate
+
+    first = prompt_ids[0] if len(prompt_ids) else None
+    prompts = [list(p) for p in prompt_ids] if isinstance(first, (list, tuple, np.ndarray)) else [list(prompt_ids)]
+    total, done = len(prompts) * (len(budgets) + 1), 0
+
+    def run(p, **kw):
+        nonlocal done
+        g = generate(target, p, max_new_tokens, drafter=make_drafter(), temperature=temperature, seed=seed, **kw)
+        done += 1
+        if progress is not None:
+            progress(done, total)
+        return g
+
+    chain = [run(p, chain=True) for p in prompts]
+    tree = {int(b): [run(p, budget=int(b)) for p in prompts] for b in budgets}
+    return rows_from_runs(tree, chain)
+
+
 # ---------------------------------------------------------------------------------------------- stage times
-def stage_times(gen, path=None, axes=None) -> Figure:
+def stage_times(gen, path=None, axes=None, note: str | None = None) -> Figure:
     """Per-round stacked bars of the stage times (ms), plus the total per stage with its share.
 
-    Stages, bottom to top: draft, build, verify, accept, compact (``RoundTrace.times``). axes: two Axes to draw
-    into; path: save there."""
+    Stages, bottom to top: draft, build, verify, accept, compact (``RoundTrace.times``). note: appended to the
+    left panel's title in parentheses (e.g. the backend the times were taken on); axes: two Axes to draw into;
+    path: save there."""
     R = len(gen.rounds)
     fig, (a1, a2) = _new(2, (10.5, 3.8), axes, ratios=[2.6, 1])
     for a in (a1, a2):
@@ -300,7 +362,7 @@ def stage_times(gen, path=None, axes=None) -> Figure:
     a1.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=12))
     a1.legend(fontsize=8, frameon=False, ncol=5, loc="upper center", bbox_to_anchor=(0.5, 1.0))
     a1.set_ylim(0, bottom.max() * 1.22 if bottom.max() > 0 else 1)
-    _label(a1, "round", "milliseconds", f"Stage times per round ({R} rounds)")
+    _label(a1, "round", "milliseconds", f"Stage times per round ({R} rounds" + (f"; {note})" if note else ")"))
     tot = gen.stage_totals()
     vals = np.array([tot[s] for s in STAGES])
     total = vals.sum()

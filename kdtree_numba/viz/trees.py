@@ -16,14 +16,17 @@ How to read a tree picture (the HTML viewer of ``viz.html`` follows the same con
 
 Example::
 
-    fig = viz.plot_tree(gen.rounds[0], vocab_size=256, path="round0.png")
+    fig = viz.plot_tree(gen.rounds[0], vocab_size=256, path="round0.png")      # a byte-level model
+    fig = viz.plot_tree(gen.rounds[0], tokenizer=target.tokenizer)          # decoded tokens (default model)
     fig = viz.plot_rounds(gen.rounds, n=4, path="rounds.png")
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
+import re
 
 import numpy as np
 from matplotlib import patheffects
@@ -31,7 +34,7 @@ from matplotlib.colors import LinearSegmentedColormap, LogNorm, to_hex, to_rgb
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from .labels import token_label
+from .labels import shorten, token_label, visible
 
 # ---------------------------------------------------------------------------------------------- conventions
 # Shared with viz.html (the HTML viewer draws with exactly these colours and widths).
@@ -55,8 +58,18 @@ def edge_width(cond: float, accepted: bool) -> float:
 
 
 def node_fill(cum: float, accepted: bool) -> str:
-    """Fill colour (hex) of a node of cumulative draft probability ``cum``; rejected nodes are faded."""
-    rgb = np.array(CMAP(NORM(max(float(cum), PROB_MIN)))[:3])
+    """Fill colour (hex) of a node of cumulative draft probability ``cum``; rejected nodes are faded.
+
+    Same colour as ``CMAP(NORM(cum))`` (the colormap's lookup-table entry), without the per-call cost of a
+    matplotlib norm: trees have thousands of nodes."""
+    cum = float(cum)
+    t = (math.log10(max(cum, PROB_MIN)) - math.log10(PROB_MIN)) / -math.log10(PROB_MIN) if cum == cum else 0.0
+    return _fill(min(int(min(max(t, 0.0), 1.0) * CMAP.N), CMAP.N - 1), bool(accepted))
+
+
+@functools.lru_cache(maxsize=None)
+def _fill(index: int, accepted: bool) -> str:
+    rgb = np.array(CMAP(index)[:3])
     if not accepted:
         rgb = (1 - FADE) * rgb + FADE * np.array(to_rgb(FADE_TO))
     return to_hex(rgb)
@@ -212,7 +225,16 @@ def _legend_handles(collapsed: bool) -> list:
     return h
 
 
-def _draw(ax, rt, vocab_size: int, max_nodes, title) -> TreeLayout:
+def node_label(tok: int, vocab_size: int, tokenizer=None, limit: int = 9) -> str:
+    """The label a tree node shows: ``token_label`` with long runs of visible spaces counted (``⏎·×8`` for a
+    newline and eight spaces of indentation) and cut to ``limit`` characters."""
+    lab = token_label(tok, vocab_size, tokenizer)
+    if tokenizer is not None:
+        lab = re.sub("\u00b7{4,}", lambda m: f"\u00b7\u00d7{len(m.group(0))}", lab)
+    return shorten(lab, limit)
+
+
+def _draw(ax, rt, vocab_size: int, max_nodes, title, tokenizer=None) -> TreeLayout:
     lay = layout_tree(rt, max_nodes)
     n, par = lay.n, lay.parents
     fig = ax.figure
@@ -240,21 +262,33 @@ def _draw(ax, rt, vocab_size: int, max_nodes, title) -> TreeLayout:
     last = [a for a in rt.accepted][-1] if len(rt.accepted) else 0
     ax.plot([lay.x[last], bx], [lay.y[last], by], color=ACCENT, lw=2.0, ls=(0, (3, 2)), zorder=2.4)
 
+    # labels: inside the circles when they fit, else (long labels) over them with a halo, else none
+    idx = np.nonzero(lay.shown)[0]
+    labels = {int(i): node_label(int(rt.tree.tokens[i - 1]) if i else int(rt.root), vocab_size, tokenizer)
+              for i in idx}
+    blab = node_label(int(rt.bonus), vocab_size, tokenizer)
+    longest = max([len(s) for s in labels.values()] + [len(blab), 1])
+    font = min(8.5, 0.92 * diam / (0.62 * max(longest, 1.7)))
+    halo = font < 5.5
+    if halo:
+        font = min(8.0, 0.75 * slot_pt, 0.8 * col_pt / (0.62 * longest))
+
     # "+k" markers for collapsed nodes
     k_font = float(np.clip(diam * 0.42, 5.0, 8.0))
     for v in np.nonzero(lay.hidden_under)[0]:
         k = int(lay.hidden_under[v])
         if np.isnan(lay.more_y[v]):
-            ax.annotate(f"+{k}", (lay.x[v], lay.y[v]), xytext=(diam / 2 + 2, 0), textcoords="offset points",
-                        ha="left", va="center", fontsize=k_font, color=MUTED_TEXT, style="italic", zorder=4)
+            half = max(diam, 0.62 * font * len(labels[int(v)]) if halo and font >= 4.6 else 0) / 2
+            ax.annotate(f"+{k}", (lay.x[v], lay.y[v]), xytext=(half + 2, 0), textcoords="offset points",
+                        ha="left", va="center", fontsize=k_font, color=MUTED_TEXT, style="italic", zorder=4,
+                        in_layout=False)
         else:
             my = lay.more_y[v]
             ax.plot([lay.x[v], lay.x[v] + 0.55], [lay.y[v], my], color=REJECTED_EDGE, lw=0.9, ls=":", zorder=1)
             ax.text(lay.x[v] + 0.58, my, f"+{k}", ha="left", va="center", fontsize=k_font, color=MUTED_TEXT,
-                    style="italic", zorder=4)
+                    style="italic", zorder=4, in_layout=False)
 
     # nodes: rejected first, then the accepted path on top
-    idx = np.nonzero(lay.shown)[0]
     acc = lay.on_path[idx]
     fills = [node_fill(lay.cum[i], lay.on_path[i]) for i in idx]
     edge_c = [ACCENT if a else REJECTED_LINE for a in acc]
@@ -268,24 +302,19 @@ def _draw(ax, rt, vocab_size: int, max_nodes, title) -> TreeLayout:
     ax.scatter([bx], [by], s=diam ** 2, c="white", edgecolors=ACCENT, linewidths=1.8 if diam > 8 else 1.0,
                linestyle=(0, (2.2, 1.4)), zorder=3)
 
-    # labels: inside the circles when they fit, else (long ids) over them with a white halo, else none
-    labels = {int(i): token_label(int(rt.tree.tokens[i - 1]), vocab_size) if i else
-              token_label(int(rt.root), vocab_size) for i in idx}
-    blab = token_label(int(rt.bonus), vocab_size)
-    longest = max([len(s) for s in labels.values()] + [len(blab), 1])
-    font = min(8.5, 0.92 * diam / (0.62 * max(longest, 1.7)))
-    halo = font < 5.5
-    if halo:
-        font = min(8.0, 0.75 * slot_pt, 0.8 * col_pt / (0.62 * longest))
     label_w = 0.62 * font * len(blab)
     if font >= 4.6:
         fx = [patheffects.withStroke(linewidth=2.2, foreground="white")] if halo else None
+        dark_fx = [patheffects.withStroke(linewidth=2.4, foreground="#0b2a55")] if halo else None
         for i in idx:
             f = node_fill(lay.cum[i], lay.on_path[i])
-            colour = "#1d1f21" if halo else text_colour(f, bool(lay.on_path[i]))
+            colour = text_colour(f, bool(lay.on_path[i]))
+            dark = colour == "#ffffff"
+            if halo:                                # overflowing labels: a halo keeps them legible anywhere
+                colour = "#ffffff" if dark else "#1d1f21"
             ax.text(lay.x[i], lay.y[i], labels[int(i)], ha="center", va="center", fontsize=font,
-                    family="DejaVu Sans Mono", color=colour, path_effects=fx,
-                    fontweight="bold" if lay.on_path[i] else "normal", zorder=5)
+                    family="DejaVu Sans Mono", color=colour, path_effects=dark_fx if dark else fx,
+                    fontweight="bold" if lay.on_path[i] else "normal", zorder=5, in_layout=False)
         ax.text(bx, by, blab, ha="center", va="center", fontsize=font, family="DejaVu Sans Mono", color=ACCENT,
                 fontweight="bold", zorder=5, path_effects=fx)
     # bonus caption: its draft probability (how likely the drafter thought the target's token was)
@@ -307,15 +336,28 @@ def _draw(ax, rt, vocab_size: int, max_nodes, title) -> TreeLayout:
     for s in ("left", "right", "top", "bottom"):
         ax.spines[s].set_visible(False)
     if title is None:
-        m = len(rt.accepted)
-        acc_txt = "".join(token_label(int(rt.tree.tokens[i - 1]), vocab_size) for i in rt.accepted[1:])
-        title = (f"round at position {rt.start}: {n} drafted nodes, {m - 1} accepted + bonus"
-                 + (f"\naccepted \u201c{acc_txt}\u201d + \u201c{blab}\u201d" if vocab_size == 256 else ""))
+        title = (f"round at position {rt.start}: {n} drafted nodes, {len(rt.accepted) - 1} accepted + bonus"
+                 + accepted_caption(rt, vocab_size, tokenizer))
     if title:
         ax.set_title(title, fontsize=9.5, loc="left", color="#202124")
     ax.kd_drawn_nodes = lay.drawn_nodes
     ax.kd_hidden_nodes = int(lay.hidden_under.sum())
     return lay
+
+
+def accepted_caption(rt, vocab_size: int, tokenizer=None, limit: int = 90) -> str:
+    """``'\naccepted “…” + bonus “…”'``: the round's accepted text and bonus token, whitespace visible (empty when
+    tokens have no text: no tokenizer and not byte-level)."""
+    toks = rt.accepted_tokens
+    if tokenizer is not None:
+        acc = visible(tokenizer.decode(toks))
+        bonus = token_label(int(rt.bonus), vocab_size, tokenizer)
+    elif vocab_size == 256:
+        acc = "".join(token_label(t, vocab_size) for t in toks)
+        bonus = token_label(int(rt.bonus), vocab_size)
+    else:
+        return ""
+    return f"\naccepted \u201c{shorten(acc, limit)}\u201d + bonus \u201c{shorten(bonus, 16)}\u201d"
 
 
 def _colorbar(fig, axes) -> None:
@@ -335,14 +377,16 @@ def _auto_size(lay_slots: int, ncols: float) -> tuple[float, float]:
 
 
 def plot_tree(round_trace, vocab_size: int = 256, ax=None, path=None, max_nodes: int | None = None,
-              title: str | None = None) -> Figure:
+              title: str | None = None, tokenizer=None) -> Figure:
     """Draw one round's draft tree with the accepted path and the bonus token (see the module docstring).
 
     round_trace: a ``RoundTrace`` (``gen.rounds[i]``); vocab_size: 256 labels nodes with their characters,
-    other sizes with token ids; ax: draw into this matplotlib Axes (no colorbar/legend added) instead of a new
-    figure; path: also save the figure there (.png / .svg / .pdf); max_nodes: draw at most this many tree nodes
-    plus the accepted path, collapsing the less probable ones into ``+k`` markers (None: 64; a number >= the
-    tree size draws everything); title: the axes title (None: a summary of the round, "" for none).
+    other sizes with token ids; tokenizer: label nodes with decoded tokens instead (``target.tokenizer``; long
+    tokens are cut to 9 characters, runs of indentation counted: ``⏎·×8``); ax: draw into this matplotlib Axes
+    (no colorbar/legend added) instead of a new figure; path: also save the figure there (.png / .svg / .pdf);
+    max_nodes: draw at most this many tree nodes plus the accepted path, collapsing the less probable ones into
+    ``+k`` markers (None: 64; a number >= the tree size draws everything); title: the axes title (None: a summary
+    of the round with its accepted text, "" for none).
 
     Returns the Figure; ``fig.kd_drawn_nodes`` / ``fig.kd_hidden_nodes`` say how many tree nodes (root and
     bonus excluded) were drawn / collapsed."""
@@ -354,27 +398,48 @@ def plot_tree(round_trace, vocab_size: int = 256, ax=None, path=None, max_nodes:
         fig.get_layout_engine().execute(fig)       # settle the axes size before sizing the nodes
         _colorbar(fig, ax)
         fig.get_layout_engine().execute(fig)
-        _draw(ax, round_trace, vocab_size, max_nodes, title)
+        _draw(ax, round_trace, vocab_size, max_nodes, title, tokenizer)
         collapsed = ax.kd_hidden_nodes > 0
         fig.legend(handles=_legend_handles(collapsed), loc="outside lower center", ncol=4, frameon=False,
                    fontsize=8)
     else:
         fig = ax.figure
-        _draw(ax, round_trace, vocab_size, max_nodes, title)
+        _draw(ax, round_trace, vocab_size, max_nodes, title, tokenizer)
     fig.kd_drawn_nodes = ax.kd_drawn_nodes
     fig.kd_hidden_nodes = ax.kd_hidden_nodes
     save(fig, path)
     return fig
 
 
-def plot_rounds(rounds, vocab_size: int = 256, n: int = 4, path=None, max_nodes: int | None = None) -> Figure:
-    """Several rounds side by side in one figure, sharing one colour scale and legend.
+def showcase_rounds(rounds) -> list[int]:
+    """Indices of two rounds worth drawing: a typical one (its accepted length is the median, the one nearest the
+    middle of the generation) and the best (the most tokens accepted; the earliest such), in generation order.
+    One index when they coincide, none for no rounds. rounds: a Generation or a list of RoundTrace."""
+    rounds = list(getattr(rounds, "rounds", rounds))
+    if not rounds:
+        return []
+    m = np.array([len(r.accepted) for r in rounds])
+    best = int(np.argmax(m))
+    med = int(np.sort(m)[(len(m) - 1) // 2])
+    cands = [i for i in range(len(m)) if m[i] == med and i != best] or [best]
+    typical = min(cands, key=lambda i: abs(i - (len(m) - 1) / 2))
+    return sorted({typical, best})
+
+
+MAX_FIG_WIDTH = 12.0        # inches: 1800 px at the 150 dpi ``save`` uses
+STRIP_MAX_NODES = 32        # plot_rounds' default collapse: the strip stays compact and its labels legible
+
+
+def plot_rounds(rounds, vocab_size: int = 256, n: int = 4, path=None, max_nodes: int | None = None,
+                tokenizer=None, picks=None) -> Figure:
+    """Several rounds in one figure, sharing one colour scale and legend.
 
     rounds: a list of ``RoundTrace`` or a ``Generation``; n: how many rounds to show (evenly spaced over the
-    generation, first and last included); vocab_size / max_nodes: as in ``plot_tree``; path: save there.
-    ``fig.kd_drawn_nodes`` is the list of drawn node counts, one per panel."""
+    generation, first and last included); picks: the round indices to show instead (0-based, in this order);
+    vocab_size / tokenizer / max_nodes: as in ``plot_tree`` (max_nodes None: 32 per panel). Panels sit side by
+    side while they fit in 12 inches (1800 px as saved) and wrap onto more rows when they do not. Titles count
+    rounds from 1. path: save there. ``fig.kd_drawn_nodes`` is the list of drawn node counts, one per panel."""
     rounds = list(getattr(rounds, "rounds", rounds))
-    fig_w = 4.2
     if not rounds:
         fig = Figure(figsize=(6, 2.5))
         ax = fig.add_subplot()
@@ -384,23 +449,39 @@ def plot_rounds(rounds, vocab_size: int = 256, n: int = 4, path=None, max_nodes:
         fig.kd_drawn_nodes = []
         save(fig, path)
         return fig
-    n = max(1, min(int(n), len(rounds)))
-    picks = sorted({int(round(x)) for x in np.linspace(0, len(rounds) - 1, n)})
-    mx = DEFAULT_MAX_NODES if max_nodes is None else max_nodes
+    if picks is None:
+        n = max(1, min(int(n), len(rounds)))
+        picks = sorted({int(round(x)) for x in np.linspace(0, len(rounds) - 1, n)})
+    else:
+        picks = [int(i) for i in picks]
+        bad = [i for i in picks if not 0 <= i < len(rounds)]
+        if bad or not picks:
+            raise ValueError(f"picks: round {bad[0] if bad else 'list'} outside [0, {len(rounds)})"
+                             if bad else "picks: expected at least one round index")
+    mx = max_nodes if max_nodes is not None else STRIP_MAX_NODES
     lays = [layout_tree(rounds[i], mx) for i in picks]
     slots = max(l.slots for l in lays)
     cols = max(l.max_x for l in lays) + 1
-    fig = Figure(figsize=(max(fig_w, 0.5 * cols + 1.2) * len(picks) + 1.0,
-                          float(np.clip(1.9 + 0.24 * slots, 3.8, 14.0))), layout="constrained")
-    axes = fig.subplots(1, len(picks), squeeze=False)[0]
+    panel_w = float(np.clip(0.52 * cols + 1.0, 3.6, MAX_FIG_WIDTH - 1.0))
+    per_row = max(1, min(len(picks), int((MAX_FIG_WIDTH - 1.0) // panel_w)))
+    nrows = -(-len(picks) // per_row)
+    panel_h = float(np.clip(1.4 + 0.19 * slots, 3.0, 9.0))
+    fig = Figure(figsize=(min(panel_w * per_row + 1.0, MAX_FIG_WIDTH), panel_h * nrows + 0.6),
+                 layout="constrained")
+    grid = fig.subplots(nrows, per_row, squeeze=False)
+    axes = list(grid.ravel())
+    for ax in axes[len(picks):]:
+        ax.set_axis_off()
+    axes = axes[:len(picks)]
     fig.get_layout_engine().execute(fig)
-    _colorbar(fig, list(axes))
+    _colorbar(fig, list(grid.ravel()))
     fig.get_layout_engine().execute(fig)
     drawn, collapsed = [], False
     for ax, i in zip(axes, picks):
         r = rounds[i]
-        t = f"round {i + 1}/{len(rounds)}: {len(r.accepted) - 1} of {r.tree.n} accepted + bonus"
-        _draw(ax, r, vocab_size, mx, t)
+        t = (f"round {i + 1}/{len(rounds)}: {len(r.accepted) - 1} of {r.tree.n} drafts accepted + bonus"
+             + accepted_caption(r, vocab_size, tokenizer, limit=int(panel_w * 9)))
+        _draw(ax, r, vocab_size, mx, t, tokenizer)
         drawn.append(ax.kd_drawn_nodes)
         collapsed |= ax.kd_hidden_nodes > 0
     fig.legend(handles=_legend_handles(collapsed), loc="outside lower center", ncol=4, frameon=False, fontsize=8)

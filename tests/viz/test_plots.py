@@ -93,6 +93,80 @@ def test_text_of():
     assert viz.text_of([], 1000) == ""
 
 
+@pytest.fixture(scope="module")
+def tok():
+    """The default model's tokenizer (byte-level BPE, 4096 tokens)."""
+    import os
+
+    from kdtree_numba.model import tokenizer
+    from kdtree_numba.model.presets import DEFAULT_DIR
+
+    return tokenizer.load(os.path.join(DEFAULT_DIR, "target"))
+
+
+def test_labels_with_a_tokenizer(tok):
+    ids = tok.encode("def f(x):\n        return x")
+    assert viz.token_label(ids[0], 4096, tokenizer=tok) == tok.token_text(ids[0]) == "def"
+    assert viz.token_label(ids[0], 256, tokenizer=tok) == "def"          # the tokenizer decides, not vocab_size
+    assert viz.text_of(ids, 4096, tokenizer=tok) == "def f(x):\n        return x"
+    pieces = "".join(viz.labels.token_piece(i, 4096, tok) for i in ids)
+    assert pieces == "def f(x):\u23ce\n        return x"                   # newlines marked, spaces kept
+    assert viz.token_label(5000, 4096, tokenizer=tok) == "#5000"          # beyond the tokenizer: the id
+    with pytest.raises(ValueError, match="token"):
+        viz.token_label(-1, 4096, tokenizer=tok)
+    indent = tok.encode("\n        x")[0]                                  # newline + indentation, one token
+    assert viz_trees.node_label(indent, 4096, tok).startswith("\u23ce\u00b7\u00d7")
+    assert viz.labels.shorten("abcdefghijkl", 5) == "abcd\u2026" and viz.labels.shorten("ab", 5) == "ab"
+    assert viz.labels.visible("a b\n") == "a\u00b7b\u23ce"
+
+
+def test_plot_tree_and_rounds_with_tokenizer(tok, tmp_path):
+    ids = tok.encode("def add(a, b):\n    return a + b\n\n\nclass Foo(object):\n    pass")
+    rt = make_round(24, seed=11, vocab=4096, token_pool=ids, accept=3)
+    fig = viz.plot_tree(rt, tokenizer=tok, path=tmp_path / "tok.png")
+    assert_png(tmp_path / "tok.png")
+    texts = {t.get_text() for t in fig.axes[0].texts}
+    assert viz_trees.node_label(int(rt.tree.tokens[0]), 4096, tok) in texts
+    title = fig.axes[0].get_title(loc="left")
+    acc = viz.labels.visible(tok.decode(rt.accepted_tokens))
+    assert f"accepted \u201c{acc}" in title
+    fig = viz.plot_rounds([rt, rt], tokenizer=tok, n=2)
+    assert len(fig.kd_drawn_nodes) == 2
+
+
+def test_write_html_with_tokenizer(tok, tmp_path):
+    ids = tok.encode("    if x is None:\n        return 1")
+    rt = make_round(12, seed=9, vocab=4096, token_pool=ids, start=len(ids))
+    gen = kd.Generation(ids, [rt.root] + rt.accepted_tokens + [rt.bonus], [rt], 2, 0.1, {"method": "ddtree"})
+    data = json.loads(_data_block(open(viz.write_html(gen, tmp_path / "t.html", tokenizer=tok)).read()))
+    node = data["rounds"][0]["nodes"][1]
+    assert node["label"] == tok.token_text(node["tok"])
+    assert node["short"] == viz_trees.node_label(node["tok"], 4096, tok)
+    assert "".join(p[0] for p in data["prompt"]) == tok.decode(ids).replace("\n", "\u23ce\n")
+
+
+def test_training_curves(tmp_path):
+    import os
+
+    from kdtree_numba.model.presets import DEFAULT_DIR
+
+    t_log = os.path.join(DEFAULT_DIR, "target_train_log.json")
+    d_log = os.path.join(DEFAULT_DIR, "drafter_train_log.json")
+    fig = viz.training_curves(t_log, d_log, path=tmp_path / "tc.png")
+    assert_png(tmp_path / "tc.png")
+    assert len(fig.axes) == 4
+    log = json.load(open(d_log))
+    a4 = fig.axes[3]
+    assert np.allclose(a4.lines[0].get_ydata(), log["steps"][-1]["acc"])  # train accuracy per position, last step
+    assert all(0 <= y <= 1 for line in fig.axes[2].lines for y in line.get_ydata())
+    bad = tmp_path / "bad.json"
+    bad.write_text("[]")
+    with pytest.raises(ValueError, match="not a training log"):
+        viz.training_curves(bad, d_log)
+    with pytest.raises(ValueError, match="not a readable training log"):
+        viz.training_curves(tmp_path / "missing.json", d_log)
+
+
 # ------------------------------------------------------------------------------------------------ layout
 @pytest.mark.parametrize("budget", [1, 16, 256])
 def test_layout_is_tidy(budget):
@@ -184,6 +258,32 @@ def test_plot_tree_real_round(runs, tmp_path):
     assert_png(tmp_path / "r0.png")
 
 
+def test_plot_rounds_width_and_picks(tmp_path):
+    """Deep trees wrap onto more rows: the saved strip stays within ~1800 px however many panels."""
+    from matplotlib.image import imread
+
+    rounds = [make_round(64, L=16, K=4, seed=s, accept=15) for s in range(4)]
+    fig = viz.plot_rounds(rounds, n=4, path=tmp_path / "deep.png")
+    h, w = imread(str(tmp_path / "deep.png")).shape[:2]
+    assert w <= 1850 and len(fig.kd_drawn_nodes) == 4
+    assert max(fig.kd_drawn_nodes) <= 32 + 16                              # collapsed: 32 + the accepted path
+    shallow = [make_round(16, L=3, seed=s) for s in range(3)]
+    fig = viz.plot_rounds(shallow, n=3, path=tmp_path / "shallow.png")
+    assert imread(str(tmp_path / "shallow.png")).shape[1] <= 1850
+    fig = viz.plot_rounds(rounds, picks=[3, 1])
+    titles = [ax.get_title(loc="left") for ax in fig.axes if ax.get_title(loc="left")]
+    assert titles[0].startswith("round 4/4") and titles[1].startswith("round 2/4")
+    with pytest.raises(ValueError, match="picks"):
+        viz.plot_rounds(rounds, picks=[4])
+
+
+def test_showcase_rounds():
+    g = _gen([1, 2, 2, 5, 2, 1, 5])
+    assert viz.showcase_rounds(g) == [2, 3]          # a median (2) round nearest the middle; the first best (5)
+    assert viz.showcase_rounds(_gen([2])) == [0]
+    assert viz.showcase_rounds([]) == []
+
+
 def test_plot_rounds(runs, tmp_path):
     gen = runs["tree"]
     fig = viz.plot_rounds(gen.rounds, 256, n=3, path=tmp_path / "strip.png")
@@ -196,6 +296,22 @@ def test_plot_rounds(runs, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ rounds
+def test_acceptance_histogram_shares_stop_at_100(tmp_path):
+    """Several series are drawn as shares: the axis never runs past 100 % (here one series is 100 % in one bin)."""
+    all_three = _gen([3, 3, 3, 3])
+    mixed = _gen([1, 2, 3, 3])
+    fig = viz.acceptance_histogram([all_three, mixed], labels=["a", "b"], title="t", path=tmp_path / "s.png")
+    ax = fig.axes[0]
+    assert ax.get_ylim()[1] <= 100 and ax.get_title(loc="left") == "t"
+    assert max(p.get_height() for p in ax.patches) == pytest.approx(100)
+    assert ax.yaxis.get_major_formatter()(50, 0).startswith("50")          # a percentage axis
+    pooled = viz.acceptance_histogram([[all_three, mixed], mixed], labels=["pooled", "one"])
+    heights = [p.get_height() for p in pooled.axes[0].patches]
+    assert sum(heights[:3]) == pytest.approx(100)                          # the pooled series: 8 rounds
+    assert heights[2] == pytest.approx(6 / 8 * 100)
+    assert "8 rounds" in pooled.axes[0].get_legend().get_texts()[0].get_text()
+
+
 def test_acceptance_histogram(runs, tmp_path):
     fig = viz.acceptance_histogram(runs["tree"], path=tmp_path / "h1.png")
     assert isinstance(fig, Figure)
@@ -231,6 +347,8 @@ def test_stage_times(runs, tmp_path):
     totals = [p.get_width() for p in a2.patches]
     assert sum(totals) == pytest.approx(sum(gen.stage_totals().values()))
     viz.stage_times(runs["ar"])
+    fig = viz.stage_times(gen, note="numpy backend")
+    assert fig.axes[0].get_title(loc="left").endswith("; numpy backend)")
 
 
 def test_budget_sweep_hand_rows(tmp_path):
@@ -250,12 +368,53 @@ def test_sweep_rows_numpy():
     with kd.backend.use("numpy"):
         t = kd.tiny_target(0)
         rows = viz.sweep_rows(t, lambda: kd.OracleDrafter(t, noise=0.5, depth=4), list(b"Hi"), [2, 8], 10)
+        seen = []
+        pooled = viz.sweep_rows(t, lambda: kd.OracleDrafter(t, noise=0.5, depth=4), [list(b"Hi"), list(b"Yo!")],
+                                [2, 8], 10, progress=lambda d, n: seen.append((d, n)))
     assert [r["budget"] for r in rows] == [2, 8]
     for r in rows:
-        assert set(r) == {"budget", "tree_tau", "tree_fpt", "chain_tau", "chain_fpt"}
+        assert set(r) == {"budget", "tree_tau", "tree_fpt", "chain_tau", "chain_fpt", "prompts"}
+        assert r["prompts"] == 1
         assert 1.0 <= r["tree_tau"] <= 5 and 0 < r["tree_fpt"] <= 1.1
         assert r["chain_tau"] == rows[0]["chain_tau"] and r["chain_fpt"] == rows[0]["chain_fpt"]
+    assert [r["prompts"] for r in pooled] == [2, 2]
+    assert seen[-1] == (6, 6) and len(seen) == 6                          # 2 prompts x (chain + 2 budgets)
     viz.budget_sweep(rows)
+
+
+def _gen(accepts, prompt=(1, 2), forwards=None, settings=None):
+    """A Generation whose rounds commit ``accepts`` tokens each (hand-made trees)."""
+    rounds = [make_round(16, seed=i, accept=a - 1) for i, a in enumerate(accepts)]
+    tokens = [t for r in rounds for t in [r.root] + r.accepted_tokens][:sum(accepts)]
+    tokens += [0] * (sum(accepts) - len(tokens))
+    return kd.Generation(list(prompt), tokens, rounds, forwards or len(rounds) + 1, 0.1,
+                         settings or {"method": "ddtree", "budget": 16})
+
+
+def test_rows_from_runs_pools_prompts():
+    a, b = _gen([1, 3]), _gen([2, 2, 2, 2])                               # 2 + 4 rounds, 4 + 8 tokens
+    c = _gen([1, 1, 1, 1], settings={"method": "chain", "depth": 4})
+    rows = viz.rows_from_runs({16: [a, b], 4: [b]}, [c, c])
+    assert [r["budget"] for r in rows] == [4, 16]
+    r16 = rows[1]
+    assert r16["tree_tau"] == pytest.approx((1 + 3 + 2 * 4) / 6)         # tokens committed / rounds, pooled
+    assert r16["tree_fpt"] == pytest.approx((3 + 5) / 12)                 # forwards / tokens, pooled
+    assert r16["chain_tau"] == pytest.approx(1.0) and r16["prompts"] == 2 and rows[0]["prompts"] == 1
+
+
+def test_budget_sweep_lines_stay_visible(tmp_path):
+    """The chain is drawn with its own markers at every budget: where it meets DDTree both stay visible."""
+    rows = [{"budget": b, "tree_tau": 2.0, "tree_fpt": 0.5, "chain_tau": 2.0, "chain_fpt": 0.5} for b in (1, 4, 16)]
+    fig = viz.budget_sweep(rows, chain_label="DFlash chain", title="same values", path=tmp_path / "same.png")
+    assert_png(tmp_path / "same.png")
+    a1 = fig.axes[0]
+    styles = {l.get_label(): (l.get_marker(), l.get_linestyle(), l.get_markerfacecolor()) for l in a1.lines}
+    assert styles["DDTree"][0] == "o" and styles["DFlash chain"][0] == "s"
+    assert styles["DDTree"][1] != styles["DFlash chain"][1]                # solid vs dashed
+    assert styles["DFlash chain"][2] == "white"                            # hollow: DDTree shows through
+    chain = next(l for l in a1.lines if l.get_label() == "DFlash chain")
+    assert list(chain.get_xdata()) == [1, 4, 16]
+    assert fig._suptitle.get_text() == "same values"
 
 
 # ------------------------------------------------------------------------------------------------ html
