@@ -1,10 +1,11 @@
-"""``python -m kdtree_numba.train {corpus,target,drafter,all}``: build the corpus, train the target and the drafter.
+"""``python -m kdtree_numba.train {corpus,target,drafter,all,card}``: build the corpus, train the target and the drafter.
 
     corpus  --out DIR [--cache DIR] [--vocab 4096]                 kdtree_numba.train.corpus.build
     target  --data DIR --out DIR [--steps --batch --seq --lr --seed --config-json '{...}' --device cuda|cpu]
     drafter --data DIR --target DIR --out DIR [--steps --batch --anchors --block --layers --target-layers 1,2,3
             --regen N --seed ...]
     all     --data DIR --out DIR [...]                             target -> OUT/target, then drafter -> OUT/drafter
+    card    [--model-dir DIR --eval FILE --gpu-eval FILE --out FILE]  the model card (kdtree_numba.train.card)
 
 Defaults are sized for one H200 inside one 9-minute command (target ~4 min, regeneration <= 1.5 min, drafter
 ~2.5 min); every run logs its ms/step so the step counts can be adjusted. Runs offline (HF_HUB_OFFLINE=1) and
@@ -130,7 +131,7 @@ def _drafter_flags(p, prefix=""):
 def build_parser() -> OneLineParser:
     ap = OneLineParser(prog="python -m kdtree_numba.train",
                        description="Build the corpus, train the DeepSeek-V3 target and the DFlash drafter.")
-    sub = ap.add_subparsers(dest="cmd", required=True, metavar="{corpus,target,drafter,all}")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="{corpus,target,drafter,all,card}")
 
     p = sub.add_parser("corpus", help="build the corpus (tokens.npy, tokenizer.json, heldout.jsonl, manifest)")
     p.add_argument("--out", required=True)
@@ -156,6 +157,9 @@ def build_parser() -> OneLineParser:
     _target_flags(p, "target-")
     _drafter_flags(p, "drafter-")
     _common(p)
+
+    from . import card
+    card.add_arguments(sub.add_parser("card", help="write default_model/MODEL_CARD.md from the logs, eval and files"))
     return ap
 
 
@@ -213,6 +217,10 @@ def main(argv=None) -> int:
     ap = build_parser()
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
+    if a.cmd == "card":
+        from . import card
+
+        return card.run(a)
     if a.cmd == "corpus":
         from . import corpus
 

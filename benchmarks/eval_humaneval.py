@@ -1,0 +1,431 @@
+"""Held-out evaluation of the shipped default pair (``kd.load_default()``) on the 164 HumanEval prompts.
+
+Every number is measured by this script; nothing is copied from a log. Three parts, in this order (the speed part
+never runs while the worker processes of the acceptance part are alive):
+
+1. **bits per byte** (current backend, main process). For each prompt, ``ids = tokenizer.encode(prompt)`` (T
+   tokens) and ONE prefill ``target.logits(ids)`` -> [T, V]. The negative log-likelihood of tokens 1 .. T-1 (each
+   given the tokens before it; token 0 has no prediction and is excluded) is summed in bits over all prompts and
+   divided by the UTF-8 bytes those tokens decode to, ``len(decode(ids[1:]).encode("utf-8"))`` summed over
+   prompts:  ``bpb = sum_p sum_{t=1}^{T_p-1} -log2 p(ids_t | ids_<t) / sum_p bytes(decode(ids_p[1:]))``.
+   Also reported: the same NLL in nats per token (comparable with the training log's validation loss), the
+   per-prompt mean bpb, and how many prompts fail ``decode(ids[:1]) + decode(ids[1:]) == prompt`` (must be 0).
+2. **acceptance length tau and target forwards per token** (numpy worker processes, or the main process with
+   ``--workers 0``). Per prompt: greedy autoregressive decoding of ``--max-new-tokens`` (128) tokens, the DFlash
+   chain (``chain=True``: the drafter's top-1 token per depth, 15 deep) and DDTree at each ``--budgets`` value,
+   no stop tokens (every run generates exactly 128 tokens). tau of a run = mean over its rounds of the tokens
+   committed in the round (accepted draft tokens + the target's bonus token; the first token, which comes from the
+   prefill, belongs to no round). Aggregates: ``tau = sum of committed tokens over all rounds of all prompts /
+   total rounds`` and ``forwards/token = total target forwards (prefill included) / total generated tokens``;
+   the per-prompt means of both are given too. Every chain / DDTree output is compared with the autoregressive
+   output token by token; the number of mismatching runs is reported (must be 0).
+3. **tokens/s** (current backend, main process). Autoregressive, chain and DDTree at ``--speed-budget`` (64) on
+   the first ``--speed-subset`` (8) prompts (task ids named in the output). Per method one untimed warm-up
+   generation on the first subset prompt, then one generation per prompt timed by wall clock around
+   ``kd.generate`` (prefill included); tokens/s = total new tokens / total wall seconds. The backend and device
+   name are reported.
+
+Usage::
+
+    KDTREE_BACKEND=numpy python benchmarks/eval_humaneval.py --out kdtree_numba/default_model/eval_humaneval.json
+    KDTREE_BACKEND=numpy python benchmarks/eval_humaneval.py --prompts 4            # smoke run
+    KDTREE_BACKEND=cuda python3 benchmarks/eval_humaneval.py --skip-tau --speed-subset 8 --out gpu_eval.json
+
+BLAS threads (``--blas-threads``, default 1) are fixed before NumPy is imported, in this process and the workers:
+on a shared 2-core machine OpenBLAS's default thread pool made the small GEMMs of this 9 M model 4-5x slower.
+Imports only kdtree_numba, NumPy and the standard library. Exit status 1 if any output mismatched.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+PROMPTS_FILE = os.path.join(ROOT, "kdtree_numba", "default_model", "humaneval_prompts.jsonl")
+BLAS_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+LN2 = math.log(2.0)
+
+
+def _int_list(s: str) -> list:
+    try:
+        v = [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 8,16,32, got {s!r}") from None
+    if not v or any(x < 1 for x in v):
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {s!r}")
+    return v
+
+
+def _nonneg(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {s!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {s!r}")
+    return v
+
+
+def _positive(s: str) -> int:
+    v = _nonneg(s)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="Held-out HumanEval evaluation of the default target + DFlash drafter: "
+                                            "bits per byte, acceptance length, forwards per token, tokens/s.")
+    p.add_argument("--prompts", type=_positive, default=None, help="evaluate the first N prompts (default: all 164)")
+    p.add_argument("--budgets", type=_int_list, default=[8, 16, 32, 64, 128, 256],
+                   help="DDTree node budgets (default 8,16,32,64,128,256)")
+    p.add_argument("--max-new-tokens", type=_positive, default=128)
+    p.add_argument("--speed-subset", type=_positive, default=8, help="tokens/s on the first K prompts (default 8)")
+    p.add_argument("--speed-budget", type=_positive, default=64, help="DDTree budget of the speed part (default 64)")
+    p.add_argument("--workers", type=_nonneg, default=None,
+                   help="numpy worker processes for the tau part (0: the main process on the current backend; "
+                        "default 2 on CPU backends, 0 on cuda)")
+    p.add_argument("--blas-threads", type=_positive, default=1, help="BLAS threads per process (default 1)")
+    p.add_argument("--skip-bpb", action="store_true")
+    p.add_argument("--skip-tau", action="store_true")
+    p.add_argument("--skip-speed", action="store_true")
+    p.add_argument("--prompts-file", default=PROMPTS_FILE, help=argparse.SUPPRESS)
+    p.add_argument("--out", default=None, help="write everything as JSON to this file")
+    return p
+
+
+def _set_blas_threads(n: int) -> None:
+    for var in BLAS_VARS:
+        os.environ[var] = str(n)
+
+
+def load_prompts(path: str, n: int | None) -> list:
+    with open(path, encoding="utf-8") as f:
+        items = [json.loads(line) for line in f if line.strip()]
+    return items[:n] if n else items
+
+
+def _log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+# ------------------------------------------------------------------------------------------------ 1. bits per byte
+def prompt_nll(target, prompt: str) -> dict:
+    """NLL of tokens 1..T-1 of one prompt under one prefill, and the UTF-8 bytes those tokens decode to."""
+    import numpy as np
+
+    tok = target.tokenizer
+    ids = tok.encode(prompt)
+    logits = np.asarray(target.logits(np.asarray(ids, np.int32)), np.float64)       # [T, V]
+    z = logits[:-1]                                                                 # predictions of tokens 1..T-1
+    m = z.max(axis=1, keepdims=True)
+    logz = (m[:, 0] + np.log(np.exp(z - m).sum(axis=1)))                            # [T-1]
+    nats = float(np.sum(logz - z[np.arange(len(ids) - 1), ids[1:]]))
+    tail = tok.decode(ids[1:])
+    return {"tokens": len(ids), "predicted": len(ids) - 1, "nats": nats, "bits": nats / LN2,
+            "bytes": len(tail.encode("utf-8")), "roundtrip": tok.decode(ids[:1]) + tail == prompt}
+
+
+def run_bpb(target, prompts: list) -> dict:
+    per = []
+    t0 = time.perf_counter()
+    for i, p in enumerate(prompts):
+        r = prompt_nll(target, p["prompt"])
+        r["task_id"] = p["task_id"]
+        per.append(r)
+        if (i + 1) % 20 == 0 or i + 1 == len(prompts):
+            _log(f"[bpb] {i + 1}/{len(prompts)} prompts, {time.perf_counter() - t0:.1f}s")
+    bits = sum(r["bits"] for r in per)
+    nbytes = sum(r["bytes"] for r in per)
+    ntok = sum(r["predicted"] for r in per)
+    return {
+        "definition": "sum over prompts of the NLL (bits) of tokens 1..T-1 of each prompt under one target prefill "
+                      "(token 0 excluded), divided by the summed UTF-8 byte length of decode(ids[1:]) of each prompt",
+        "bits_per_byte": bits / nbytes,
+        "bits_per_byte_prompt_mean": sum(r["bits"] / r["bytes"] for r in per) / len(per),
+        "nats_per_token": sum(r["nats"] for r in per) / ntok,
+        "bits_per_token": bits / ntok,
+        "predicted_tokens": ntok, "bytes": nbytes, "bytes_per_token": nbytes / ntok, "prompts": len(per),
+        "roundtrip_failures": sum(not r["roundtrip"] for r in per),
+        "seconds": time.perf_counter() - t0,
+        "per_prompt": [{"task_id": r["task_id"], "tokens": r["tokens"], "bits": round(r["bits"], 4),
+                        "bytes": r["bytes"]} for r in per],
+    }
+
+
+# ------------------------------------------------------------------------------------------------ 2. tau
+_W: dict = {}          # per-process state: the loaded pair and the settings
+
+
+def _worker_init(blas_threads: int, settings: dict, numpy_backend: bool) -> None:
+    """Pool initializer: pin BLAS threads and the numpy backend BEFORE kdtree_numba (and NumPy) are imported."""
+    if numpy_backend:
+        _set_blas_threads(blas_threads)
+        os.environ["KDTREE_BACKEND"] = "numpy"
+    import kdtree_numba as kd
+
+    if numpy_backend and kd.backend.process_name != "numpy":
+        raise RuntimeError(f"worker backend is {kd.backend.process_name}, expected numpy")
+    target, drafter = kd.load_default()
+    _W.update(kd=kd, target=target, drafter=drafter, **settings)
+
+
+def _methods(budgets) -> list:
+    return ["chain"] + [f"ddtree@{b}" for b in budgets]
+
+
+def eval_prompt(job) -> dict:
+    """AR, chain and DDTree at every budget on one prompt: counts, and whether each output equals AR."""
+    import numpy as np
+
+    index, task_id, prompt = job
+    kd, target, drafter, n = _W["kd"], _W["target"], _W["drafter"], _W["max_new_tokens"]
+    ids = np.asarray(target.tokenizer.encode(prompt), np.int32)
+    t0 = time.perf_counter()
+    ar = kd.generate(target, ids, n)
+    rec = {"index": index, "task_id": task_id, "prompt_tokens": int(len(ids)), "ar_tokens": [int(t) for t in ar.tokens],
+           "ar_forwards": int(ar.target_forwards), "runs": {}}
+    for name in _methods(_W["budgets"]):
+        if name == "chain":
+            g = kd.generate(target, ids, n, drafter=drafter, chain=True)
+        else:
+            g = kd.generate(target, ids, n, drafter=drafter, budget=int(name.split("@")[1]))
+        lens = [r.accept_length for r in g.rounds]
+        first_diff = next((i for i, (a, b) in enumerate(zip(g.tokens, ar.tokens)) if a != b),
+                          None if len(g.tokens) == len(ar.tokens) else min(len(g.tokens), len(ar.tokens)))
+        rec["runs"][name] = {"tokens": len(g.tokens), "rounds": len(lens), "committed": int(sum(lens)),
+                             "forwards": int(g.target_forwards), "accept_lengths": lens,
+                             "match": first_diff is None, "first_mismatch": first_diff}
+    rec["seconds"] = time.perf_counter() - t0
+    return rec
+
+
+def _aggregate(records: list, budgets) -> dict:
+    out = {}
+    for name in _methods(budgets):
+        runs = [r["runs"][name] for r in records]
+        rounds = sum(x["rounds"] for x in runs)
+        committed = sum(x["committed"] for x in runs)
+        fw = sum(x["forwards"] for x in runs)
+        toks = sum(x["tokens"] for x in runs)
+        hist: dict = {}
+        for x in runs:
+            for a in x["accept_lengths"]:
+                hist[a] = hist.get(a, 0) + 1
+        out[name] = {
+            "tau": committed / rounds if rounds else float("nan"),
+            "tau_prompt_mean": sum(x["committed"] / x["rounds"] for x in runs if x["rounds"])
+            / max(1, sum(1 for x in runs if x["rounds"])),
+            "forwards_per_token": fw / toks,
+            "forwards_per_token_prompt_mean": sum(x["forwards"] / x["tokens"] for x in runs) / len(runs),
+            "rounds": rounds, "committed_tokens": committed, "target_forwards": fw, "generated_tokens": toks,
+            "mismatches": sum(not x["match"] for x in runs),
+            "accept_length_histogram": {str(k): hist[k] for k in sorted(hist)},
+        }
+    ar_fw = sum(r["ar_forwards"] for r in records)
+    ar_tok = sum(len(r["ar_tokens"]) for r in records)
+    out["autoregressive"] = {"forwards_per_token": ar_fw / ar_tok, "target_forwards": ar_fw,
+                             "generated_tokens": ar_tok}
+    return out
+
+
+def run_tau(prompts: list, budgets, max_new_tokens: int, workers: int, blas_threads: int) -> dict:
+    settings = {"budgets": list(budgets), "max_new_tokens": max_new_tokens}
+    jobs = [(i, p["task_id"], p["prompt"]) for i, p in enumerate(prompts)]
+    records, t0 = [], time.perf_counter()
+
+    def progress(rec):
+        records.append(rec)
+        done = len(records)
+        el = time.perf_counter() - t0
+        bad = [m for m, x in rec["runs"].items() if not x["match"]]
+        chain = rec["runs"]["chain"]
+        _log(f"[tau] {done}/{len(jobs)} {rec['task_id']} ({rec['prompt_tokens']} prompt tokens, "
+             f"{rec['seconds']:.1f}s) chain tau {chain['committed'] / max(1, chain['rounds']):.2f}"
+             f"{' MISMATCH ' + ','.join(bad) if bad else ''}; elapsed {el:.0f}s, eta "
+             f"{el / done * (len(jobs) - done):.0f}s")
+
+    if workers == 0:
+        _worker_init(blas_threads, settings, numpy_backend=False)
+        for job in jobs:
+            progress(eval_prompt(job))
+        backend = _W["kd"].backend.name
+    else:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")        # never fork a process that may hold a CUDA context
+        with ctx.Pool(workers, initializer=_worker_init, initargs=(blas_threads, settings, True)) as pool:
+            for rec in pool.imap_unordered(eval_prompt, jobs, chunksize=1):
+                progress(rec)
+            pool.close()
+            pool.join()
+        backend = "numpy"
+    records.sort(key=lambda r: r["index"])
+    agg = _aggregate(records, budgets)
+    return {
+        "definition": "tau = sum over all rounds of all prompts of the tokens committed per round (accepted draft "
+                      "tokens + 1 bonus; the prefill's first token is in no round) / total rounds; "
+                      "forwards_per_token = total target forwards (prefill included) / total generated tokens; "
+                      "*_prompt_mean: the mean over prompts of the per-prompt ratio",
+        "backend": backend, "workers": workers, "max_new_tokens": max_new_tokens, "budgets": list(budgets),
+        "stop_tokens": [], "prompts": len(records), "seconds": time.perf_counter() - t0,
+        "mismatches_total": sum(v.get("mismatches", 0) for v in agg.values()),
+        "methods": agg,
+        "per_prompt": [{"task_id": r["task_id"], "prompt_tokens": r["prompt_tokens"], "ar_tokens": r["ar_tokens"],
+                        **{m: {k: r["runs"][m][k] for k in ("rounds", "committed", "forwards", "match")}
+                           for m in _methods(budgets)}} for r in records],
+    }
+
+
+# ------------------------------------------------------------------------------------------------ 3. speed
+def device_name(kd) -> str:
+    if kd.backend.name == "cuda":
+        import cupy
+
+        props = cupy.cuda.runtime.getDeviceProperties(0)
+        name = props["name"]
+        return name.decode() if isinstance(name, bytes) else str(name)
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"CPU: {cpu} ({os.cpu_count()} logical cores)"
+
+
+def _loadavg():
+    """The 1-minute load average (other processes on a shared machine slow the wall clock), or None."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
+
+
+def run_speed(kd, target, drafter, prompts: list, max_new_tokens: int, budget: int) -> dict:
+    import numpy as np
+
+    methods = {"autoregressive": dict(), "chain": dict(drafter=drafter, chain=True),
+               f"ddtree@{budget}": dict(drafter=drafter, budget=budget)}
+    ids = [np.asarray(target.tokenizer.encode(p["prompt"]), np.int32) for p in prompts]
+    load_before = _loadavg()
+    out = {}
+    for name, kw in methods.items():
+        kd.generate(target, ids[0], max_new_tokens, **kw)                           # warm-up, untimed
+        secs, toks, post = [], [], []
+        for x in ids:
+            kd.backend.synchronize()
+            t = time.perf_counter()
+            g = kd.generate(target, x, max_new_tokens, **kw)
+            kd.backend.synchronize()
+            secs.append(time.perf_counter() - t)
+            toks.append(len(g.tokens))
+            post.append(g.tokens_per_second)
+        out[name] = {"tokens_per_second": sum(toks) / sum(secs), "seconds": secs, "tokens": toks,
+                     "median_generation_seconds": float(np.median(secs)),
+                     "tokens_per_second_after_prefill_mean": float(np.mean(post))}
+        _log(f"[speed] {name}: {out[name]['tokens_per_second']:.1f} tokens/s "
+             f"({sum(toks)} tokens in {sum(secs):.2f}s)")
+    ar = out["autoregressive"]["tokens_per_second"]
+    for v in out.values():
+        v["speedup_vs_autoregressive"] = v["tokens_per_second"] / ar
+    return {"definition": "per method: one untimed warm-up generation on the first subset prompt, then one "
+                          "generation per subset prompt timed by wall clock around kd.generate (prefill included); "
+                          "tokens_per_second = total new tokens / total seconds",
+            "task_ids": [p["task_id"] for p in prompts], "max_new_tokens": max_new_tokens, "budget": budget,
+            "backend": kd.backend.name, "device": device_name(kd), "cpu_count": os.cpu_count(),
+            "load_average_1min": {"before": load_before, "after": _loadavg()}, "methods": out}
+
+
+# ------------------------------------------------------------------------------------------------ report
+def markdown(res: dict) -> str:
+    lines = []
+    b = res.get("bpb")
+    if b:
+        lines += [f"**Target on {b['prompts']} held-out HumanEval prompts**: {b['bits_per_byte']:.4f} bits/byte "
+                  f"({b['nats_per_token']:.4f} nats/token, {b['bytes_per_token']:.2f} bytes/token)", ""]
+    t = res.get("tau")
+    if t:
+        lines += [f"**Acceptance** ({t['prompts']} prompts x {t['max_new_tokens']} greedy tokens; tau = total "
+                  f"committed tokens / total rounds):", "",
+                  "| method | tau (aggregate) | tau (prompt mean) | target forwards / token | mismatches vs AR |",
+                  "|---|---|---|---|---|",
+                  f"| autoregressive | 1 | 1 | {t['methods']['autoregressive']['forwards_per_token']:.4f} | - |"]
+        for name in _methods(t["budgets"]):
+            m = t["methods"][name]
+            label = "DFlash chain (depth 15)" if name == "chain" else f"DDTree, budget {name.split('@')[1]}"
+            lines.append(f"| {label} | {m['tau']:.3f} | {m['tau_prompt_mean']:.3f} | {m['forwards_per_token']:.4f} "
+                         f"| {m['mismatches']} |")
+        lines.append("")
+    s = res.get("speed")
+    if s:
+        ids = s["task_ids"]
+        named = f"{ids[0]} .. {ids[-1]}" if len(ids) > 1 else ids[0]
+        lines += [f"**Speed** ({s['backend']} backend, {s['device']}; {len(ids)} prompts {named} x "
+                  f"{s['max_new_tokens']} tokens, wall clock incl. prefill, after one warm-up):", "",
+                  "| method | tokens/s | speedup vs AR |", "|---|---|---|"]
+        for name, v in s["methods"].items():
+            lines.append(f"| {name} | {v['tokens_per_second']:.1f} | {v['speedup_vs_autoregressive']:.2f}x |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
+    _set_blas_threads(a.blas_threads)          # before NumPy (imported by kdtree_numba) loads OpenBLAS
+    sys.path.insert(0, ROOT)
+    import kdtree_numba as kd
+
+    workers = a.workers if a.workers is not None else (0 if kd.backend.process_name == "cuda" else 2)
+    prompts = load_prompts(a.prompts_file, a.prompts)
+    env = f"KDTREE_BACKEND={os.environ['KDTREE_BACKEND']} " if "KDTREE_BACKEND" in os.environ else ""
+    args = sys.argv[1:] if argv is None else list(argv)
+    res = {"command": env + "python " + " ".join([os.path.relpath(os.path.abspath(__file__), ROOT)] + args),
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "package_version": kd.__version__, "backend": kd.backend.process_name, "device": device_name(kd),
+           "python": platform.python_version(), "blas_threads": a.blas_threads,
+           "prompts_file": os.path.relpath(a.prompts_file, ROOT), "prompts": len(prompts),
+           "task_ids": [prompts[0]["task_id"], prompts[-1]["task_id"]], "settings": {
+               "max_new_tokens": a.max_new_tokens, "budgets": a.budgets, "temperature": 0.0,
+               "speed_subset": a.speed_subset, "speed_budget": a.speed_budget, "workers": workers}}
+    _log(f"[eval] {len(prompts)} prompts, backend {kd.backend.process_name}, {res['device']}, "
+         f"workers {workers}, BLAS threads {a.blas_threads}")
+    t_all = time.perf_counter()
+    target = drafter = None
+    if not (a.skip_bpb and a.skip_speed):
+        target, drafter = kd.load_default()
+    if not a.skip_bpb:
+        res["bpb"] = run_bpb(target, prompts)
+        _log(f"[bpb] {res['bpb']['bits_per_byte']:.4f} bits/byte, {res['bpb']['nats_per_token']:.4f} nats/token "
+             f"({res['bpb']['roundtrip_failures']} round-trip failures)")
+    if not a.skip_tau:
+        res["tau"] = run_tau(prompts, a.budgets, a.max_new_tokens, workers, a.blas_threads)
+    if not a.skip_speed:
+        res["speed"] = run_speed(kd, target, drafter, prompts[:a.speed_subset], a.max_new_tokens, a.speed_budget)
+    res["seconds"] = time.perf_counter() - t_all
+    res["markdown"] = markdown(res)
+    if a.out:
+        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1)
+            f.write("\n")
+        _log(f"[eval] wrote {a.out}")
+    print("\n" + res["markdown"], flush=True)
+    bad = res.get("tau", {}).get("mismatches_total", 0)
+    if bad:
+        _log(f"[eval] ERROR: {bad} chain/DDTree runs differ from autoregressive decoding")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

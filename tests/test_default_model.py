@@ -1,0 +1,107 @@
+"""The shipped default pair (kdtree_numba/default_model/): it loads, its files are the ones MODEL_CARD.md hashes, the
+tokenizer round-trips the held-out prompts, greedy DDTree and the chain equal greedy decoding with the trained
+drafter (NumPy backend: the suite's default simulator is too slow for a 9 M-parameter model), and it stays small."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+import kdtree_numba as kd
+from kdtree_numba.train import card
+
+MODEL_DIR = card.DEFAULT_DIR
+MAX_BYTES = 25 * 1000 * 1000
+
+
+def _openblas_thread_controls():
+    """(get, set) pairs of the OpenBLAS libraries loaded in this process (NumPy's bundled one included)."""
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as f:
+            paths = sorted({ln.split()[-1] for ln in f if "openblas" in ln.lower() and "/" in ln})
+    except OSError:
+        return []
+    out = []
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for prefix, suffix in (("scipy_openblas", "64_"), ("openblas", "64_"), ("openblas", ""),
+                               ("scipy_openblas", "")):
+            get, set_ = f"{prefix}_get_num_threads{suffix}", f"{prefix}_set_num_threads{suffix}"
+            if hasattr(lib, get) and hasattr(lib, set_):
+                out.append((getattr(lib, get), getattr(lib, set_)))
+                break
+    return out
+
+
+@pytest.fixture(scope="module")
+def one_blas_thread():
+    """One BLAS thread while this module runs: on a busy 2-core machine OpenBLAS's thread pool made the small
+    GEMMs of this model ~10x slower (measured 92 s instead of 9 s for one generation test)."""
+    controls = _openblas_thread_controls()
+    saved = [get() for get, _ in controls]
+    for _, set_ in controls:
+        set_(1)
+    yield
+    for (_, set_), n in zip(controls, saved):
+        set_(n)
+
+
+@pytest.fixture(scope="module")
+def pair(one_blas_thread):
+    with kd.backend.use("numpy"):
+        yield kd.load_default()
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    with open(os.path.join(MODEL_DIR, "humaneval_prompts.jsonl"), encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def test_loads(pair):
+    target, drafter = pair
+    assert target.config.vocab_size == 4096 and target.tokenizer is not None
+    assert drafter.depth == 15 and drafter.vocab_size == target.config.vocab_size
+
+
+def test_files_match_the_model_card():
+    with open(os.path.join(MODEL_DIR, card.CARD), encoding="utf-8") as f:
+        table = card.parse_hash_table(f.read())
+    files = card.shipped_files(MODEL_DIR)
+    assert sorted(table) == files, ("MODEL_CARD.md's hash table and the shipped files differ; regenerate the card "
+                                    "with `python -m kdtree_numba.train.card`")
+    for rel in files:
+        assert card.sha256_file(os.path.join(MODEL_DIR, rel)) == table[rel], f"{rel}: sha256 differs from the card"
+
+
+def test_size_limit():
+    total = sum(os.path.getsize(os.path.join(root, f)) for root, _, fs in os.walk(MODEL_DIR) for f in fs)
+    assert total <= MAX_BYTES, f"default_model/ holds {total} bytes, more than {MAX_BYTES}"
+
+
+def test_tokenizer_round_trips_heldout_prompts(pair, prompts):
+    tok = pair[0].tokenizer
+    assert len(prompts) == 164
+    for p in prompts:
+        ids = tok.encode(p["prompt"])
+        assert all(0 <= i < 4096 for i in ids)
+        assert tok.decode(ids) == p["prompt"], p["task_id"]
+
+
+@pytest.mark.parametrize("index", [0, 23])
+def test_greedy_ddtree_and_chain_equal_autoregressive(pair, prompts, index):
+    target, drafter = pair
+    ids = np.asarray(target.tokenizer.encode(prompts[index]["prompt"]), np.int32)
+    with kd.backend.use("numpy"):
+        ar = kd.generate(target, ids, 32)
+        tree = kd.generate(target, ids, 32, drafter=drafter, budget=16)
+        chain = kd.generate(target, ids, 32, drafter=drafter, chain=True)
+    assert len(ar.tokens) == 32
+    assert tree.tokens == ar.tokens
+    assert chain.tokens == ar.tokens
+    assert tree.target_forwards < ar.target_forwards            # the trained drafter does get tokens accepted

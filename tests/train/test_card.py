@@ -1,0 +1,188 @@
+"""The model-card generator on a fake default_model directory: the hash table it writes matches the files, the
+numbers come from the inputs, the GPU section is filled only from a GPU eval JSON, the CLI's errors."""
+import hashlib
+import json
+import os
+import struct
+
+import pytest
+
+from kdtree_numba.train import card
+
+
+def _safetensors(path, tensors):
+    """A valid safetensors file: ``tensors`` = {name: shape}, bf16 zeros."""
+    header, off = {}, 0
+    for name, shape in tensors.items():
+        n = 2
+        for s in shape:
+            n *= s
+        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [off, off + n]}
+        off += n
+    raw = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw + bytes(off))
+
+
+def _write(path, obj):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        if isinstance(obj, str):
+            f.write(obj)
+        else:
+            json.dump(obj, f)
+
+
+def _sha(path):
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+TCFG = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "transformers_version": "5.0",
+        "num_hidden_layers": 2, "first_k_dense_replace": 1, "hidden_size": 8, "intermediate_size": 16,
+        "num_attention_heads": 2, "q_lora_rank": 4, "kv_lora_rank": 4, "qk_nope_head_dim": 2, "qk_rope_head_dim": 2,
+        "v_head_dim": 2, "n_routed_experts": 2, "num_experts_per_tok": 1, "n_shared_experts": 1,
+        "moe_intermediate_size": 4, "vocab_size": 16, "max_position_embeddings": 64,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}, "eos_token_id": 0, "pad_token_id": 2,
+        "num_nextn_predict_layers": 1}
+DCFG = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": 8, "intermediate_size": 16,
+        "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 4,
+        "rope_theta": 10000.0, "vocab_size": 16, "block_size": 4,
+        "dflash_config": {"target_layer_ids": [0], "mask_token_id": 1}}
+
+
+def _fake_dir(root):
+    d = str(root / "default_model")
+    _write(os.path.join(d, "target", "config.json"), TCFG)
+    _write(os.path.join(d, "target", "tokenizer.json"), '{"fake": "tokenizer"}')
+    _safetensors(os.path.join(d, "target", "model-00001-of-00001.safetensors"),
+                 {"model.embed_tokens.weight": (16, 8), "model.layers.1.mlp.gate.e_score_correction_bias": (2,)})
+    _write(os.path.join(d, "drafter", "config.json"), DCFG)
+    _safetensors(os.path.join(d, "drafter", "model.safetensors"), {"fc.weight": (8, 8)})
+    _write(os.path.join(d, "humaneval_prompts.jsonl"), '{"task_id": "HumanEval/0", "prompt": "def f():\\n"}\n')
+    _write(os.path.join(d, "training_curves.png"), "not really a png")
+    tok_sha = _sha(os.path.join(d, "target", "tokenizer.json"))
+    held_sha = _sha(os.path.join(d, "humaneval_prompts.jsonl"))
+    _write(os.path.join(d, "corpus_manifest.json"), {
+        "wheels": [{"name": "toolz", "version": "9.9.9", "sha256": "ab" * 32}], "files": 7,
+        "dropped": ["toolz-9.9.9/x.py"], "bytes": 3000, "tokens": 1000,
+        "sha256": {"tokenizer.json": tok_sha, "heldout.jsonl": held_sha}, "heldout": "fake held-out note"})
+    _write(os.path.join(d, "target_train_log.json"), {
+        "args": {"data_dir": "D", "out_dir": "O/target", "steps": 12, "batch": 2, "seq": 32, "lr": 0.002, "seed": 0,
+                 "val_every": 500, "weight_decay": 0.1, "warmup_frac": 0.04, "final_lr_frac": 0.1, "grad_clip": 1.0,
+                 "log_every": 50, "val_windows": 4},
+        "params": 128, "device": "cuda", "versions": {"gpu": "Fake GPU 9000", "torch": "2", "transformers": "5"},
+        "implementation": {"attn": "sdpa", "experts": "grouped_mm"}, "steps": [{"step": 12, "loss": 3.25}],
+        "val": [{"step": 12, "loss": 3.5}], "train_seconds": 1.5, "ms_per_step": 125.0, "total_seconds": 2.0})
+    _write(os.path.join(d, "drafter_train_log.json"), {
+        "config": {"block_size": 4},
+        "args": {"data_dir": "D", "target_dir": "O/target", "out_dir": "O/drafter", "steps": 3000, "batch": 32,
+                 "anchors": 64, "block": 16, "layers": 2, "target_layers": [1, 2, 3], "lr": 0.0006, "regen": 2048,
+                 "regen_prompt": 64, "regen_batch": 1024, "regen_max_seconds": 90.0, "val_every": 1000, "seq": 512},
+        "params": 64, "gamma": 7.0,
+        "regen": {"train_sequences": 8, "val_sequences": 4, "prompt_tokens": 4, "new_tokens": 28, "batch": 12,
+                  "seconds": 0.5, "new_tokens_per_s": 100.0, "capped": False},
+        "target_implementation": {"attn": "sdpa", "experts": "eager"},
+        "val": [{"step": 10, "corpus": {"loss": 4.0, "acc": [0.5, 0.25, 0.125], "mean_acc": 0.3, "chain_accept": 1.5},
+                 "regen": {"loss": 3.0, "acc": [0.75, 0.5, 0.25], "mean_acc": 0.5, "chain_accept": 2.5}}],
+        "train_seconds": 3.0, "ms_per_step": 0.3, "total_seconds": 4.0})
+    return d
+
+
+def _eval(backend="numpy", device="CPU: Fake", tps=(100.0, 50.0, 40.0)):
+    methods = {"chain": {"tau": 1.875, "tau_prompt_mean": 1.9, "forwards_per_token": 0.55, "rounds": 10,
+                         "mismatches": 0},
+               "ddtree@8": {"tau": 2.125, "tau_prompt_mean": 2.2, "forwards_per_token": 0.45, "rounds": 9,
+                            "mismatches": 0},
+               "autoregressive": {"forwards_per_token": 1.0}}
+    speed = {"autoregressive": tps[0], "chain": tps[1], "ddtree@8": tps[2]}
+    return {"command": f"KDTREE_BACKEND={backend} python benchmarks/eval_humaneval.py", "date": "2026-01-01",
+            "package_version": "0.1.0", "backend": backend, "device": device, "prompts": 2, "blas_threads": 1,
+            "task_ids": ["HumanEval/0", "HumanEval/1"], "settings": {"max_new_tokens": 16},
+            "bpb": {"bits_per_byte": 1.2345, "nats_per_token": 2.5, "bits_per_token": 3.6, "bytes_per_token": 3.1,
+                    "bits_per_byte_prompt_mean": 1.3, "roundtrip_failures": 0, "prompts": 2, "definition": "DEF"},
+            "tau": {"definition": "TAU-DEF", "backend": "numpy", "workers": 2, "prompts": 2, "budgets": [8],
+                    "mismatches_total": 0, "methods": methods},
+            "speed": {"definition": "SPEED-DEF", "task_ids": ["HumanEval/0"], "max_new_tokens": 16, "budget": 8,
+                      "backend": backend, "device": device,
+                      "methods": {k: {"tokens_per_second": v, "speedup_vs_autoregressive": v / tps[0],
+                                      "median_generation_seconds": 0.1} for k, v in speed.items()}}}
+
+
+def test_card_hash_table_matches_files(tmp_path):
+    d = _fake_dir(tmp_path)
+    ev = tmp_path / "eval.json"
+    ev.write_text(json.dumps(_eval()))
+    path = card.write_card(d, str(ev))
+    assert path == os.path.join(d, card.CARD)
+    text = open(path).read()
+    table = card.parse_hash_table(text)
+    files = card.shipped_files(d)
+    assert card.CARD not in table and sorted(table) == files
+    for rel in files:
+        assert table[rel] == _sha(os.path.join(d, rel)), rel
+    assert "training_curves.png" in table and "](training_curves.png)" in text
+
+
+def test_card_numbers_come_from_the_inputs(tmp_path):
+    d = _fake_dir(tmp_path)
+    text = card.build_card(d, _eval())
+    assert "1.2345 bits per byte" in text                       # eval bpb
+    assert "**1.875**" in text and "**2.125**" in text           # tau of the chain and of DDTree@8
+    assert "Fake GPU 9000" in text and "3.5000" in text          # training log: GPU, final validation loss
+    assert "toolz | 9.9.9" in text and "`" + "ab" * 32 + "`" in text      # manifest wheels
+    assert "`toolz-9.9.9/x.py`" in text                         # dropped files
+    assert "128 parameters + 2 elements of router-bias buffers" in text   # from the safetensors headers
+    assert "--steps 12 --batch 2 --seq 32" in text              # non-default flags rebuilt into the command
+    assert "`tokenizer.json`: yes" in text
+    assert "Not yet measured" in text.split(card.GPU_HEADING)[1].split("## ")[0]
+
+
+def test_card_gpu_section_from_gpu_eval(tmp_path):
+    d = _fake_dir(tmp_path)
+    gpu = _eval(backend="cuda", device="NVIDIA H200", tps=(500.0, 900.0, 1234.5))
+    text = card.build_card(d, _eval(), gpu)
+    section = text.split(card.GPU_HEADING)[1].split("\n## ")[0]
+    assert "NVIDIA H200" in section and "1234.5" in section and "Not yet measured" not in section
+
+
+def test_card_without_eval_and_tampered_file(tmp_path):
+    d = _fake_dir(tmp_path)
+    text = card.build_card(d, None)
+    assert "Not yet measured" in text
+    table = card.parse_hash_table(text)
+    with open(os.path.join(d, "drafter", "config.json"), "a") as f:
+        f.write(" ")
+    assert table["drafter/config.json"] != _sha(os.path.join(d, "drafter", "config.json"))
+
+
+def test_card_decodes_the_continuations(tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    d = _fake_dir(tmp_path)
+    real = os.path.join(card.DEFAULT_DIR, "target", "tokenizer.json")
+    with open(real, "rb") as src, open(os.path.join(d, "target", "tokenizer.json"), "wb") as dst:
+        dst.write(src.read())
+    tok = tokenizers.Tokenizer.from_file(real)
+    texts = ["\n    return 1\n", "\nimport os\nimport os\nimport os\n", "\nx = 1\n"]
+    ev = _eval()
+    ev["tau"]["per_prompt"] = [{"task_id": f"HumanEval/{i}", "ar_tokens": tok.encode(t).ids}
+                               for i, t in enumerate(texts)]
+    stats = card.continuation_stats(ev, d)
+    assert (stats["n"], stats["body"], stats["repeat"], stats["sample"]) == (3, 1, 1, texts[0])
+    text = card.build_card(d, ev)
+    assert "**1** start a function body" in text and "    return 1" in text
+    assert card.continuation_stats(_eval(), d) is None            # no per-prompt tokens: no samples section
+
+
+def test_parse_hash_table_needs_the_section():
+    with pytest.raises(ValueError, match="Files and sha256"):
+        card.parse_hash_table("# a card\nno table\n")
+
+
+def test_card_cli(tmp_path, capsys):
+    d = _fake_dir(tmp_path)
+    out = tmp_path / "CARD.md"
+    assert card.main(["--model-dir", d, "--out", str(out)]) == 0
+    assert card.parse_hash_table(out.read_text())
+    assert card.main(["--model-dir", d, "--eval", str(tmp_path / "missing.json")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert card.main(["--model-dir", str(tmp_path)]) == 2
