@@ -446,6 +446,7 @@ def cmd_trees(args) -> int:
 
 def cmd_sweep(args) -> int:
     from . import viz
+    from .decode.sweep import sweep_rows
 
     _check_out_file(args.out, "--out", (".png", ".svg"))
     _check_drafter_args(args)
@@ -454,7 +455,7 @@ def cmd_sweep(args) -> int:
     target = _load(args.model)
     prompt = _prompt_ids(target, args.prompt, args.ids, args.task)
     drafter = _drafter(target, args)
-    rows = viz.sweep_rows(target, lambda: drafter, prompt, args.budgets, args.max_new_tokens, seed=args.seed,
+    rows = sweep_rows(target, lambda: drafter, prompt, args.budgets, args.max_new_tokens, seed=args.seed,
                           progress=_progress("sweep"))
     name = {"dflash": "DFlash chain"}.get(args.drafter, f"{args.drafter} chain")
     viz.budget_sweep(rows, path=args.out, chain_label=f"{name} (top-1 per depth, depth {drafter.depth})")

@@ -20,6 +20,7 @@ import os
 import shutil
 
 from . import backend, generate, viz
+from .decode.sweep import rows_from_runs
 from .model.presets import DEFAULT_DIR, load_default
 
 FIGURE_TASKS = ("HumanEval/18", "HumanEval/22", "HumanEval/45", "HumanEval/62")   # the first is the demo's
@@ -84,7 +85,7 @@ def make_all(out: str = "figures", progress=None) -> list[str]:
     viz.acceptance_histogram(series, labels=["DFlash chain"] + [f"DDTree, budget {b}" for b in (16, 64, 256)],
                              title=f"Tokens committed per round: trained pair, {where}, pooled",
                              path=save("acceptance.png"))
-    rows = viz.rows_from_runs(tree, chain)
+    rows = rows_from_runs(tree, chain)
     viz.budget_sweep(rows, chain_label=f"DFlash chain (top-1 per depth, depth {drafter.depth})",
                      title=f"Trained pair, {where}, pooled", path=save("budget_sweep.png"))
     viz.tree_shape(main, path=save("tree_shape.png"))

@@ -3,8 +3,7 @@
 * ``plot_tree`` / ``plot_rounds`` (trees.py): one round's draft tree, the accepted path and the bonus token;
   ``showcase_rounds`` picks a typical round and the best one to draw.
 * ``acceptance_histogram``, ``tree_shape``, ``budget_sweep``, ``stage_times`` (rounds.py): statistics over
-  rounds and runs; ``sweep_rows`` runs the generations a budget sweep needs.
-* ``rows_from_runs`` (rounds.py): budget-sweep rows from finished runs, pooled over prompts.
+  rounds and runs (the budget sweep's rows come from ``kdtree_numba.decode.sweep``: viz never decodes).
 * ``training_curves`` (training.py): the default pair's training logs (loss and per-position accuracy).
 * ``write_html`` (html.py): a self-contained page that steps through the rounds interactively.
 * ``token_label`` / ``text_of`` (labels.py): readable tokens and text (decoded with a tokenizer, byte-level or
@@ -15,9 +14,9 @@ made without pyplot (no GUI backend is touched, nothing is shown), so the packag
 """
 from .html import write_html
 from .labels import text_of, token_label
-from .rounds import acceptance_histogram, budget_sweep, rows_from_runs, stage_times, sweep_rows, tree_shape
+from .rounds import acceptance_histogram, budget_sweep, stage_times, tree_shape
 from .training import training_curves
 from .trees import plot_rounds, plot_tree, showcase_rounds
 
 __all__ = ["plot_tree", "plot_rounds", "acceptance_histogram", "tree_shape", "budget_sweep", "stage_times",
-           "sweep_rows", "rows_from_runs", "showcase_rounds", "training_curves", "write_html", "token_label", "text_of"]
+           "showcase_rounds", "training_curves", "write_html", "token_label", "text_of"]

@@ -364,24 +364,6 @@ def test_budget_sweep_hand_rows(tmp_path):
     assert any(np.allclose(l.get_ydata(), 0.6) for l in a2.lines)
 
 
-def test_sweep_rows_numpy():
-    with kd.backend.use("numpy"):
-        t = kd.tiny_target(0)
-        rows = viz.sweep_rows(t, lambda: kd.OracleDrafter(t, noise=0.5, depth=4), list(b"Hi"), [2, 8], 10)
-        seen = []
-        pooled = viz.sweep_rows(t, lambda: kd.OracleDrafter(t, noise=0.5, depth=4), [list(b"Hi"), list(b"Yo!")],
-                                [2, 8], 10, progress=lambda d, n: seen.append((d, n)))
-    assert [r["budget"] for r in rows] == [2, 8]
-    for r in rows:
-        assert set(r) == {"budget", "tree_tau", "tree_fpt", "chain_tau", "chain_fpt", "prompts"}
-        assert r["prompts"] == 1
-        assert 1.0 <= r["tree_tau"] <= 5 and 0 < r["tree_fpt"] <= 1.1
-        assert r["chain_tau"] == rows[0]["chain_tau"] and r["chain_fpt"] == rows[0]["chain_fpt"]
-    assert [r["prompts"] for r in pooled] == [2, 2]
-    assert seen[-1] == (6, 6) and len(seen) == 6                          # 2 prompts x (chain + 2 budgets)
-    viz.budget_sweep(rows)
-
-
 def _gen(accepts, prompt=(1, 2), forwards=None, settings=None):
     """A Generation whose rounds commit ``accepts`` tokens each (hand-made trees)."""
     rounds = [make_round(16, seed=i, accept=a - 1) for i, a in enumerate(accepts)]
@@ -389,17 +371,6 @@ def _gen(accepts, prompt=(1, 2), forwards=None, settings=None):
     tokens += [0] * (sum(accepts) - len(tokens))
     return kd.Generation(list(prompt), tokens, rounds, forwards or len(rounds) + 1, 0.1,
                          settings or {"method": "ddtree", "budget": 16})
-
-
-def test_rows_from_runs_pools_prompts():
-    a, b = _gen([1, 3]), _gen([2, 2, 2, 2])                               # 2 + 4 rounds, 4 + 8 tokens
-    c = _gen([1, 1, 1, 1], settings={"method": "chain", "depth": 4})
-    rows = viz.rows_from_runs({16: [a, b], 4: [b]}, [c, c])
-    assert [r["budget"] for r in rows] == [4, 16]
-    r16 = rows[1]
-    assert r16["tree_tau"] == pytest.approx((1 + 3 + 2 * 4) / 6)         # tokens committed / rounds, pooled
-    assert r16["tree_fpt"] == pytest.approx((3 + 5) / 12)                 # forwards / tokens, pooled
-    assert r16["chain_tau"] == pytest.approx(1.0) and r16["prompts"] == 2 and rows[0]["prompts"] == 1
 
 
 def test_budget_sweep_lines_stay_visible(tmp_path):
