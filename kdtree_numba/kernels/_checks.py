@@ -68,3 +68,27 @@ def real(value, arg: str, lo: float | None = None, lo_open: bool = False) -> flo
     if lo is not None and (value <= lo if lo_open else value < lo):
         raise ValueError(f"{arg}: expected a number {'>' if lo_open else '>='} {lo}, got {value}")
     return value
+
+
+_ZERO: dict = {}          # backend name -> a [1] int32 zero array (the device part of a host scalar)
+
+
+def device_int(value, arg: str, lo: int = 0) -> tuple:
+    """A launch scalar that may live on the device: ``(host_part, device_part)`` with value = host + device[0].
+
+    An int (>= lo) gives ``(value, zero)``; a backend int32 array of shape [1] gives ``(0, value)``, read by the
+    kernel itself - so a CUDA-graph replay sees the value the previous step left there (decode/replay.py), with
+    no host read. The device part is not range-checked (that would be a host read): its producer guarantees it.
+    Example: ``device_int(7, "start") -> (7, [0])``; ``device_int(pos_dev, "start") -> (0, pos_dev)``."""
+    if hasattr(value, "shape"):
+        array(value, arg, dtype=np.int32, shape=(1,))
+        return 0, value
+    value = integer(value, arg, lo=lo)
+    if backend.name not in _ZERO:
+        _ZERO[backend.name] = backend.zeros((1,), np.int32)
+    return value, _ZERO[backend.name]
+
+
+def host_int(value) -> int:
+    """The value of a ``device_int`` argument on the host (a device read for a device array: references only)."""
+    return int(backend.to_host(value)[0]) if hasattr(value, "shape") else int(value)

@@ -90,13 +90,6 @@ _CAP_64 = {} if SIM else {"max_registers": 64}
 
 
 # ------------------------------------------------------------------------------------------------ references
-def order_keys(x: np.ndarray) -> np.ndarray:
-    """uint32 keys whose unsigned order is the float32 order (NaN aside)."""
-    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
-    u = np.where(u == 0x80000000, np.uint32(0), u)                  # -0.0 orders as +0.0
-    return np.where(u & 0x80000000, ~u, u | 0x80000000).astype(np.uint32)
-
-
 def topk_logprobs_ref(logits, k: int):
     """Plain NumPy: (lp [R, K] float32, ids [R, K] int32), ids sorted by (logit desc, id asc)."""
     x = np.asarray(logits, np.float32)
@@ -902,7 +895,7 @@ def _split_select_kernel(x, bits, k, limit, part, cand_v, cand_i, count, lp_out,
 
 
 @cuda.jit
-def _choose_kernel(x, temperature, seed_lo, seed_hi, stream, out):
+def _choose_kernel(x, temperature, seed_lo, seed_hi, stream0, stream_dev, out):
     row = cuda.blockIdx.x
     tid = cuda.threadIdx.x
     nthreads = cuda.blockDim.x
@@ -915,6 +908,7 @@ def _choose_kernel(x, temperature, seed_lo, seed_hi, stream, out):
     cuda.syncthreads()
     k0 = uint64(seed_lo)
     k1 = uint64(seed_hi)
+    stream = stream0 + stream_dev[0]                       # host part + device part (graph replay)
     top = float64(0.0)
     if temperature > 0:                           # the row max: scores (x - top) / T stay in [-inf, 0]
         m = -math.inf
@@ -1015,17 +1009,19 @@ def choose_tokens(logits, temperature: float = 0.0, seed: int = 0, stream: int =
     """One token per row of ``logits [M, V]``: argmax (T = 0) or a seeded Gumbel-max sample (T > 0).
 
     ``stream`` separates the random draws of different calls (the decode step or DDTree round); rows are the
-    nodes. Rows with NaN give -1."""
+    nodes. Rows with NaN give -1. ``stream`` may be a device int32 [1] array (graph replay: decode/replay.py)."""
     x = _checks.array(logits, "logits", dtype=np.float32, ndim=2)
     temperature = _checks.real(temperature, "temperature", lo=0.0)
     seed = _checks.integer(seed, "seed", lo=0, hi=2 ** 64 - 1)
-    stream = _checks.integer(stream, "stream", lo=0, hi=M32)
+    stream0, stream_dev = _checks.device_int(stream, "stream")
+    if stream0 > M32:
+        raise ValueError(f"stream: expected an integer <= {M32}, got {stream0}")
     out = _checks.out_array(out, "out", (x.shape[0],), np.int32)
     if backend.name == "numpy":
-        out[...] = choose_tokens_ref(x, temperature, seed, stream)
+        out[...] = choose_tokens_ref(x, temperature, seed, _checks.host_int(stream))
         return out
     if x.shape[0]:
         threads = backend.block_size(256, 32)
         backend.launch(_choose_kernel, x.shape[0], threads, x, float(temperature), seed & M32, (seed >> 32) & M32,
-                       stream, out)
+                       stream0, stream_dev, out)
     return out

@@ -79,7 +79,8 @@ def mla_attention_ref(q, cache, start: int, scale: float, lkv: int):
 
 # ------------------------------------------------------------------------------------------------ kernels
 @cuda.jit
-def _attention_kernel(q, cache, start, scale, paths, depths, tree, split_len, direct, out, o_part, m_part, l_part):
+def _attention_kernel(q, cache, start0, start_dev, scale, paths, depths, tree, split_len, direct, out, o_part,
+                      m_part, l_part):
     t = cuda.blockIdx.x
     h0 = cuda.blockIdx.y * HG
     z = cuda.blockIdx.z
@@ -99,6 +100,7 @@ def _attention_kernel(q, cache, start, scale, paths, depths, tree, split_len, di
     l_run = cuda.shared.array(HG, float32)
     alpha = cuda.shared.array(HG, float32)
     rows = cuda.shared.array(BK, int32)
+    start = start0 + start_dev[0]                        # the host part + the device part (graph replay)
 
     # the key list of token t: rows [0, n_prefix) then, in tree mode, its root-to-node path
     if tree:
@@ -212,7 +214,11 @@ def _check_qkv(q, cache, lkv, out):
 
 
 def launch_attention(q, cache, start, scale, lkv, out, paths=None, depths=None, max_keys=None, splits=None):
-    """Launch the attention kernel over each token's key list (causal, or tree when ``paths`` is given)."""
+    """Launch the attention kernel over each token's key list (causal, or tree when ``paths`` is given).
+
+    ``start``: an int, or a device int32 [1] array read by the kernel (``_checks.device_int``); the grid then
+    covers ``max_keys`` (default: every cache row) and splits past a token's last key contribute nothing."""
+    start0, start_dev = _checks.device_int(start, "start")
     T, N, D = q.shape
     if D > MAX_D or lkv > MAX_LKV:
         raise ValueError(f"q: latent width {D} (Lkv {lkv}) exceeds the kernel's {MAX_D} ({MAX_LKV}); "
@@ -223,7 +229,7 @@ def launch_attention(q, cache, start, scale, lkv, out, paths=None, depths=None, 
     if not tree:
         paths = backend.zeros((1, 1), np.int32)
         depths = backend.zeros((1,), np.int32)
-        max_keys = start + T
+        max_keys = cache.shape[0] if hasattr(start, "shape") else start0 + T
     groups = (N + HG - 1) // HG
     if splits is None:
         splits = 1
@@ -241,7 +247,7 @@ def launch_attention(q, cache, start, scale, lkv, out, paths=None, depths=None, 
         o_part = backend.empty((splits, T, N, lkv), np.float32)
         m_part = backend.empty((splits, T, N), np.float32)
         l_part = backend.empty((splits, T, N), np.float32)
-    backend.launch(_attention_kernel, (T, groups, splits), threads, q, cache, int(start), np.float32(scale),
+    backend.launch(_attention_kernel, (T, groups, splits), threads, q, cache, start0, start_dev, np.float32(scale),
                    paths, depths, tree, int(split_len), direct, out, o_part, m_part, l_part)
     if not direct:
         n = T * N * lkv
@@ -250,19 +256,20 @@ def launch_attention(q, cache, start, scale, lkv, out, paths=None, depths=None, 
     return out
 
 
-def mla_attention(q, cache, start: int, scale: float, lkv: int, out=None, splits: int | None = None):
+def mla_attention(q, cache, start, scale: float, lkv: int, out=None, splits: int | None = None):
     """Causal absorbed-MLA attention of ``q [T, N, D]`` over ``cache [C, D]`` rows ``0 .. start + T - 1``.
 
     ``lkv``: the latent width (values are ``cache[:, :lkv]``); ``splits`` forces the number of key splits (tests).
+    ``start``: an int, or a device int32 [1] array the kernel reads (graph replay: decode/replay.py).
     """
     q, cache, lkv, out = _check_qkv(q, cache, lkv, out)
     T = q.shape[0]
-    start = _checks.integer(start, "start", lo=0)
-    if start + T > cache.shape[0]:
-        raise ValueError(f"start: {start} + {T} new rows exceed the cache's {cache.shape[0]} rows")
+    start0, _ = _checks.device_int(start, "start")
+    if not hasattr(start, "shape") and start0 + T > cache.shape[0]:
+        raise ValueError(f"start: {start0} + {T} new rows exceed the cache's {cache.shape[0]} rows")
     scale = _checks.real(scale, "scale", lo=0.0, lo_open=True)
     if backend.name == "numpy":
-        T = q.shape[0]
+        start = _checks.host_int(start)
         visible = np.arange(start + T)[None, :] <= start + np.arange(T)[:, None]      # [T, start+T]
         out[...] = masked_attention_fast(q, np.asarray(cache)[:start + T], visible, scale, lkv)
         return out

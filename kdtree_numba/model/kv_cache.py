@@ -29,23 +29,20 @@ class LatentCache:
         """Layer i's rows ``[capacity, width]`` (a contiguous view)."""
         return self.data[i]
 
-    def require(self, rows: int, what: str = "rows") -> None:
-        """Raise unless ``length + rows`` fits."""
-        if self.length + rows > self.capacity:
-            raise CacheFullError(f"{what}: {self.length} cached + {rows} new rows exceed the cache capacity of "
-                                 f"{self.capacity} rows")
-
-    def write(self, layer: int, start: int, c_kv, k_rot) -> None:
-        """Store rows ``start .. start + T - 1`` of one layer: ``[c_kv (Lkv) ; k_rot (R)]``."""
+    def write(self, layer: int, start, c_kv, k_rot) -> None:
+        """Store rows ``start .. start + T - 1`` of one layer: ``[c_kv (Lkv) ; k_rot (R)]``. ``start`` may be a
+        device int32 [1] array (graph replay): the rows are then scattered on the device, unchecked."""
         T, lkv = c_kv.shape
+        if hasattr(start, "shape"):
+            rows = start + backend.xp.arange(T, dtype=np.int32)                     # [T] on the device
+            view = self.data[layer]                                                  # [capacity, width]
+            view[rows, :lkv] = c_kv
+            view[rows, lkv:] = k_rot
+            return
         if start + T > self.capacity:
             raise CacheFullError(f"start: rows {start}..{start + T - 1} exceed the cache capacity of {self.capacity}")
         self.data[layer, start:start + T, :lkv] = c_kv
         self.data[layer, start:start + T, lkv:] = k_rot
-
-    def crop(self, length: int) -> None:
-        """Forget every row from ``length`` on (the rows stay allocated)."""
-        self.length = _checks.integer(length, "length", lo=0, hi=self.length)
 
     def compact(self, start: int, accepted, n_accepted=None) -> None:
         """DDTree commit: the accepted tree rows ``start + accepted[j]`` (ascending) move to ``start + j`` in every
