@@ -27,6 +27,54 @@ class ConfigError(ValueError):
     """A config field is missing, inconsistent or unsupported."""
 
 
+#: positions are int32 on every backend
+MAX_POSITION = 2 ** 31 - 1
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _short(v, limit: int = 80) -> str:
+    """repr of a config value, cut to ``limit`` characters (a field can hold a whole JSON document)."""
+    r = repr(v)
+    return r if len(r) <= limit else r[:limit - 3] + "..."
+
+
+def check_yarn(ys: dict, theta) -> None:
+    """The normalised YaRN dict (``parse_rope``'s form) holds usable values."""
+    def need(cond, field, value, expected):
+        if not cond:
+            raise ConfigError(f"rope_scaling.{field}: got {_short(value)}, expected {expected}")
+
+    def finite(v):
+        return _is_num(v) and math.isfinite(v)
+
+    f = ys.get("factor")
+    need(finite(f) and f > 0, "factor", f, "a finite positive number")
+    o = ys.get("original_max_position_embeddings")
+    need(_is_int(o) and 0 < o <= MAX_POSITION, "original_max_position_embeddings", o,
+         f"a positive integer <= {MAX_POSITION}")
+    for k in ("beta_fast", "beta_slow"):
+        need(finite(ys.get(k)) and ys.get(k) > 0, k, ys.get(k), "a finite positive number")
+    for k in ("mscale", "mscale_all_dim"):
+        need(ys.get(k) is None or finite(ys.get(k)), k, ys.get(k), "null or a finite number")
+    a = ys.get("attention_factor")
+    need(a is None or (finite(a) and a > 0), "attention_factor", a, "null or a finite positive number")
+    need(isinstance(ys.get("truncate", True), bool), "truncate", ys.get("truncate"), "true or false")
+    for k in ("beta_fast", "beta_slow"):      # the ramp takes ln(original / (2 pi beta)): it must be finite
+        r = o / (ys[k] * 2 * math.pi)
+        need(0 < r < math.inf, k, ys[k], f"a rotation count whose wavelength fits a finite ramp for "
+                                         f"original_max_position_embeddings {o}")
+    if not (_is_num(theta) and theta > 1):
+        raise ConfigError(f"rope_theta: got {_short(theta)}, expected a number > 1 with YaRN scaling (its ramp "
+                          f"divides by ln(rope_theta))")
+
+
 @dataclasses.dataclass
 class TargetConfig:
     vocab_size: int = 129280
@@ -60,6 +108,9 @@ class TargetConfig:
     attention_bias: bool = False
     tie_word_embeddings: bool = False
     moe_layer_freq: int = 1
+    #: DeepSeek-V3's multi-token-prediction layers, stored as ``model.layers.{num_hidden_layers + i}``; the engine
+    #: does not run them, the loader skips them (and says so)
+    num_nextn_predict_layers: int = 0
     bos_token_id: int | None = 0
     eos_token_id: int | list | None = 1
     #: "" for the plain layout, "language_model." for Kimi-K2.5-style checkpoints
@@ -94,23 +145,49 @@ class TargetConfig:
 
     # ---------------------------------------------------------------------------------------------- validation
     def validate(self) -> "TargetConfig":
+        """Check every field's type and value (a config read from JSON can hold anything): ConfigError naming the
+        field, the value and what was expected. Types first, then the relations between fields."""
         def need(cond, field, value, expected):
             if not cond:
-                raise ConfigError(f"{field}: got {value!r}, expected {expected}")
+                raise ConfigError(f"{field}: got {_short(value)}, expected {expected}")
 
-        for f in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "kv_lora_rank",
-                  "qk_rope_head_dim", "v_head_dim", "qk_nope_head_dim"):
+        for f in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                  "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "qk_nope_head_dim"):
             v = getattr(self, f)
-            need(isinstance(v, int) and not isinstance(v, bool) and v > 0, f, v, "a positive integer")
-        need(self.q_lora_rank is None or (isinstance(self.q_lora_rank, int) and self.q_lora_rank > 0),
+            need(_is_int(v) and v > 0, f, v, "a positive integer")
+        need(_is_int(self.max_position_embeddings) and 0 < self.max_position_embeddings <= MAX_POSITION,
+             "max_position_embeddings", self.max_position_embeddings, f"a positive integer <= {MAX_POSITION}")
+        for f in ("intermediate_size", "moe_intermediate_size", "n_shared_experts", "n_routed_experts", "n_group",
+                  "topk_group", "num_experts_per_tok", "first_k_dense_replace", "num_nextn_predict_layers"):
+            v = getattr(self, f)
+            need(_is_int(v) and v >= 0, f, v, "an integer >= 0")
+        need(self.q_lora_rank is None or (_is_int(self.q_lora_rank) and self.q_lora_rank > 0),
              "q_lora_rank", self.q_lora_rank, "null or a positive integer")
         need(self.qk_rope_head_dim % 2 == 0, "qk_rope_head_dim", self.qk_rope_head_dim, "an even number")
         need(self.hidden_act == "silu", "hidden_act", self.hidden_act, "'silu' (the only activation supported)")
+        for f in ("norm_topk_prob", "rope_interleave", "attention_bias", "tie_word_embeddings"):
+            v = getattr(self, f)
+            need(isinstance(v, bool), f, v, "true or false")
         need(not self.attention_bias, "attention_bias", self.attention_bias, "false (biases are not supported)")
-        need(self.rms_norm_eps > 0, "rms_norm_eps", self.rms_norm_eps, "a positive number")
-        need(self.rope_theta > 0, "rope_theta", self.rope_theta, "a positive number")
-        need(0 <= self.first_k_dense_replace, "first_k_dense_replace", self.first_k_dense_replace, ">= 0")
-        need(self.moe_layer_freq == 1, "moe_layer_freq", self.moe_layer_freq, "1 (every known checkpoint)")
+        need(_is_num(self.rms_norm_eps) and math.isfinite(self.rms_norm_eps) and 0 < self.rms_norm_eps < 1,
+             "rms_norm_eps", self.rms_norm_eps, "a number in (0, 1)")
+        need(_is_num(self.rope_theta) and math.isfinite(self.rope_theta) and self.rope_theta > 0, "rope_theta",
+             self.rope_theta, "a finite positive number")
+        need(_is_num(self.routed_scaling_factor) and math.isfinite(self.routed_scaling_factor)
+             and self.routed_scaling_factor > 0, "routed_scaling_factor", self.routed_scaling_factor,
+             "a finite positive number")
+        need(_is_int(self.moe_layer_freq) and self.moe_layer_freq == 1, "moe_layer_freq", self.moe_layer_freq,
+             "1 (every known checkpoint)")
+        need(isinstance(self.weight_prefix, str), "weight_prefix", self.weight_prefix, "a string")
+        V = self.vocab_size
+        need(self.bos_token_id is None or (_is_int(self.bos_token_id) and 0 <= self.bos_token_id < V),
+             "bos_token_id", self.bos_token_id, f"null or a token id in [0, vocab_size = {V})")
+        eos = self.eos_token_id
+        eos_list = eos if isinstance(eos, list) else [] if eos is None else [eos]
+        need(isinstance(eos, (list, type(None))) or _is_int(eos), "eos_token_id", eos,
+             "null, a token id or a list of token ids")
+        need(all(_is_int(t) and 0 <= t < V for t in eos_list), "eos_token_id", eos,
+             f"token ids in [0, vocab_size = {V})")
         dense_layers = min(self.first_k_dense_replace, self.num_hidden_layers)
         if dense_layers:
             need(self.intermediate_size > 0, "intermediate_size", self.intermediate_size, "a positive integer")
@@ -119,7 +196,6 @@ class TargetConfig:
             need(E > 0, "n_routed_experts", E, "a positive integer (MoE layers exist)")
             need(self.moe_intermediate_size > 0, "moe_intermediate_size", self.moe_intermediate_size,
                  "a positive integer")
-            need(self.n_shared_experts >= 0, "n_shared_experts", self.n_shared_experts, ">= 0")
             need(self.n_group >= 1 and E % self.n_group == 0, "n_group", self.n_group,
                  f"a divisor of n_routed_experts ({E})")
             need(1 <= self.topk_group <= self.n_group, "topk_group", self.topk_group,
@@ -133,31 +209,46 @@ class TargetConfig:
                  f"<= the experts in the kept groups ({kept})")
         ys = self.rope_scaling
         if ys is not None:
-            need(ys["factor"] > 0, "rope_scaling.factor", ys["factor"], "a positive number")
-            need(ys["original_max_position_embeddings"] > 0, "rope_scaling.original_max_position_embeddings",
-                 ys["original_max_position_embeddings"], "a positive integer")
+            need(isinstance(ys, dict), "rope_scaling", ys, "null or a normalised YaRN dict (config.parse_rope)")
+            check_yarn(ys, self.rope_theta)
         return self
 
     # ---------------------------------------------------------------------------------------------- parsing
     @classmethod
-    def from_dict(cls, raw: dict) -> "TargetConfig":
-        """Parse an HF config dict (any of the forms in the module docstring)."""
+    def from_dict(cls, raw: dict, source: str | None = None) -> "TargetConfig":
+        """Parse and validate an HF config dict (any of the forms in the module docstring). ``source`` (the file)
+        prefixes every error message."""
+        try:
+            return cls._from_dict(raw)
+        except ConfigError as e:
+            if source is None:
+                raise
+            raise ConfigError(f"{source}: {e}") from None
+
+    @classmethod
+    def _from_dict(cls, raw: dict) -> "TargetConfig":
         if not isinstance(raw, dict):
             raise ConfigError(f"config: expected a JSON object, got {type(raw).__name__}")
         prefix = ""
         d = raw
-        if isinstance(raw.get("text_config"), dict):
-            d = dict(raw["text_config"])
+        text = raw.get("text_config")
+        if text is not None:
+            if not isinstance(text, dict):
+                raise ConfigError(f"text_config: got {_short(text)}, expected an object (the nested text model's "
+                                  f"config) or null")
+            d = dict(text)
             prefix = "language_model."
         model_type = d.get("model_type", raw.get("model_type"))
         archs = d.get("architectures") or raw.get("architectures") or []
+        if not isinstance(archs, list):
+            raise ConfigError(f"architectures: got {_short(archs)}, expected a list of class names")
         if model_type not in SUPPORTED_MODEL_TYPES and not any(a in SUPPORTED_ARCHITECTURES for a in archs):
-            raise ConfigError(f"model_type: got {model_type!r} (architectures {archs}), expected one of "
-                              f"{', '.join(SUPPORTED_MODEL_TYPES)} (the DeepSeek-V3 family)")
+            raise ConfigError(f"model_type: got {_short(model_type)} (architectures {_short(archs)}), expected one "
+                              f"of {', '.join(SUPPORTED_MODEL_TYPES)} (the DeepSeek-V3 family)")
         if d.get("topk_method", "noaux_tc") not in ("noaux_tc", None):
-            raise ConfigError(f"topk_method: got {d['topk_method']!r}, expected 'noaux_tc'")
+            raise ConfigError(f"topk_method: got {_short(d['topk_method'])}, expected 'noaux_tc'")
         if d.get("scoring_func", "sigmoid") not in ("sigmoid", None):
-            raise ConfigError(f"scoring_func: got {d['scoring_func']!r}, expected 'sigmoid'")
+            raise ConfigError(f"scoring_func: got {_short(d['scoring_func'])}, expected 'sigmoid'")
 
         names = {f.name for f in dataclasses.fields(cls)} - {"rope_scaling", "rope_theta", "weight_prefix"}
         kw: dict[str, Any] = {k: d[k] for k in names if k in d and (d[k] is not None or k == "q_lora_rank")}
@@ -171,14 +262,8 @@ class TargetConfig:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> "TargetConfig":
-        try:
-            with open(path) as f:
-                raw = json.load(f)
-        except FileNotFoundError:
-            raise ConfigError(f"config: {os.fspath(path)} does not exist") from None
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"config: {os.fspath(path)} is not valid JSON ({e.msg} at line {e.lineno})") from None
-        return cls.from_dict(raw)
+        """Read and validate a ``config.json``; every error names the file."""
+        return cls.from_dict(read_json(path, "config"), source=os.fspath(path))
 
     def to_hf_dict(self) -> dict:
         """The transformers-v5 form (``rope_parameters``), loadable by DeepseekV3Config."""
@@ -222,38 +307,78 @@ def rope_tables(dim: int, theta: float, scaling: dict | None) -> tuple[np.ndarra
     return inv, float(amp)
 
 
+def read_json(path, what: str = "config"):
+    """The JSON document in ``path`` (ConfigError naming the file when it is missing or not JSON)."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read().decode("utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{what}: {path} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{what}: {path} is a directory, expected a JSON file") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{what}: {path} is not valid JSON (not UTF-8 text: {e.reason} at byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{what}: {path} is not valid JSON ({e.msg} at line {e.lineno})") from None
+    except RecursionError:
+        raise ConfigError(f"{what}: {path} is not a usable JSON document (nested too deeply)") from None
+
+
 def parse_rope(d: dict) -> tuple[float, dict | None]:
-    """(rope_theta, normalised YaRN dict or None) from an HF config dict, in either form (module docstring)."""
+    """(rope_theta, normalised YaRN dict or None) from an HF config dict, in either form (module docstring).
+    ConfigError naming the field when a rope field has the wrong type or is not finite; ``check_yarn`` checks the
+    YaRN values' ranges."""
+    def number(field, v, positive=True):
+        if not _is_num(v) or not math.isfinite(v) or (positive and v <= 0):
+            raise ConfigError(f"{field}: got {_short(v)}, expected a finite {'positive ' if positive else ''}number")
+        return float(v)
+
     rp = d.get("rope_parameters")
     rs = d.get("rope_scaling")
-    if isinstance(rp, dict) and rp:
-        params = dict(rp)
+    for field, v in (("rope_parameters", rp), ("rope_scaling", rs)):
+        if v is not None and not isinstance(v, dict):
+            raise ConfigError(f"{field}: got {_short(v)}, expected an object or null")
+    if rp:
+        params, field = dict(rp), "rope_parameters"
         theta = params.get("rope_theta", d.get("rope_theta", 10000.0))
-        kind = params.get("rope_type", params.get("type", "default"))
-    elif isinstance(rs, dict) and rs:
-        params = dict(rs)
+    elif rs:
+        params, field = dict(rs), "rope_scaling"
         theta = d.get("rope_theta", 10000.0)
-        kind = params.get("rope_type", params.get("type", "default"))
     else:
-        return float(d.get("rope_theta", 10000.0)), None
+        return number("rope_theta", d.get("rope_theta", 10000.0)), None
+    theta = number("rope_theta", theta)
+    kind = params.get("rope_type", params.get("type", "default"))
     if kind == "default":
-        return float(theta), None
+        return theta, None
     if kind != "yarn":
-        raise ConfigError(f"rope_scaling.type: got {kind!r}, expected 'yarn' or none (plain RoPE)")
+        raise ConfigError(f"rope_scaling.type: got {_short(kind)}, expected 'yarn' or none (plain RoPE)")
     orig = params.get("original_max_position_embeddings", d.get("max_position_embeddings", 4096))
+    if not _is_int(orig) or not 0 < orig <= MAX_POSITION:
+        raise ConfigError(f"{field}.original_max_position_embeddings: got {_short(orig)}, expected a positive "
+                          f"integer <= {MAX_POSITION}")
     factor = params.get("factor")
     if factor is None:
-        factor = d.get("max_position_embeddings", 4096) / orig
+        mpe = d.get("max_position_embeddings", 4096)
+        if not _is_int(mpe) or mpe <= 0:
+            raise ConfigError(f"max_position_embeddings: got {_short(mpe)}, expected a positive integer (the YaRN "
+                              f"factor is derived from it)")
+        factor = mpe / orig
     out = {
-        "factor": float(factor),
-        "original_max_position_embeddings": int(orig),
-        "beta_fast": float(params.get("beta_fast") or 32.0),
-        "beta_slow": float(params.get("beta_slow") or 1.0),
+        "factor": number(f"{field}.factor", factor, positive=False),
+        "original_max_position_embeddings": orig,
+        "beta_fast": number(f"{field}.beta_fast", params.get("beta_fast") or 32.0, positive=False),
+        "beta_slow": number(f"{field}.beta_slow", params.get("beta_slow") or 1.0, positive=False),
         "mscale": params.get("mscale"),
         "mscale_all_dim": params.get("mscale_all_dim"),
-        "truncate": bool(params.get("truncate", True)),
+        "truncate": params.get("truncate", True),
         "attention_factor": params.get("attention_factor"),
     }
-    if not math.isfinite(out["factor"]):
-        raise ConfigError(f"rope_scaling.factor: got {factor!r}, expected a finite number")
-    return float(theta), out
+    for k in ("mscale", "mscale_all_dim"):
+        if out[k] is not None:
+            out[k] = number(f"{field}.{k}", out[k], positive=False)
+    if out["attention_factor"] is not None:
+        out["attention_factor"] = number(f"{field}.attention_factor", out["attention_factor"], positive=False)
+    if not isinstance(out["truncate"], bool):
+        raise ConfigError(f"{field}.truncate: got {_short(out['truncate'])}, expected true or false")
+    return theta, out           # the values' ranges: check_yarn (TargetConfig.validate, DFlashConfig.from_dict)

@@ -15,6 +15,23 @@ from ..kernels.tree_build import Tree
 STAGES = ("draft", "build", "verify", "accept", "compact")
 
 
+class TraceError(ValueError):
+    """A saved trace is not valid JSON, misses a field, or holds a value it cannot (e.g. a parent out of range)."""
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _short(v, limit: int = 80) -> str:
+    r = repr(v)
+    return r if len(r) <= limit else r[:limit - 3] + "..."
+
+
 @dataclasses.dataclass
 class RoundTrace:
     """One DDTree round.
@@ -22,7 +39,8 @@ class RoundTrace:
     start: committed tokens before the round (the root sits at position ``start``); root: the root token;
     tree: the draft tree (pop order); accepted: accepted node indices, root (0) first, ascending;
     bonus: the target's token after the last accepted node; draft_probs[d-1]: the draft's probability of the token
-    the target chose at depth d = 1 .. len(accepted) (NaN when that token was outside the drafter's top-K);
+    the target chose at depth d = 1 .. min(len(accepted), the draft's depth) (NaN when that token was outside the
+    drafter's top-K);
     times: milliseconds per stage (draft / build / verify / accept / compact)."""
     start: int
     root: int
@@ -48,12 +66,68 @@ class RoundTrace:
                 "draft_probs": [None if math.isnan(p) else p for p in self.draft_probs], "times": self.times}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "RoundTrace":
-        tree = Tree(np.array(d["tokens"], np.int32), np.array(d["depths"], np.int32),
-                    np.array(d["parents"], np.int32), np.array(d["logw"], np.float64))
-        return cls(int(d["start"]), int(d["root"]), tree, [int(x) for x in d["accepted"]], int(d["bonus"]),
-                   [float("nan") if p is None else float(p) for p in d["draft_probs"]],
-                   {k: float(v) for k, v in d["times"].items()})
+    def from_dict(cls, d: dict, where: str = "round") -> "RoundTrace":
+        """A round from its ``to_dict`` form, checked (``TraceError`` naming ``where``, the field and the value):
+        the tree is in pop order (each node's parent an earlier node, its depth the parent's + 1) and the accepted
+        nodes are a root-first path of it."""
+        def bad(field, value, expected):
+            return TraceError(f"{where}.{field}: got {_short(value)}, expected {expected}")
+
+        if not isinstance(d, dict):
+            raise TraceError(f"{where}: got {_short(d)}, expected an object")
+        for field in ("start", "root", "tokens", "depths", "parents", "logw", "accepted", "bonus", "draft_probs",
+                      "times"):
+            if field not in d:
+                raise TraceError(f"{where}: no {field} field, expected start, root, tokens, depths, parents, logw, "
+                                 f"accepted, bonus, draft_probs and times")
+        start, root, bonus = d["start"], d["root"], d["bonus"]
+        for field, v in (("start", start), ("root", root), ("bonus", bonus)):
+            if not (_is_int(v) and 0 <= v < 2 ** 31):
+                raise bad(field, v, "a non-negative integer (int32)")
+        tokens, depths, parents = d["tokens"], d["depths"], d["parents"]
+        for field, v in (("tokens", tokens), ("depths", depths), ("parents", parents)):
+            if not (isinstance(v, list) and all(_is_int(x) and -1 <= x < 2 ** 31 for x in v)):
+                raise bad(field, v, "a list of integers")
+        n = len(tokens)
+        if any(t < 0 for t in tokens):
+            raise bad("tokens", tokens, "token ids >= 0")
+        if len(depths) != n or len(parents) != n + 1:
+            raise bad("parents", parents, f"{n + 1} entries and depths {n} (one per node of the {n} tokens, "
+                                          f"parents with the root's first)")
+        if parents[0] != -1:
+            raise bad("parents[0]", parents[0], "-1 (the root has no parent)")
+        for i in range(1, n + 1):
+            p = parents[i]
+            if not 0 <= p < i:
+                raise bad(f"parents[{i}]", p, f"an earlier node in [0, {i}) (pop order)")
+            if depths[i - 1] != (depths[p - 1] if p else 0) + 1:
+                raise bad(f"depths[{i - 1}]", depths[i - 1], f"{(depths[p - 1] if p else 0) + 1} (its parent's + 1)")
+        logw = d["logw"]
+        if not (isinstance(logw, list) and len(logw) == n and all(_is_num(x) for x in logw)):
+            raise bad("logw", logw, f"a list of {n} numbers")
+        acc = d["accepted"]
+        if not (isinstance(acc, list) and acc and all(_is_int(x) for x in acc)):
+            raise bad("accepted", acc, "a non-empty list of node indices")
+        if acc[0] != 0:
+            raise bad("accepted[0]", acc[0], "0 (the root)")
+        for j in range(1, len(acc)):
+            if not 0 < acc[j] <= n:
+                raise bad(f"accepted[{j}]", acc[j], f"a node index in [1, {n}]")
+            if parents[acc[j]] != acc[j - 1]:
+                raise bad(f"accepted[{j}]", acc[j], f"a child of node {acc[j - 1]} (the accepted nodes form a "
+                                                    f"path from the root)")
+        probs = d["draft_probs"]
+        if not (isinstance(probs, list) and len(acc) - 1 <= len(probs) <= len(acc)
+                and all(p is None or _is_num(p) for p in probs)):
+            raise bad("draft_probs", probs, f"a list of {len(acc) - 1} or {len(acc)} numbers or nulls (one per "
+                                            f"committed depth; none past the draft's depth)")
+        times = d["times"]
+        if not (isinstance(times, dict) and all(_is_num(v) for v in times.values())):
+            raise bad("times", times, "an object of milliseconds per stage")
+        tree = Tree(np.array(tokens, np.int32), np.array(depths, np.int32), np.array(parents, np.int32),
+                    np.array(logw, np.float64))
+        return cls(start, root, tree, list(acc), bonus, [float("nan") if p is None else float(p) for p in probs],
+                   {k: float(v) for k, v in times.items()})
 
 
 @dataclasses.dataclass
@@ -95,14 +169,46 @@ class Generation:
 
     @classmethod
     def from_json(cls, text_or_path: str) -> "Generation":
+        """A generation from ``to_json``'s text or a file holding it; every field is checked (``TraceError``, a
+        ValueError, naming the file, the round and field, the value and what was expected)."""
         text = text_or_path
+        where = "trace"
         if not text_or_path.lstrip().startswith("{"):
-            with open(text_or_path) as f:
-                text = f.read()
+            where = f"trace {text_or_path}"
+            with open(text_or_path, "rb") as f:
+                raw = f.read()
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise TraceError(f"{where}: not a kdtree_numba trace (byte {e.start} is not UTF-8 text)") from None
         try:
             d = json.loads(text)
-            return cls([int(x) for x in d["prompt"]], [int(x) for x in d["tokens"]],
-                       [RoundTrace.from_dict(r) for r in d["rounds"]], int(d["target_forwards"]),
-                       float(d["seconds"]), dict(d.get("settings", {})))
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"trace: not a kdtree_numba trace ({type(e).__name__}: {e})") from None
+        except json.JSONDecodeError as e:
+            raise TraceError(f"{where}: not a kdtree_numba trace (not JSON: {e.msg} at line {e.lineno})") from None
+        except RecursionError:
+            raise TraceError(f"{where}: not a kdtree_numba trace (JSON nested too deeply)") from None
+        if not isinstance(d, dict):
+            raise TraceError(f"{where}: got a JSON {type(d).__name__}, expected an object (a kdtree_numba trace)")
+
+        def bad(field, value, expected):
+            return TraceError(f"{where}: {field}: got {_short(value)}, expected {expected}")
+
+        for field in ("prompt", "tokens", "rounds", "target_forwards", "seconds"):
+            if field not in d:
+                raise TraceError(f"{where}: no {field} field, expected prompt, tokens, rounds, target_forwards and "
+                                 f"seconds (not a kdtree_numba trace?)")
+        for field in ("prompt", "tokens"):
+            if not (isinstance(d[field], list) and all(_is_int(x) and 0 <= x < 2 ** 31 for x in d[field])):
+                raise bad(field, d[field], "a list of token ids")
+        if not (_is_int(d["target_forwards"]) and d["target_forwards"] >= 0):
+            raise bad("target_forwards", d["target_forwards"], "an integer >= 0")
+        if not _is_num(d["seconds"]):
+            raise bad("seconds", d["seconds"], "a number")
+        settings = d.get("settings", {})
+        if not isinstance(settings, dict):
+            raise bad("settings", settings, "an object")
+        if not isinstance(d["rounds"], list):
+            raise bad("rounds", d["rounds"], "a list of rounds")
+        rounds = [RoundTrace.from_dict(r, f"{where}: rounds[{i}]") for i, r in enumerate(d["rounds"])]
+        return cls(list(d["prompt"]), list(d["tokens"]), rounds, d["target_forwards"], float(d["seconds"]),
+                   dict(settings))

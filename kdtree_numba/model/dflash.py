@@ -35,7 +35,7 @@ import os
 import numpy as np
 
 from .. import backend
-from ..config import ConfigError, parse_rope, rope_tables
+from ..config import ConfigError, check_yarn, parse_rope, rope_tables
 from ..kernels import _checks, block_attention, embedding, gemm, rmsnorm, rope, swiglu
 from . import checkpoint
 from .drafters import Drafter
@@ -78,7 +78,7 @@ class DFlashConfig:
         if not isinstance(raw, dict):
             raise ConfigError(f"{source}: expected a JSON object, got {type(raw).__name__}")
         archs = raw.get("architectures") or []
-        if raw.get("model_type") != "qwen3" or "DFlashDraftModel" not in archs:
+        if raw.get("model_type") != "qwen3" or not isinstance(archs, list) or "DFlashDraftModel" not in archs:
             raise ConfigError(f"{source}: model_type {raw.get('model_type')!r} / architectures {archs!r}, expected "
                               f"'qwen3' / ['DFlashDraftModel'] (a DFlash drafter)")
 
@@ -118,13 +118,19 @@ class DFlashConfig:
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
             raise ConfigError(f"{source}: rms_norm_eps: got {eps!r}, expected a number in (0, 1)")
         d["rms_norm_eps"] = float(eps)
-        d["rope_theta"], d["rope_scaling"] = parse_rope({"rope_theta": 1e6, **raw})
-        if not d["rope_theta"] > 0:
-            raise ConfigError(f"{source}: rope_theta: got {d['rope_theta']!r}, expected a positive number")
+        try:
+            d["rope_theta"], d["rope_scaling"] = parse_rope({"rope_theta": 1e6, **raw})
+        except ConfigError as e:
+            raise ConfigError(f"{source}: {e}") from None
         ys = d["rope_scaling"]
         if ys is not None and not (ys["factor"] > 0 and ys["original_max_position_embeddings"] > 0):
             raise ConfigError(f"{source}: rope_scaling: factor {ys['factor']!r} and original_max_position_embeddings "
                               f"{ys['original_max_position_embeddings']!r} must be positive")
+        if ys is not None:
+            try:
+                check_yarn(ys, d["rope_theta"])
+            except ConfigError as e:
+                raise ConfigError(f"{source}: {e}") from None
         d["max_position_embeddings"] = need_int("max_position_embeddings", raw.get("max_position_embeddings", 40960))
         return cls(**d)
 
@@ -212,6 +218,11 @@ class DFlashDrafter(Drafter):
     @classmethod
     def from_state_dict(cls, config: DFlashConfig, target, state: dict[str, np.ndarray]) -> "DFlashDrafter":
         """Check every key and shape (CheckpointError naming the key) and build."""
+        if 3 + 11 * config.num_hidden_layers > len(state):    # a config claiming 2**62 layers: name one missing
+            for i in range(config.num_hidden_layers):          # (found within len(state) + 1 steps)
+                if f"layers.{i}.self_attn.q_proj.weight" not in state:
+                    raise checkpoint.CheckpointError(f"layers.{i}.self_attn.q_proj.weight: missing from the drafter "
+                                                     f"checkpoint")
         want = expected_shapes(config)
         for key in sorted(state):
             if key not in want:
@@ -242,13 +253,15 @@ class DFlashDrafter(Drafter):
         return sd
 
     def save(self, path: str) -> None:
-        """Write ``config.json`` + ``model.safetensors`` (fp32) in the z-lab layout."""
-        os.makedirs(path, exist_ok=True)
-        checkpoint.save_safetensors(os.path.join(path, "model.safetensors"), self.state_dict())
-        tmp = os.path.join(path, "config.json.partial")
-        with open(tmp, "w") as f:
-            json.dump(self.config.to_dict(), f, indent=2)
-        os.replace(tmp, os.path.join(path, "config.json"))
+        """Write ``config.json`` + ``model.safetensors`` (fp32) in the z-lab layout, atomically
+        (checkpoint.save_dir: all or nothing; a stale weight index and its shards are replaced, other files kept)."""
+        state, cfg = self.state_dict(), self.config.to_dict()
+
+        def write(staging):
+            checkpoint.save_safetensors(os.path.join(staging, checkpoint.WEIGHTS_NAME), state)
+            checkpoint.write_json(os.path.join(staging, checkpoint.CONFIG_NAME), cfg)
+
+        checkpoint.save_dir(os.fspath(path), write)
 
     # ------------------------------------------------------------------------------------------ the draft cache
     def reset(self) -> None:
@@ -337,6 +350,10 @@ def read_config(path: str) -> DFlashConfig:
         raise checkpoint.CheckpointError(f"path: {path} has no config.json") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{cfile}: not valid JSON ({e})") from None
+    except IsADirectoryError:
+        raise checkpoint.CheckpointError(f"{cfile}: a directory, expected the drafter's config.json") from None
+    except RecursionError:
+        raise ConfigError(f"{cfile}: not a usable JSON document (nested too deeply)") from None
     return DFlashConfig.from_dict(raw, source=cfile)
 
 

@@ -73,9 +73,14 @@ class Target:
     @classmethod
     def from_state_dict(cls, config: TargetConfig, state: dict[str, np.ndarray]) -> "Target":
         """Build from HF-layout float32 tensors (keys as in checkpoint.expected_shapes): permute rope rows,
-        fuse gate/up, stack experts, split kv_b into W_UK / W_UV, and move everything to the backend."""
+        fuse gate/up, stack experts, split kv_b into W_UK / W_UV, and move everything to the backend. The target
+        holds copies: changing ``state`` afterwards does not change the model."""
         cfg = config.validate()
         shapes = checkpoint.expected_shapes(cfg)
+        for key in sorted(state):
+            if key not in shapes:
+                raise checkpoint.CheckpointError(f"{key}: unexpected tensor for this config (a weight the model "
+                                                 f"would not use)")
         for key, shape in shapes.items():
             if key not in state:
                 raise checkpoint.CheckpointError(f"{key}: missing from the state dict")
@@ -84,7 +89,7 @@ class Target:
         N, P, R, Vd, Lkv = (cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim,
                             cfg.kv_lora_rank)
         dev = backend.asarray
-        f32 = functools.partial(np.asarray, dtype=np.float32)
+        f32 = functools.partial(np.array, dtype=np.float32)          # a copy: the target never aliases ``state``
 
         def rope_rows(w, starts):
             return rope.permute_rope_rows(w, starts, R) if cfg.rope_interleave else w
@@ -135,11 +140,14 @@ class Target:
 
     @_on_backend
     def state_dict(self) -> dict[str, np.ndarray]:
-        """The HF-layout tensors (raw interleaved rope rows), float32 on the host."""
+        """The HF-layout tensors (raw interleaved rope rows), float32 host copies: changing them does not change
+        the model."""
         cfg = self.config
         N, P, R, Vd, Lkv = (cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim,
                             cfg.kv_lora_rank)
-        h = backend.to_host
+
+        def h(a):                      # a device array comes back as a fresh host array; a host one is copied
+            return backend.to_host(a) if backend.is_device(a) else np.array(a, dtype=np.float32)
 
         def raw_rows(w, starts):
             return rope.permute_rope_rows(w, starts, R, inverse=True) if cfg.rope_interleave else w
@@ -188,10 +196,12 @@ class Target:
 
     def save(self, path: str) -> None:
         """Write an HF directory (config.json + model.safetensors, fp32, + tokenizer.json when the target has a
-        tokenizer) that transformers can load."""
-        checkpoint.save_state_dict(str(path), self.config, self.state_dict())
-        if self.tokenizer is not None:
-            self.tokenizer.save(os.path.join(str(path), "tokenizer.json"))
+        tokenizer) that transformers can load. Atomic (checkpoint.save_dir): all files or none; a failed save
+        leaves an existing checkpoint as it was; a stale weight index and its shards are replaced, other files
+        kept."""
+        tok = self.tokenizer
+        extra = None if tok is None else (lambda staging: tok.save(os.path.join(staging, "tokenizer.json")))
+        checkpoint.save_state_dict(os.fspath(path), self.config, self.state_dict(), extra=extra)
 
     def with_backend(self, name: str) -> "Target":
         """The same model on another host backend ("sim" <-> "numpy"), sharing the weight arrays (no copy).
