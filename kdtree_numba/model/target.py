@@ -13,9 +13,11 @@ MLA, absorbed (per token x after input_layernorm; P nope, R rope, Vd value dims,
 Rope rows of q_b/q_proj and kv_a are permuted once at load (interleaved -> NeoX, kernels/rope.py), so the NeoX
 kernel reproduces the checkpoint's interleaved RoPE; ``save`` undoes it.
 
-MoE runs only the experts a token was routed to: the T*k assignments are sorted by expert, gathered once, and each
-expert with work runs two GEMMs on its contiguous slice (the expert counts are read on the host once per MoE
-layer to size the slices - the one host sync of a forward).
+MoE runs only the experts a token was routed to: the T*k assignments are sorted by expert, gathered once, and two
+grouped GEMMs (kernels/moe_grouped_gemm.py) run every expert on its contiguous slice, each in one launch whose grid
+is sized from shapes alone: the expert counts stay on the device, and a decode step or a tree verify needs no
+host read (so it can be captured as a CUDA graph). A prefill chunk of more than 2048 assignments reads the counts
+once per layer and runs one cuBLAS GEMM per expert, which is faster there (moe_grouped_gemm.CUBLAS_ROWS).
 
 A target lives on the backend it was built on (``self.backend``); its methods run there whatever
 ``backend.use`` says.
@@ -30,7 +32,8 @@ import numpy as np
 
 from .. import backend
 from ..config import TargetConfig
-from ..kernels import embedding, gemm, mla_attention, moe_routing, rmsnorm, rope, swiglu, tree_verify
+from ..kernels import (embedding, gemm, mla_attention, moe_grouped_gemm, moe_routing, rmsnorm, rope, swiglu,
+                        tree_verify)
 from . import checkpoint
 from .kv_cache import LatentCache
 
@@ -292,16 +295,14 @@ class Target:
                                    cfg.norm_topk_prob, cfg.routed_scaling_factor)     # [T, k] each
         counts, offsets, order, slot = moe_routing.group_by_expert(idx, cfg.n_routed_experts)
         xs = backend.xp.take(h, order // k, axis=0)                                   # [T*k, H] expert-major
-        off = backend.to_host(offsets)                                                # the host sync
-        active = np.flatnonzero(np.diff(off))
-        inter = L["experts_gu"].shape[1] // 2
-        gu = backend.empty((xs.shape[0], 2 * inter), np.float32)                      # [T*k, 2I]
-        for e in active:
-            gemm.linear(xs[off[e]:off[e + 1]], L["experts_gu"][e], out=gu[off[e]:off[e + 1]])
+        # offsets stay on the device: each grouped GEMM finds its experts' rows there (no host sync). On the
+        # simulator the GEMMs run in NumPy, like gemm.linear's (the kernel is tested on its own at tiny shapes).
+        tiles = moe_grouped_gemm.tile_table(offsets, sim_kernel=False)                # [E+1] row tiles per expert
+        gu = moe_grouped_gemm.grouped_linear(xs, L["experts_gu"], offsets, tiles=tiles,
+                                             sim_kernel=False)                        # [T*k, 2I]
         act = swiglu.swiglu(gu)                                                       # [T*k, I]
-        ys = backend.empty((xs.shape[0], h.shape[1]), np.float32)                     # [T*k, H]
-        for e in active:
-            gemm.linear(act[off[e]:off[e + 1]], L["experts_down"][e], out=ys[off[e]:off[e + 1]])
+        ys = moe_grouped_gemm.grouped_linear(act, L["experts_down"], offsets, tiles=tiles,
+                                             sim_kernel=False)                        # [T*k, H]
         out = self._mlp(L["shared_gu"], L["shared_down"], h) if "shared_gu" in L else None
         return moe_routing.combine(ys, w, slot, out=out)                              # [T, H]
 
