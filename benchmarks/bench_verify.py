@@ -17,7 +17,7 @@ from _common import args, kd, median_ms, save, table, torch_median_ms
 
 a = args(__doc__)
 xp = kd.backend.xp
-from kdtree_numba.kernels import tree_verify  # noqa: E402
+from kdtree_numba.kernels import tree, tree_verify  # noqa: E402
 
 try:
     import torch
@@ -42,7 +42,7 @@ rng = np.random.default_rng(0)
 for S in contexts:
     for n in nodes:
         parents = random_tree(n, rng)
-        paths, depth = tree_verify.ancestor_paths(parents)
+        paths, depth = tree.ancestor_paths(parents)
         paths_d, depth_d = xp.asarray(paths), xp.asarray(depth)
         cache = xp.asarray(rng.standard_normal((S + n + 1, D), dtype=np.float32))
         visible = np.zeros((n + 1, S + n + 1), bool)

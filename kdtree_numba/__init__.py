@@ -4,7 +4,8 @@ from . import backend
 from .config import ConfigError, TargetConfig
 from .decode.generate import generate
 from .decode.trace import Generation, RoundTrace
-from .kernels.tree_build import Tree, build_tree, build_trees
+from .kernels.tree import Tree
+from .kernels.tree_build import build_tree, build_trees
 from .model.checkpoint import CheckpointError
 from .model.dflash import DFlashConfig, DFlashDrafter, load_drafter
 from .model.drafters import Drafter, OracleDrafter, RandomDrafter

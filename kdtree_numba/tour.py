@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import backend
-from .kernels import (embedding, gemm, kv_compaction, logprobs, mla_attention, moe_routing, rmsnorm, rope, swiglu,
-                      tree_accept, tree_build, tree_verify)
+from .kernels import (embedding, gemm, kv_compaction, logprobs, mla_attention, moe_routing, rmsnorm, rope, sampling,
+                      swiglu, tree, tree_accept, tree_build, tree_verify)
 
 
 def _cases(rng):
@@ -36,7 +36,7 @@ def _cases(rng):
     yield "mla attention", "3 tokens x 5 heads, 9 rows", H(mla_attention.mla_attention(qa, cache, 6, 0.3, 9)), \
         mla_attention.mla_attention_ref(qa, cache, 6, 0.3, 9)
     parents = np.array([-1, 0, 0, 1, 3, 1])
-    paths, depth = tree_verify.ancestor_paths(parents)
+    paths, depth = tree.ancestor_paths(parents)
     qt = f32(6, 3, 11)
     cache = f32(14, 11)
     yield "tree verify", "6 tree tokens, start 5", \
@@ -47,15 +47,15 @@ def _cases(rng):
     rlp, rtid = logprobs.topk_logprobs_ref(dl, 6)
     yield "top-k logprobs (ids)", "3x40 k=6", H(tid), rtid
     yield "top-k logprobs (values)", "3x40 k=6", H(lp), rlp
-    yield "choose tokens (T=0.8)", "4x40", H(logprobs.choose_tokens(dl[:2].repeat(2, 0), 0.8, 3, 1)), \
-        logprobs.choose_tokens_ref(dl[:2].repeat(2, 0), 0.8, 3, 1)
+    yield "choose tokens (T=0.8)", "4x40", H(sampling.choose_tokens(dl[:2].repeat(2, 0), 0.8, 3, 1)), \
+        sampling.choose_tokens_ref(dl[:2].repeat(2, 0), 0.8, 3, 1)
     t = tree_build.build_tree(H(lp), H(tid), 10)
-    r = tree_build.build_tree_ref(rlp, rtid, 10)
+    r = tree_build.build_tree_ref(H(lp), H(tid), 10)     # the same inputs: the build is exact, the top-K ulp-close
     yield "tree build", "L=3 K=6 budget 10", np.concatenate([t.parents, t.tokens, t.logw.view(np.int64)]), \
         np.concatenate([r.parents, r.tokens, r.logw.view(np.int64)])
     vl = f32(t.n + 1, 40)
     got = tree_accept.accept(vl, t.tokens, t.parents[1:], t.n)
-    want = tree_accept.walk_ref(logprobs.choose_tokens_ref(vl, 0.0), t.tokens, t.parents[1:], t.n)
+    want = tree_accept.walk_ref(sampling.choose_tokens_ref(vl, 0.0), t.tokens, t.parents[1:], t.n)
     yield "tree accept", f"{t.n} nodes", np.array(got[0] + [got[1]]), np.array(want[0] + [want[1]])
     kv = f32(3, 20, 33)
     want_kv = kv.copy()

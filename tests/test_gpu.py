@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import kdtree_numba as kd
-from kdtree_numba.kernels import (kv_compaction, logprobs, mla_attention, moe_routing, rmsnorm, rope, swiglu,
+from kdtree_numba.kernels import (kv_compaction, logprobs, mla_attention, moe_routing, rmsnorm, rope, swiglu, tree,
                                   tree_build, tree_verify)
 
 from .helpers import poisoned, softmax_logprobs
@@ -61,7 +61,7 @@ def test_attention_large_and_split():
     np.testing.assert_allclose(got, mla_attention.mla_attention_ref(q, cache, 4090, 0.1307, 512), rtol=1e-4,
                                atol=1e-4)
     parents = np.concatenate([[-1], rng.integers(0, np.arange(1, 200))])
-    paths, depth = tree_verify.ancestor_paths(parents)
+    paths, depth = tree.ancestor_paths(parents)
     qt = rng.standard_normal((200, 16, 576)).astype(np.float32)
     got = H(tree_verify.tree_attention(qt, cache, 1000, paths.astype(np.int32), depth, 0.13, 512))
     np.testing.assert_allclose(got, tree_verify.tree_attention_ref(qt, cache, 1000, parents, 0.13, 512), rtol=1e-4,

@@ -34,7 +34,7 @@ from _common import (banner, check, check_true, finish, heldout_prompts, host, l
                      save_figure, section, show_text, stopwatch, table, token_texts)
 
 import kdtree_numba as kd
-from kdtree_numba.kernels import logprobs, tree_build
+from kdtree_numba.kernels import logprobs, topk_block as tb, topk_split as ts, tree_build
 
 args = parse_args(__doc__)
 banner("Tutorial 08 - draft distributions and the best-first tree", args)
@@ -91,7 +91,10 @@ check("plain NumPy == topk_logprobs_ref: ids", ids_ref, ids_plain.astype(np.int3
 check("plain NumPy == topk_logprobs_ref: log-probs", lp_ref, lp_plain, atol=1e-6, rtol=1e-6)
 
 # %% [markdown]
-# ## The kernel: `kernels/logprobs.py::_topk_kernel`
+# ## The kernel: `kernels/topk_block.py::_topk_kernel`
+#
+# `logprobs.topk_logprobs` runs one of two top-K kernels, by row length; the pieces both share (the packed key, the
+# fold, the histogram threshold, the sort) are in `kernels/topk_common.py`.
 #
 # Thread mapping: **one block per row** (a depth), 512 threads on a GPU (`MAX_THREADS`; 32 on the simulator).
 # Every (value, index) is packed into one 64-bit number `order_key << 32 | ~index` (the float's bits flipped so
@@ -109,25 +112,26 @@ check("plain NumPy == topk_logprobs_ref: log-probs", lp_ref, lp_plain, atol=1e-6
 # * Long runs of equal values can overflow the 4096-entry candidate buffer: then each thread's 4 largest
 #   composites are bitonic-sorted, and failing that a radix search finds the exact threshold key (ties broken by
 #   an ordered scan, lowest ids first).
-# * Only **large vocabularies, V >= 2 x 16384 = 32768** (`SPLIT_CHUNK`), split a row over several blocks, so that
-#   a single request's 15 rows still fill the GPU: one block of 512 threads per **16384-column chunk**, staged in
-#   64 KB of dynamic shared memory, finds its own bound t (<= its K-th largest) from the thread tops and lists the
-#   elements >= t; a per-row select kernel sorts what survives the largest t. The logits are read once. The
-#   trained pair's 4096-token rows take the one-block path; `--size large` (V = 163840) the split one.
+# * Only **large vocabularies, V >= 2 x 16384 = 32768** (`SPLIT_CHUNK`), split a row over several blocks
+#   (`kernels/topk_split.py`), so that a single request's 15 rows still fill the GPU: one block of 512 threads
+#   per **16384-column chunk**, staged in 64 KB of dynamic shared memory, finds its own bound t (<= its K-th
+#   largest) from the thread tops and lists the elements >= t; a per-row select kernel sorts what survives the
+#   largest t. The logits are read once. The trained pair's 4096-token rows take the one-block path;
+#   `--size large` (V = 163840) the split one.
 
 # %%
 section("top-K log-probs: kernel vs reference")
-check_true("the constants the text describes", (logprobs.MAX_THREADS, logprobs.SPLIT_CHUNK, logprobs.NBINS,
-                                                logprobs.RANK_SORT, logprobs.CAP) == (512, 16384, 2048, 1024, 4096),
-           f"MAX_THREADS {logprobs.MAX_THREADS}, SPLIT_CHUNK {logprobs.SPLIT_CHUNK} (split at V >= "
-           f"{2 * logprobs.SPLIT_CHUNK}), NBINS {logprobs.NBINS}, RANK_SORT {logprobs.RANK_SORT}, CAP {logprobs.CAP}")
+check_true("the constants the text describes", (tb.MAX_THREADS, ts.SPLIT_CHUNK, tb.NBINS, tb.RANK_SORT, tb.CAP)
+           == (512, 16384, 2048, 1024, 4096),
+           f"MAX_THREADS {tb.MAX_THREADS}, SPLIT_CHUNK {ts.SPLIT_CHUNK} (split at V >= {2 * ts.SPLIT_CHUNK}), "
+           f"NBINS {tb.NBINS}, RANK_SORT {tb.RANK_SORT}, CAP {tb.CAP}")
 # on the simulator three rows (depths 1, 2 and 15) are plenty: every row is its own block
 rows_k = [0, 1, L - 1] if PROC == "sim" else list(range(L))
-split = V >= 2 * logprobs.SPLIT_CHUNK
+split = V >= 2 * ts.SPLIT_CHUNK
 with stopwatch() as t:
     lp_k, ids_k = logprobs.topk_logprobs(np.ascontiguousarray(draft[rows_k]), K)
-how = (f"split: {-(-V // logprobs.SPLIT_CHUNK)} chunks x {len(rows_k)} rows" if split else
-       f"_topk_kernel[grid={len(rows_k)}, block={kd.backend.block_size(logprobs.MAX_THREADS, 32)}]")
+how = (f"split: {-(-V // ts.SPLIT_CHUNK)} chunks x {len(rows_k)} rows" if split else
+       f"_topk_kernel[grid={len(rows_k)}, block={kd.backend.block_size(tb.MAX_THREADS, 32)}]")
 print(f"{how} on [{len(rows_k)}, {V}], K={K}: {t.ms:.1f} ms"
       + ("  (rows of depths 1, 2, 15 on the simulator)" if PROC == "sim" else ""))
 check("topk_logprobs kernel vs reference: ids (exact)", host(ids_k), ids_ref[rows_k])

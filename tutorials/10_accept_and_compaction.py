@@ -32,7 +32,7 @@ from _common import (banner, check, check_true, finish, heldout_prompts, host, l
                      save_figure, section, stopwatch, table)
 
 import kdtree_numba as kd
-from kdtree_numba.kernels import kv_compaction, logprobs, tree_accept
+from kdtree_numba.kernels import kv_compaction, sampling, tree_accept
 from kdtree_numba.model.target import TreeInput
 
 args = parse_args(__doc__)
@@ -59,7 +59,7 @@ n = len(tokens)
 favourite = np.array([7, 4, 8, 0, 1, 3, 11])               # per node (rows 1, 3, 4: anything not a child's token)
 logits = Rng.standard_normal((n + 1, V)).astype(np.float32)
 logits[np.arange(n + 1), favourite] += 6.0
-chosen_ref = logprobs.choose_tokens_ref(logits, 0.0)
+chosen_ref = sampling.choose_tokens_ref(logits, 0.0)
 table([(i, int(parents[i]), "-" if i == 0 else int(tokens[i - 1]), int(chosen_ref[i]),
         [int(tokens[j - 1]) for j in range(1, n + 1) if parents[j] == i]) for i in range(n + 1)],
       ("node", "parent", "token", "target's argmax", "children's tokens"))
@@ -78,7 +78,7 @@ check("walk_ref bonus == 11", np.array([bonus_ref]), np.array([11]))
 # %% [markdown]
 # ## The kernels
 #
-# * `logprobs._choose_kernel` - **one block per node row**: threads stride over the vocabulary keeping their best
+# * `sampling._choose_kernel` - **one block per node row**: threads stride over the vocabulary keeping their best
 #   (value, index) - at T > 0 the value is `logit / T + Gumbel(u)`, u from the counter-based generator
 #   Philox4x32-10 keyed by (seed, stream, row, token) - then a shared-memory arg-max reduction (lower index on
 #   ties). A counter-based generator needs no RNG state, so a run is reproducible from its seed and the reference
@@ -95,7 +95,7 @@ section("greedy accept: kernels vs reference")
 with stopwatch() as t:
     path_k, bonus_k = tree_accept.accept(logits, tokens, parents[1:], n)
 print(f"accept (choose + walk kernels): accepted {path_k}, bonus {bonus_k}  ({t.ms:.0f} ms)")
-check("choose_tokens kernel (T=0) vs choose_tokens_ref", logprobs.choose_tokens(logits, 0.0), chosen_ref)
+check("choose_tokens kernel (T=0) vs choose_tokens_ref", sampling.choose_tokens(logits, 0.0), chosen_ref)
 check("accept kernel path vs walk_ref", np.array(path_k), np.array(path_ref))
 check("accept kernel bonus vs walk_ref", np.array([bonus_k]), np.array([bonus_ref]))
 
@@ -114,7 +114,7 @@ rows = []
 for seed in range(4 if not LARGE else 12):
     a1 = tree_accept.accept(soft, tokens, parents[1:], n, temperature=T_, seed=seed, stream=1)
     a2 = tree_accept.accept(soft, tokens, parents[1:], n, temperature=T_, seed=seed, stream=1)
-    ch = logprobs.choose_tokens_ref(soft, T_, seed, 1)
+    ch = sampling.choose_tokens_ref(soft, T_, seed, 1)
     pr, br = tree_accept.walk_ref(ch, tokens, parents[1:], n)
     check(f"seed {seed}: same seed -> same result", np.array(a1[0] + [a1[1]]), np.array(a2[0] + [a2[1]]))
     check(f"seed {seed}: kernel == reference sampler + walk_ref", np.array(a1[0] + [a1[1]]), np.array(pr + [br]))
@@ -144,12 +144,12 @@ two32 = 4294967296.0
 
 
 def uniforms(seeds, stream, n_rows, n_cols, same_rows=False):
-    """u[s, r, v] of the sampler for many seeds at once (logprobs.uniforms_ref, vectorised over the key)."""
+    """u[s, r, v] of the sampler for many seeds at once (sampling.uniforms_ref, vectorised over the key)."""
     sd = np.asarray(seeds, np.uint64)[:, None, None]
     v = np.arange(n_cols, dtype=np.uint64)[None, None, :]
     r = np.zeros((1, n_rows, 1), np.uint64) if same_rows else np.arange(n_rows, dtype=np.uint64)[None, :, None]
     z = np.zeros((1, 1, 1), np.uint64)
-    h = logprobs.philox_ref(v, r, z + np.uint64(stream), z, sd & np.uint64(0xFFFFFFFF), sd >> np.uint64(32))
+    h = sampling.philox_ref(v, r, z + np.uint64(stream), z, sd & np.uint64(0xFFFFFFFF), sd >> np.uint64(32))
     return (h.astype(np.float64) + 0.5) / two32
 
 
@@ -183,7 +183,7 @@ with stopwatch() as t:
     reached = walk_all(chosen_all)
 print(f"{S_SEEDS} seeds sampled and walked in {t.ms:.0f} ms")
 check("vectorised sampler == choose_tokens_ref (first 20 seeds)", chosen_all[:20],
-      np.stack([logprobs.choose_tokens_ref(soft, T_, s, 1) for s in range(20)]))
+      np.stack([sampling.choose_tokens_ref(soft, T_, s, 1) for s in range(20)]))
 check_true("vectorised walk == walk_ref (first 200 seeds)",
            all(np.flatnonzero(reached[s]).tolist() == tree_accept.walk_ref(chosen_all[s], tokens, parents[1:], n)[0]
                for s in range(200)))

@@ -23,7 +23,6 @@ import os
 import sys
 import tempfile
 import time
-import warnings
 
 import numpy as np
 
@@ -32,15 +31,6 @@ import kdtree_numba as kd  # noqa: E402  (first: it chooses the backend before n
 import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")                   # never a window: figures go to files
-
-# On the simulator the top-K kernel's device functions run as Python float32 arithmetic. Its online log-sum-exp
-# starts every thread's running max at NEG = -FLT_MAX, so the first rescale computes exp(NEG - m) as
-# ex2((NEG - m) * log2(e)): that product overflows float32 to -inf, the intended value (ex2(-inf) = 0 rescales the
-# still-empty sum), exactly as the FMUL does on a GPU - but NumPy's float32 scalars also print "RuntimeWarning:
-# overflow encountered in scalar multiply". Only that message, only from that module, is silenced; any other
-# overflow still warns.
-warnings.filterwarnings("ignore", message="overflow encountered in scalar multiply", category=RuntimeWarning,
-                        module=r"kdtree_numba\.kernels\.logprobs")
 
 _RESULTS: list[tuple[str, bool]] = []
 

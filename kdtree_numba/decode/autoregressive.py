@@ -6,7 +6,7 @@ import time
 import numpy as np
 
 from .. import backend
-from ..kernels import logprobs
+from ..kernels import sampling
 from .trace import Generation
 
 
@@ -23,7 +23,7 @@ def autoregressive(target, prompt: np.ndarray, max_new_tokens: int, temperature:
     t0 = time.perf_counter()
     tokens: list[int] = []
     while True:
-        logprobs.choose_tokens(logits[-1:], temperature, seed, len(tokens), out=chosen)
+        sampling.choose_tokens(logits[-1:], temperature, seed, len(tokens), out=chosen)
         tok = int(backend.to_host(chosen)[0])                                     # one host read per token
         if tok < 0:
             raise nan_error()

@@ -19,7 +19,8 @@ import time
 import numpy as np
 
 from .. import backend
-from ..kernels import logprobs, tree_accept, tree_build
+from ..kernels import logprobs, sampling, tree_accept, tree_build
+from ..kernels.tree import Tree
 from ..model.drafters import concat_features
 from ..model.target import TreeInput
 from .autoregressive import nan_error
@@ -37,7 +38,7 @@ def ddtree(target, prompt: np.ndarray, max_new_tokens: int, drafter, budget: int
     logits, hid = target.forward(prompt, cache, 0, hidden_layers=feats, check_ids=False)   # prefill
     if feats:
         drafter.observe(concat_features(hid, feats), 0)
-    first = logprobs.choose_tokens(logits[-1:], temperature, seed, 0)
+    first = sampling.choose_tokens(logits[-1:], temperature, seed, 0)
     root = int(backend.to_host(first)[0])
     if root < 0:
         raise nan_error()
@@ -140,9 +141,8 @@ class _RoundState:
         out = []
         for i, (start, root, marks) in enumerate(self.rounds):
             k, m = int(h["n"][i]), int(h["n_acc"][i])
-            tree = tree_build.Tree(h["tokens"][i, :k].copy(), h["depth"][i, :k].copy(),
-                                   np.concatenate([[-1], h["parent"][i, :k]]).astype(np.int32),
-                                   h["logw"][i, :k].copy())
+            tree = Tree(h["tokens"][i, :k].copy(), h["depth"][i, :k].copy(),
+                        np.concatenate([[-1], h["parent"][i, :k]]).astype(np.int32), h["logw"][i, :k].copy())
             times = {st: backend.elapsed_ms(marks[j], marks[j + 1]) for j, st in enumerate(STAGES)}
             probs = [float(np.exp(x)) for x in h["draft_lp"][i, :m]]
             out.append(RoundTrace(start, root, tree, h["accepted"][i, :m].tolist(), int(h["result"][i, m]), probs,

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from ..kernels.tree_build import Tree
+from ..kernels.tree import Tree
 
 STAGES = ("draft", "build", "verify", "accept", "compact")
 

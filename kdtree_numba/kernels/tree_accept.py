@@ -5,7 +5,7 @@
     bonus = chosen[path[-1]]
 Every emitted token is a genuine target sample given its prefix, so this is lossless at any temperature (no
 draft-probability rejection step). Siblings carry distinct tokens, so at most one child matches.
-The token choice is ``logprobs.choose_tokens`` (one block per node); the walk is ``_walk_kernel``: one block, at
+The token choice is ``sampling.choose_tokens`` (one block per node); the walk is ``_walk_kernel``: one block, at
 each step every thread scans a strided share of the nodes for the matching child (at most L + 1 steps).
 Outputs stay on the device: ``accepted [L+1]`` node indices (ascending, -1 padded), ``n_acc [1]``, and one packed
 row the host reads per round, ``result = [m, token_1 .. token_{m-1}, bonus]`` (m = path length with the root;
@@ -22,7 +22,7 @@ import numpy as np
 from numba import cuda, int32
 
 from .. import backend
-from . import _checks, logprobs
+from . import _checks, sampling
 
 
 def walk_ref(chosen, tokens, parents, n: int):
@@ -89,7 +89,7 @@ class Acceptor:
         """Choose at every node of ``logits [B+1, V]`` and walk; fills accepted / n_acc / result (no host sync)."""
         rows = logits.shape[0]
         chosen = self.chosen[:rows]
-        logprobs.choose_tokens(logits, temperature, seed, stream, out=chosen)
+        sampling.choose_tokens(logits, temperature, seed, stream, out=chosen)
         if backend.name == "numpy":
             n = int(n_nodes[0])
             path, bonus = walk_ref(chosen, tokens, parents, n)

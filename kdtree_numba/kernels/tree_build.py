@@ -59,7 +59,8 @@ The heap pops (0), (0,0), (0,1) - the same.
 Also produced for verify: each node's root-to-node path ``paths [n+1, L+1]`` (node indices by depth, -1 padded)
 and ``path_depth [n+1]`` (0 for the root): the compact ancestor representation tree_verify reads. The kernel
 fills paths with -1 by consecutive threads, then writes each node's entries by walking up its parents.
-Shapes: lp [R, L, K] float32 (rows sorted desc), ids [R, L, K] int32 -> per request up to B nodes.
+Shapes: lp [R, L, K] float32 (rows sorted desc), ids [R, L, K] int32 -> per request a ``Tree`` (kernels/tree.py) of
+up to B nodes.
 """
 from __future__ import annotations
 
@@ -73,6 +74,7 @@ from numba import cuda, float32, float64, int32, uint32
 from .. import backend
 from . import _checks
 from ._intrinsics import block_min, block_prefix_sum
+from .tree import Tree
 
 MAX_BUDGET = 1024
 MARGIN = 2.0 ** -30
@@ -85,36 +87,11 @@ RANK_SORT = 64            # up to this many candidates: rank sort; above: bitoni
 SLOW_CHAINS, BITONIC = 1, 2   # TreeBuilder modes (tests): walk every chain in order / always sort by bitonic
 
 
-# ------------------------------------------------------------------------------------------------ the Tree
-@dataclasses.dataclass
-class Tree:
-    """A draft tree in pop order. Node i (1..n) is ``tokens[i-1]`` at ``depths[i-1]``; ``parents[i]`` is its parent
-    node (0 = the root); ``parents[0] == -1``; ``logw`` the float64 sum of its path's draft log-probs."""
-    tokens: np.ndarray     # (n,) int32
-    depths: np.ndarray     # (n,) int32
-    parents: np.ndarray    # (n+1,) int32
-    logw: np.ndarray       # (n,) float64
-
-    @property
-    def n(self) -> int:
-        return int(self.tokens.shape[0])
-
-    def paths(self, max_depth: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """(paths [n+1, L+1] int32, path_depth [n+1] int32): every node's root-to-node node indices."""
-        from .tree_verify import ancestor_paths
-        return ancestor_paths(self.parents, max_depth)
-
-    def __eq__(self, other) -> bool:
-        return (isinstance(other, Tree) and np.array_equal(self.tokens, other.tokens)
-                and np.array_equal(self.depths, other.depths) and np.array_equal(self.parents, other.parents)
-                and np.array_equal(self.logw.view(np.int64), other.logw.view(np.int64)))
-
-
+# ------------------------------------------------------------------------------------------------ reference
 def _empty_tree() -> Tree:
     return Tree(np.zeros(0, np.int32), np.zeros(0, np.int32), np.array([-1], np.int32), np.zeros(0, np.float64))
 
 
-# ------------------------------------------------------------------------------------------------ reference
 def build_tree_ref(lp, ids, budget: int) -> Tree:
     """The heap algorithm, exactly as the official DDTree code runs it (plus: -inf candidates are not pushed)."""
     lp = np.asarray(lp, np.float32)

@@ -4,9 +4,10 @@ Tree token i (the root is 0) sits at rope position ``start + depth[i]`` and atte
     every committed cache row 0 .. start - 1,  plus  the tree rows of its ancestors and itself,
 i.e. score/softmax/value exactly as in ``mla_attention.py`` but over the key list
     [0, 1, .., start - 1,  start + path[i, 0], start + path[i, 1], .., start + path[i, depth[i]]]
-where ``path[i, d]`` is i's ancestor at depth d (path[i, 0] = 0 the root, path[i, depth[i]] = i). The tree
-block's latent rows are written into the cache after the committed ones before this runs (the model does it
-with ``LatentCache.write``), so the "mask" is never materialised: no (n+1) x (n+1) matrix and no dense float mask
+where ``path[i, d]`` is i's ancestor at depth d (path[i, 0] = 0 the root, path[i, depth[i]] = i; on the host
+``tree.ancestor_paths`` / ``Tree.paths``, on the device the tree build writes it). The tree block's latent rows
+are written into the cache after the committed ones before this runs (the model does it with
+``LatentCache.write``), so the "mask" is never materialised: no (n+1) x (n+1) matrix and no dense float mask
 over the context - each node reads at most L + 1 tree rows, the ones it may see.
 
 Mapping: the same kernel as causal MLA (``mla_attention._attention_kernel`` in tree mode): grid (tree token, head
@@ -24,23 +25,6 @@ import numpy as np
 from .. import backend
 from . import _checks
 from .mla_attention import launch_attention, masked_attention_fast, masked_attention_ref
-
-
-def ancestor_paths(parents: np.ndarray, max_depth: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(paths [n+1, L+1] int32 padded with -1, depths [n+1] int32) from ``parents [n+1]`` (parents[0] == -1)."""
-    parents = np.asarray(parents)
-    n1 = parents.shape[0]
-    depths = np.zeros(n1, np.int32)
-    for i in range(1, n1):
-        depths[i] = depths[parents[i]] + 1
-    width = int(depths.max()) + 1 if max_depth is None else max_depth + 1
-    paths = np.full((n1, width), -1, np.int32)
-    for i in range(n1):
-        node = i
-        for d in range(depths[i], -1, -1):
-            paths[i, d] = node
-            node = parents[node]
-    return paths, depths
 
 
 def tree_attention_ref(q, cache, start: int, parents, scale: float, lkv: int):

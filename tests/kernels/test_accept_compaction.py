@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import kdtree_numba as kd
-from kdtree_numba.kernels import kv_compaction as kc, logprobs, tree_accept as ta
+from kdtree_numba.kernels import kv_compaction as kc, sampling, tree_accept as ta
 
 pytestmark = pytest.mark.usefixtures("kernel_backend")
 H = kd.backend.to_host
@@ -44,7 +44,7 @@ def test_random_trees_match_reference_greedy_and_sampled():
         x = (rng.standard_normal((n + 1, V)) * 2).astype(np.float32)
         for T in (0.0, 0.9):
             got = ta.accept(x, tokens, parents, n, T, seed=trial, stream=2)
-            want = ta.walk_ref(logprobs.choose_tokens_ref(x, T, trial, 2), tokens, parents, n)
+            want = ta.walk_ref(sampling.choose_tokens_ref(x, T, trial, 2), tokens, parents, n)
             assert got == want
 
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import kdtree_numba as kd
-from kdtree_numba.kernels import mla_attention as mla, tree_verify as tv
+from kdtree_numba.kernels import mla_attention as mla, tree as kt, tree_verify as tv
 
 from ..helpers import poisoned
 
@@ -35,7 +35,7 @@ def test_tree_attention_sees_only_committed_rows_and_ancestors(parents, start, s
     n1, N, D, lkv = len(parents), 3, 11, 8
     q = rng.standard_normal((n1, N, D)).astype(np.float32)
     cache = rng.standard_normal((start + n1 + 2, D)).astype(np.float32)
-    paths, depths = tv.ancestor_paths(np.array(parents))
+    paths, depths = kt.ancestor_paths(np.array(parents))
     out = poisoned((n1, N, lkv))
     tv.tree_attention(q, cache, start, paths, depths, 0.5, lkv, out=out, splits=splits)
     want = tv.tree_attention_ref(q, cache, start, np.array(parents), 0.5, lkv)
@@ -46,7 +46,7 @@ def test_tree_attention_sees_only_committed_rows_and_ancestors(parents, start, s
 
 
 def test_ancestor_paths_example():
-    paths, depths = tv.ancestor_paths(np.array([-1, 0, 0, 1]))
+    paths, depths = kt.ancestor_paths(np.array([-1, 0, 0, 1]))
     np.testing.assert_array_equal(depths, [0, 1, 1, 2])
     np.testing.assert_array_equal(paths, [[0, -1, -1], [0, 1, -1], [0, 2, -1], [0, 1, 3]])
 

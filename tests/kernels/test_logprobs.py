@@ -6,6 +6,7 @@ import pytest
 
 import kdtree_numba as kd
 from kdtree_numba.kernels import logprobs as lpk
+from kdtree_numba.kernels import sampling, topk_block as tb, topk_split as ts
 
 from ..helpers import poisoned
 
@@ -41,7 +42,7 @@ def test_topk_matches_reference(kind, V, k):
 def test_topk_tie_overflow_takes_lowest_ids():
     """Uniform rows longer than the candidate buffer: every element reaches the threshold bin; the 4 local tops
     per thread (equal values ordered by index) still find the lowest ids."""
-    V = lpk.CAP + 37
+    V = tb.CAP + 37
     x = np.zeros((1, V), np.float32)
     x[0, [5, V - 1]] = 1.0
     lp, ids = lpk.topk_logprobs(x, 6)
@@ -51,7 +52,7 @@ def test_topk_tie_overflow_takes_lowest_ids():
 
 def test_topk_sorts_many_candidates_with_the_bitonic_network():
     """More than RANK_SORT candidates (but within CAP): all values tie, so the threshold takes the whole row."""
-    x = (np.random.default_rng(3).random((1, lpk.RANK_SORT + 700)) < 0.7).astype(np.float32)
+    x = (np.random.default_rng(3).random((1, tb.RANK_SORT + 700)) < 0.7).astype(np.float32)
     lp, ids = lpk.topk_logprobs(x, 40)
     rlp, rids = lpk.topk_logprobs_ref(x, 40)
     np.testing.assert_array_equal(H(ids), rids)
@@ -61,8 +62,8 @@ def test_topk_sorts_many_candidates_with_the_bitonic_network():
 def test_topk_radix_fallback_when_the_threshold_bin_overflows():
     """Rows where more than CAP elements reach the threshold bin and one thread holds more than four of the top
     k: the radix fallback, including its ordered scan when the ties at the threshold overflow the buffer."""
-    stride = kd.backend.block_size(lpk.MAX_THREADS, 32)       # the kernel's threads per row
-    V = lpk.CAP + 3 * stride
+    stride = kd.backend.block_size(tb.MAX_THREADS, 32)        # the kernel's threads per row
+    V = tb.CAP + 3 * stride
     x = np.zeros((2, V), np.float32)
     x[0, [0, stride, 2 * stride, 3 * stride, 4 * stride]] = 1.0           # row 0: ties overflow -> ordered scan
     # row 1 (distinct values): six huge values in one thread's stride stretch the histogram, so the threshold bin
@@ -98,21 +99,21 @@ def test_choose_argmax_and_samples_match_reference():
     rng = np.random.default_rng(21)
     x = rng.standard_normal((5, 77)).astype(np.float32)
     x[2, [3, 40]] = 9.0                                                 # tie: lowest id
-    np.testing.assert_array_equal(H(lpk.choose_tokens(x, 0.0)), lpk.choose_tokens_ref(x, 0.0))
-    assert H(lpk.choose_tokens(x, 0.0))[2] == 3
+    np.testing.assert_array_equal(H(sampling.choose_tokens(x, 0.0)), sampling.choose_tokens_ref(x, 0.0))
+    assert H(sampling.choose_tokens(x, 0.0))[2] == 3
     for seed, stream in ((0, 0), (7, 3), (2 ** 40 + 5, 11)):
-        got = H(lpk.choose_tokens(x, 0.8, seed, stream))
-        np.testing.assert_array_equal(got, lpk.choose_tokens_ref(x, 0.8, seed, stream))
-    a = H(lpk.choose_tokens(x, 1.0, 1, 0))
-    assert not np.array_equal(a, H(lpk.choose_tokens(x, 1.0, 2, 0))) or not np.array_equal(
-        a, H(lpk.choose_tokens(x, 1.0, 1, 1)))                          # seeds and streams change draws
+        got = H(sampling.choose_tokens(x, 0.8, seed, stream))
+        np.testing.assert_array_equal(got, sampling.choose_tokens_ref(x, 0.8, seed, stream))
+    a = H(sampling.choose_tokens(x, 1.0, 1, 0))
+    assert not np.array_equal(a, H(sampling.choose_tokens(x, 1.0, 2, 0))) or not np.array_equal(
+        a, H(sampling.choose_tokens(x, 1.0, 1, 1)))                     # seeds and streams change draws
     bad = x.copy()
     bad[4, 0] = np.nan
-    assert H(lpk.choose_tokens(bad, 0.0))[4] == -1
+    assert H(sampling.choose_tokens(bad, 0.0))[4] == -1
 
 
 def test_sampler_uniforms_are_uniform():
-    u = lpk.uniforms_ref(3, 1, 0, 200_000)
+    u = sampling.uniforms_ref(3, 1, 0, 200_000)
     assert 0 < u.min() and u.max() < 1
     hist = np.histogram(u, bins=20, range=(0, 1))[0]
     assert np.abs(hist - 10_000).max() < 500
@@ -133,7 +134,7 @@ def test_topk_split_over_blocks_matches_reference(kind, V, k, chunk):
     elif kind == "uniform":
         x[:] = 0.25
     lp, ids = poisoned((2, k)), poisoned((2, k), "int32")
-    lpk._launch_split(kd.backend.asarray(x), k, lp, ids, chunk)
+    ts._launch_split(kd.backend.asarray(x), k, lp, ids, chunk)
     rlp, rids = lpk.topk_logprobs_ref(x, k)
     np.testing.assert_array_equal(H(ids), rids)
     np.testing.assert_allclose(H(lp), rlp, rtol=1e-5, atol=2e-6)
@@ -146,17 +147,17 @@ def test_topk_split_refines_the_block_bound_for_large_k():
     k, chunk, S = 80, 600, 3                 # the simulator's 32 threads have 64 tops
     x = rng.standard_normal((2, 1500)).astype(np.float32)
     lp, ids = poisoned((2, k)), poisoned((2, k), "int32")
-    lpk._launch_split(kd.backend.asarray(x), k, lp, ids, chunk)
+    ts._launch_split(kd.backend.asarray(x), k, lp, ids, chunk)
     rlp, rids = lpk.topk_logprobs_ref(x, k)
     np.testing.assert_array_equal(H(ids), rids)
     np.testing.assert_allclose(H(lp), rlp, rtol=1e-5, atol=2e-6)
     # the streaming kernel alone: every block refined to at most k + k/4 + 64 candidates, holding the top k
     limit = k + k // 4 + 64
     B = kd.backend
-    width = S * limit + 4 * lpk.MAX_THREADS                          # as _launch_split pads it
+    width = S * limit + 4 * ts.MAX_THREADS                           # as _launch_split pads it
     part, cand_v = B.empty((2, S, 4), np.float32), B.empty((2, width), np.float32)
     cand_i, count = B.empty((2, width), np.int32), B.asarray(np.zeros(2, np.int32))
-    B.launch(lpk._split_scan_kernel, 2 * S, lpk.SPLIT_THREADS, B.asarray(x), k, S, chunk, limit,
+    B.launch(ts._split_scan_kernel, 2 * S, ts.SPLIT_THREADS, B.asarray(x), k, S, chunk, limit,
              part, cand_v, cand_i, count, shared=4 * chunk)
     n = H(part)[:, :, 2].astype(int)                              # listed per block
     assert (n >= k).all() and (n <= limit).all(), n               # unrefined, each block would list 600 or 300
@@ -167,12 +168,12 @@ def test_topk_split_refines_the_block_bound_for_large_k():
 
 def test_topk_split_overflow_and_nan_rows():
     """Split launches: a row whose candidates overflow runs the one-block algorithm; a NaN row gives -1 ids."""
-    V = lpk.CAP + 100
+    V = ts.CAP + 100
     x = np.zeros((2, V), np.float32)
     x[0, [5, V - 1]] = 1.0
     x[1, 7] = np.nan
     lp, ids = poisoned((2, 6)), poisoned((2, 6), "int32")
-    lpk._launch_split(kd.backend.asarray(x), 6, lp, ids, 2048)
+    ts._launch_split(kd.backend.asarray(x), 6, lp, ids, 2048)
     np.testing.assert_array_equal(H(ids)[0], [5, V - 1, 0, 1, 2, 3])
     assert (H(ids)[1] == -1).all() and np.isnan(H(lp)[1]).all()
 
@@ -186,7 +187,7 @@ def test_topk_split_rows_with_fewer_finite_values_than_k():
     x[0, rng.choice(600, 50, replace=False)] = rng.standard_normal(50)       # 50 finite values, all in block 0
     x[1, rng.choice(1500, 120, replace=False)] = rng.standard_normal(120)    # 120 spread over the three blocks
     lp, ids = poisoned((2, k)), poisoned((2, k), "int32")
-    lpk._launch_split(kd.backend.asarray(x), k, lp, ids, chunk)
+    ts._launch_split(kd.backend.asarray(x), k, lp, ids, chunk)
     rlp, rids = lpk.topk_logprobs_ref(x, k)
     np.testing.assert_array_equal(H(ids), rids)
     np.testing.assert_allclose(H(lp), rlp, rtol=1e-5, atol=2e-6)
@@ -200,5 +201,5 @@ def test_vanishing_temperature_samples_the_argmax(backend_name):
     x = (rng.standard_normal((5, 77)) * 4 + 10).astype(np.float32)          # every logit far above 1.8
     with kd.backend.use("numpy") if backend_name == "numpy" else contextlib.nullcontext():
         for T in (1e-308, 5e-324, 1e-30):
-            got = kd.backend.to_host(lpk.choose_tokens(x, T, seed=1, stream=2))
+            got = kd.backend.to_host(sampling.choose_tokens(x, T, seed=1, stream=2))
             np.testing.assert_array_equal(got, np.argmax(x, axis=1))

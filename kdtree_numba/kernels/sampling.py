@@ -1,0 +1,179 @@
+"""Token choice at the target's logits: argmax (T = 0) or a seeded sample (T > 0), one token per row.
+
+    T = 0:  token = argmax_v x[v]                                       (lowest id on ties)
+    T > 0:  token = argmax_v ((x[v] - max x) / T + g[v]),   g[v] = -log(-log(u)),   u = hash(seed, stream, row, v)
+a sample from softmax(x / T) by the Gumbel-max trick (the shift by the row max keeps every score in [-inf, 0], so
+a vanishing T cannot overflow), with u in (0, 1) from Philox4x32-10, a counter-based generator: no RNG state, so a
+run is reproducible from its seed, every (token, row, stream) counter gets an independent draw, and the reference
+computes the same u (``uniforms_ref``). A row holding NaN gives token -1, which the decode loop turns into an error.
+Rows are tree nodes or decode steps; ``stream`` separates the draws of different calls (the step or round).
+Mapping: one block per row (``_choose_kernel``); threads stride over the vocabulary keeping their best (score,
+index) - at T > 0 after a strided max and a shared max reduction for the row max - then a shared-memory (value,
+index) arg-max reduction, lower index on ties.
+Shapes: logits [M, V] float32 -> tokens [M] int32; seed < 2^64, stream <= 2^32 - 1 (an int, or a device int32 [1]
+array for CUDA-graph replay).
+Example: choose_tokens([[0, 2, 2, -1]], 0.0) -> [1];  at T > 0 the kernel's token equals choose_tokens_ref's.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, float64, int32, uint64
+
+from .. import backend
+from . import _checks
+
+MAX_THREADS = 512          # the shared reduction buffers' size (launches use at most 256 threads)
+M32 = 0xFFFFFFFF
+PHILOX_M = (0xD2511F53, 0xCD9E8D57)
+PHILOX_W = (0x9E3779B9, 0xBB67AE85)
+
+
+# ------------------------------------------------------------------------------------------------ references
+def philox_ref(c0, c1, c2, c3, k0: int, k1: int):
+    """Philox4x32-10 (Salmon et al. 2011, as in cuRAND): first output word of counter (c0..c3) under key (k0, k1).
+    Counters may be uint64 arrays holding 32-bit values; every product fits in 64 bits."""
+    c0, c1, c2, c3 = (np.asarray(c, np.uint64) for c in (c0, c1, c2, c3))
+    k0, k1 = np.uint64(k0), np.uint64(k1)
+    m0, m1, mask = np.uint64(PHILOX_M[0]), np.uint64(PHILOX_M[1]), np.uint64(M32)
+    for _ in range(10):
+        p0, p1 = m0 * c0, m1 * c2
+        c0, c1, c2, c3 = (p1 >> np.uint64(32)) ^ c1 ^ k0, p1 & mask, (p0 >> np.uint64(32)) ^ c3 ^ k1, p0 & mask
+        k0, k1 = (k0 + np.uint64(PHILOX_W[0])) & mask, (k1 + np.uint64(PHILOX_W[1])) & mask
+    return c0
+
+
+def uniforms_ref(seed: int, stream: int, row: int, n: int) -> np.ndarray:
+    """The sampler's u in (0, 1) for tokens 0..n-1 of one row (float64); identical to the kernel's:
+    u = (philox(counter = (token, row, stream, 0), key = seed) + 0.5) / 2^32."""
+    v = np.arange(n, dtype=np.uint64)
+    z = np.zeros(n, np.uint64)
+    h = philox_ref(v, z + np.uint64(row & M32), z + np.uint64(stream & M32), z, seed & M32, (seed >> 32) & M32)
+    return (h.astype(np.float64) + 0.5) / 4294967296.0
+
+
+def choose_tokens_ref(logits, temperature: float, seed: int = 0, stream: int = 0):
+    """T == 0: argmax (first max); T > 0: Gumbel-max sample with the counter-based uniforms,
+    argmax_v (x_v - max x) / T + g_v in float64: the shift keeps every scaled logit in [-inf, 0], so a vanishing
+    T (1e-308) cannot overflow to inf and tie unrelated tokens. NaN rows and rows without a value > -inf -> -1."""
+    x = np.asarray(logits, np.float32)
+    out = np.empty(x.shape[0], np.int32)
+    for r in range(x.shape[0]):
+        if np.isnan(x[r]).any() or not (x[r] > -np.inf).any():
+            out[r] = -1
+        elif temperature == 0:
+            out[r] = int(np.argmax(x[r]))
+        else:
+            g = -np.log(-np.log(uniforms_ref(seed, stream, r, x.shape[1])))
+            xr = x[r].astype(np.float64)
+            out[r] = int(np.argmax((xr - xr.max()) / temperature + g))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ device helpers
+@cuda.jit(device=True)
+def _philox_u(v, row, stream, k0, k1):
+    """u in (0, 1) from Philox4x32-10 of counter (v, row, stream, 0) and key (k0, k1) (see philox_ref)."""
+    c0 = uint64(v)
+    c1 = uint64(row)
+    c2 = uint64(stream)
+    c3 = uint64(0)
+    mask = uint64(M32)
+    for _ in range(10):
+        p0 = uint64(PHILOX_M[0]) * c0
+        p1 = uint64(PHILOX_M[1]) * c2
+        n0 = (p1 >> uint64(32)) ^ c1 ^ k0
+        n2 = (p0 >> uint64(32)) ^ c3 ^ k1
+        c1 = p1 & mask
+        c3 = p0 & mask
+        c0 = n0
+        c2 = n2
+        k0 = (k0 + uint64(PHILOX_W[0])) & mask
+        k1 = (k1 + uint64(PHILOX_W[1])) & mask
+    return (float64(c0) + 0.5) / 4294967296.0
+
+
+# ------------------------------------------------------------------------------------------------ kernels
+@cuda.jit
+def _choose_kernel(x, temperature, seed_lo, seed_hi, stream0, stream_dev, out):
+    row = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    nthreads = cuda.blockDim.x
+    V = x.shape[1]
+    red_v = cuda.shared.array(MAX_THREADS, float64)
+    red_i = cuda.shared.array(MAX_THREADS, int32)
+    nan_flag = cuda.shared.array(1, int32)
+    if tid == 0:
+        nan_flag[0] = 0
+    cuda.syncthreads()
+    k0 = uint64(seed_lo)
+    k1 = uint64(seed_hi)
+    stream = stream0 + stream_dev[0]                       # host part + device part (graph replay)
+    top = float64(0.0)
+    if temperature > 0:                           # the row max: scores (x - top) / T stay in [-inf, 0]
+        m = -math.inf
+        for v in range(tid, V, nthreads):
+            m = max(m, float64(x[row, v]))
+        red_v[tid] = m
+        cuda.syncthreads()
+        stride = nthreads // 2
+        while stride > 0:
+            if tid < stride:
+                red_v[tid] = max(red_v[tid], red_v[tid + stride])
+            cuda.syncthreads()
+            stride //= 2
+        top = red_v[0]
+        cuda.syncthreads()
+    best = -math.inf
+    best_i = V
+    for v in range(tid, V, nthreads):
+        val = x[row, v]
+        if val != val:
+            nan_flag[0] = 1
+            continue
+        score = float64(val)
+        if temperature > 0:
+            u = _philox_u(v, row, stream, k0, k1)
+            score = (score - top) / temperature - math.log(-math.log(u))
+        if score > best or (score == best and v < best_i):
+            best = score
+            best_i = v
+    red_v[tid] = best
+    red_i[tid] = best_i
+    cuda.syncthreads()
+    stride = nthreads // 2
+    while stride > 0:
+        if tid < stride:
+            ov = red_v[tid + stride]
+            oi = red_i[tid + stride]
+            if ov > red_v[tid] or (ov == red_v[tid] and oi < red_i[tid]):
+                red_v[tid] = ov
+                red_i[tid] = oi
+        cuda.syncthreads()
+        stride //= 2
+    if tid == 0:
+        out[row] = -1 if nan_flag[0] or red_i[0] >= V else red_i[0]
+
+
+# ------------------------------------------------------------------------------------------------ launchers
+def choose_tokens(logits, temperature: float = 0.0, seed: int = 0, stream: int = 0, out=None):
+    """One token per row of ``logits [M, V]``: argmax (T = 0) or a seeded Gumbel-max sample (T > 0).
+
+    ``stream`` separates the random draws of different calls (the decode step or DDTree round); rows are the
+    nodes. Rows with NaN give -1. ``stream`` may be a device int32 [1] array (graph replay: decode/replay.py)."""
+    x = _checks.array(logits, "logits", dtype=np.float32, ndim=2)
+    temperature = _checks.real(temperature, "temperature", lo=0.0)
+    seed = _checks.integer(seed, "seed", lo=0, hi=2 ** 64 - 1)
+    stream0, stream_dev = _checks.device_int(stream, "stream")
+    if stream0 > M32:
+        raise ValueError(f"stream: expected an integer <= {M32}, got {stream0}")
+    out = _checks.out_array(out, "out", (x.shape[0],), np.int32)
+    if backend.name == "numpy":
+        out[...] = choose_tokens_ref(x, temperature, seed, _checks.host_int(stream))
+        return out
+    if x.shape[0]:
+        threads = backend.block_size(256, 32)
+        backend.launch(_choose_kernel, x.shape[0], threads, x, float(temperature), seed & M32, (seed >> 32) & M32,
+                       stream0, stream_dev, out)
+    return out
