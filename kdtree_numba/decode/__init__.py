@@ -1,1 +1,2 @@
-"""Decoding loops: autoregressive (the baseline) and DDTree; ``generate`` picks one."""
+"""Decoding loops: autoregressive (the baseline), its graph-replayed form (replay.py) and DDTree; ``generate`` picks
+one; ``sweep`` runs budget sweeps."""

@@ -10,12 +10,13 @@ from ..kernels.tree_build import MAX_BUDGET
 from ..model.drafters import Drafter
 from .autoregressive import autoregressive
 from .ddtree import ddtree
+from .replay import autoregressive_replay
 from .trace import Generation
 
 
 def generate(target, prompt_ids, max_new_tokens: int, drafter: Drafter | None = None, budget: int = 64,
              temperature: float = 0.0, seed: int = 0, stop_tokens=(), chain: bool = False,
-             progress=None) -> Generation:
+             progress=None, replay: bool = False) -> Generation:
     """Generate ``max_new_tokens`` tokens after ``prompt_ids``.
 
     drafter None: autoregressive (one target forward per token). Otherwise DDTree with a tree of ``budget``
@@ -23,6 +24,8 @@ def generate(target, prompt_ids, max_new_tokens: int, drafter: Drafter | None = 
     ``seed``. Generation stops early after a token in ``stop_tokens``. ``chain=True`` drafts a single chain
     instead of a tree (the drafter's top-1 token per depth, DFlash-style; ``budget`` is then the drafter's depth),
     the baseline a tree is compared with. ``progress(done, total)`` is called after every DDTree round.
+    ``replay=True`` (plain decoding only, so far): the decode step keeps its state on the device and, on the cuda
+    backend, is captured once as a CUDA graph and replayed (decode/replay.py); same tokens as ``replay=False``.
     Bad arguments raise ValueError before any work is done."""
     from ..model.target import Target
 
@@ -30,10 +33,11 @@ def generate(target, prompt_ids, max_new_tokens: int, drafter: Drafter | None = 
         raise ValueError(f"target: expected a kdtree_numba Target, got {type(target).__name__}")
     with backend.use(target.backend):          # every stage runs where the target's weights live
         return _generate(target, prompt_ids, max_new_tokens, drafter, budget, temperature, seed, stop_tokens, chain,
-                         progress)
+                         progress, replay)
 
 
-def _generate(target, prompt_ids, max_new_tokens, drafter, budget, temperature, seed, stop_tokens, chain, progress):
+def _generate(target, prompt_ids, max_new_tokens, drafter, budget, temperature, seed, stop_tokens, chain, progress,
+              replay):
     prompt = target.check_ids(prompt_ids, "prompt_ids")
     max_new_tokens = _checks.integer(max_new_tokens, "max_new_tokens", lo=1)
     budget = _checks.integer(budget, "budget", lo=0, hi=MAX_BUDGET)
@@ -47,8 +51,14 @@ def _generate(target, prompt_ids, max_new_tokens, drafter, budget, temperature, 
         raise ValueError(f"max_new_tokens: prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) = "
                          f"{len(prompt) + max_new_tokens} exceeds the context limit of {limit} "
                          f"(max_position_embeddings)")
+    if not isinstance(replay, bool):
+        raise ValueError(f"replay: expected True or False, got {replay!r}")
+    if replay and drafter is not None:
+        raise ValueError("replay: graph-replayed rounds exist for plain decoding only so far (drafter=None); "
+                         "DDTree and the chain run their rounds directly")
     if drafter is None:
-        return autoregressive(target, prompt, max_new_tokens, temperature, seed, stop)
+        run = autoregressive_replay if replay else autoregressive
+        return run(target, prompt, max_new_tokens, temperature, seed, stop)
     if not isinstance(drafter, Drafter):
         raise ValueError(f"drafter: expected a kdtree_numba Drafter, got {type(drafter).__name__}")
     if drafter.vocab_size != target.config.vocab_size:

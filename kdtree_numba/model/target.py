@@ -228,6 +228,8 @@ class Target:
     def forward(self, ids, cache: LatentCache, start: int, tree: TreeInput | None = None,
                 hidden_layers=(), check_ids: bool = True):
         """Run T tokens whose cache rows go to ``start .. start + T - 1``; returns (logits [T, V], hiddens).
+        ``start`` is an int, or a device int32 [1] array (a causal step whose position lives on the device, so
+        that a captured CUDA graph can be replayed step after step: decode/replay.py).
 
         Causal (prefill chunk or decode step): token t sits at position start + t and sees rows 0 .. start + t.
         Tree (verify): token i sits at ``tree.positions[i]`` and sees rows 0 .. start - 1 plus its path.
@@ -238,10 +240,15 @@ class Target:
         T = ids.shape[0]
         if T == 0:
             raise ValueError("ids: expected at least one token, got an empty sequence")
-        if start + T > cache.capacity:
+        if hasattr(start, "shape"):              # device-side start [1] (graph replay): nothing read on the host
+            if tree is not None:
+                raise ValueError("start: a device-side start serves causal steps only, not a tree verify")
+            positions = start + backend.xp.arange(T, dtype=np.int32)                 # [T]
+        elif start + T > cache.capacity:
             raise ValueError(f"ids: {T} tokens from position {start} exceed the cache capacity of {cache.capacity}")
-        positions = tree.positions if tree is not None else backend.asarray(np.arange(start, start + T,
-                                                                                      dtype=np.int32))
+        else:
+            positions = tree.positions if tree is not None else backend.asarray(np.arange(start, start + T,
+                                                                                          dtype=np.int32))
         x = embedding.embed(self.w["embed"], ids, check=check_ids)                   # [T, H]
         hiddens = {}
         for i, L in enumerate(self.layers):
