@@ -1,4 +1,4 @@
-"""The one process-wide backend: ``cuda`` | ``sim`` | ``numpy``.
+"""The backend: ``cuda`` | ``sim`` | ``numpy``, chosen per process; ``use`` switches a thread to NumPy for a block.
 
 Chosen once per process by ``KDTREE_BACKEND=cuda|sim|numpy|auto`` (default ``auto``: ``cuda`` when a GPU and CuPy
 are present, else ``numpy``), read when ``kdtree_numba`` is first imported.
@@ -21,6 +21,7 @@ import collections
 import contextlib
 import os
 import sys
+import threading
 import time
 
 import numpy as np
@@ -67,39 +68,57 @@ def _resolve(choice: str) -> str:
 
 #: the backend the process was started with ("cuda" | "sim" | "numpy")
 process_name: str = _resolve(_requested())
-#: the backend in force now (``use`` can switch cuda/sim to numpy for a block)
-name: str = process_name
+# ``name`` / ``xp`` (module attributes, __getattr__ below): the backend in force now in THIS thread - the process
+# backend unless ``use`` switched the thread to numpy for a block. Per thread, so that a thread generating on a
+# NumPy-backed target never sends another thread's simulator work to the references (or the other way round).
+_local = threading.local()
 
 if process_name == "cuda":
     import cupy as cp
 
-    xp = cp
     stream = cp.cuda.Stream(non_blocking=True)
     stream.use()
 else:
     cp = None
-    xp = np
     stream = None
+
+
+def _name() -> str:
+    return getattr(_local, "name", process_name)
+
+
+def _xp():
+    return cp if _name() == "cuda" else np
+
+
+def __getattr__(attr: str):
+    if attr == "name":
+        return _name()
+    if attr == "xp":
+        return _xp()
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
 
 from numba import cuda  # noqa: E402  (after NUMBA_ENABLE_CUDASIM is set)
 
 @contextlib.contextmanager
 def use(backend: str):
-    """Run a block on another backend: the process backend or ``numpy``.
+    """Run a block on another backend: the process backend or ``numpy``. Per thread: other threads keep theirs
+    (a new thread starts on the process backend).
 
     >>> with use("numpy"): ...   # references, NumPy arrays
     """
-    global name, xp
     if backend not in (process_name, "numpy"):
         raise ValueError(f"backend: {backend!r} cannot be used in a process started as {process_name!r} "
                          f"(expected {process_name!r} or 'numpy'; set KDTREE_BACKEND before starting Python)")
-    old = name, xp
-    name = backend
-    xp = cp if backend == "cuda" else np
+    old = getattr(_local, "name", None)
+    _local.name = backend
     try:
         yield
     finally:
-        name, xp = old
+        if old is None:
+            del _local.name
+        else:
+            _local.name = old
 
 
 # ---------------------------------------------------------------------------------------------------- arrays
@@ -109,7 +128,7 @@ def is_device(a) -> bool:
 
 def asarray(a, dtype=None):
     """``a`` as a C-contiguous array of the current backend (a copy only when needed)."""
-    if name == "cuda":
+    if _name() == "cuda":
         return cp.ascontiguousarray(cp.asarray(a, dtype=dtype))
     if is_device(a):
         a = cp.asnumpy(a)
@@ -124,19 +143,19 @@ def to_host(a) -> np.ndarray:
 
 
 def empty(shape, dtype=np.float32):
-    return xp.empty(shape, dtype=dtype)
+    return _xp().empty(shape, dtype=dtype)
 
 
 def zeros(shape, dtype=np.float32):
-    return xp.zeros(shape, dtype=dtype)
+    return _xp().zeros(shape, dtype=dtype)
 
 
 def full(shape, value, dtype=np.float32):
-    return xp.full(shape, value, dtype=dtype)
+    return _xp().full(shape, value, dtype=dtype)
 
 
 def synchronize() -> None:
-    if name == "cuda":
+    if _name() == "cuda":
         stream.synchronize()
 
 
@@ -171,10 +190,10 @@ def launch(kernel, grid, block, *args, shared: int = 0) -> None:
     (see _allow_shared). Typing the arguments before every launch instead repeated, in Python, what the dispatcher
     does anyway."""
     global _nb_stream
-    if name == "numpy":
+    if _name() == "numpy":
         raise RuntimeError("launch: the numpy backend runs references, not kernels")
     args = tuple(view(a) if hasattr(a, "__cuda_array_interface__") else a for a in args)
-    if name != "cuda":
+    if _name() != "cuda":
         kernel[grid, block, 0, shared](*args)
         return
     if _nb_stream is None:
@@ -217,7 +236,7 @@ def _allow_shared(kernel, args, nbytes: int) -> bool:
 
 def block_size(gpu: int, sim: int = 32) -> int:
     """Threads per block: ``gpu`` on a real GPU, a small count on the simulator (one OS thread per CUDA thread)."""
-    return gpu if name == "cuda" else sim
+    return gpu if _name() == "cuda" else sim
 
 
 # ---------------------------------------------------------------------------------------------------- timing
@@ -234,7 +253,7 @@ class Timer:
         self._t0 = 0.0
 
     def __enter__(self):
-        if name == "cuda":
+        if _name() == "cuda":
             self._events = (cp.cuda.Event(), cp.cuda.Event())
             self._events[0].record(stream)
         else:
@@ -258,7 +277,7 @@ def timer() -> Timer:
 def mark():
     """A point on the stream's timeline without a sync: a recorded CUDA event (cuda) or a host clock reading.
     ``elapsed_ms(a, b)`` reads the interval later (after the work, e.g. at the end of a generation)."""
-    if name == "cuda":
+    if _name() == "cuda":
         ev = cp.cuda.Event()
         ev.record(stream)
         return ev

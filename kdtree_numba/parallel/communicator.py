@@ -13,9 +13,9 @@ Two implementations:
   of the current backend (NumPy on numpy/sim; CuPy works too). ``run_ranks(world, fn)`` starts the threads and
   returns every rank's result; an exception on one rank breaks the barrier, so the others fail instead of
   hanging. The ranks take turns: a rank runs only while it holds the group's ``turn`` lock and gives it up only
-  inside a collective, so one rank computes at a time. That is needed, not a simplification: ``backend.use`` is
-  process-wide and numba's CUDA simulator cannot run kernels from two threads at once (a second thread's launch
-  is taken for a device-function call). ``run_ranks`` also holds the current backend for all ranks.
+  inside a collective, so one rank computes at a time. That is needed, not a simplification: numba's CUDA
+  simulator cannot run kernels from two threads at once (a second thread's launch is taken for a device-function
+  call). The backend is per thread (``backend.use``), so ``run_ranks`` runs every rank on the caller's backend.
 - ``NcclCommunicator``: one process per GPU, on CuPy's ``cupy.cuda.nccl`` bindings (``NcclCommunicator(ndev,
   commId, rank)``, ``allReduce``, ``allGather``, ``send`` / ``recv`` between ``groupStart`` / ``groupEnd``).
   Why CuPy's NCCL and not nccl4py: CuPy is already the cuda backend's array library, its wheels ship the NCCL
@@ -158,25 +158,27 @@ def run_ranks(world: int, fn, timeout: float = 120.0) -> list:
     group = FakeGroup(world, timeout)
     results, errors = [None] * group.world, [None] * group.world
 
+    current = backend.name                      # the caller's backend, for every rank thread (it is per thread)
+
     def body(comm):
         group._acquire()
         try:
-            results[comm.rank] = fn(comm)
+            with backend.use(current):
+                results[comm.rank] = fn(comm)
         except BaseException as e:                # noqa: B036 - re-raised in the caller's thread
             errors[comm.rank] = e
             group.barrier.abort()
         finally:
             group._release()
 
-    with backend.use(backend.name):               # one backend for all ranks (backend.use is process-wide)
-        if group.world == 1:
-            body(group.communicators()[0])
-        else:
-            threads = [threading.Thread(target=body, args=(c,), name=f"rank{c.rank}") for c in group.communicators()]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+    if group.world == 1:
+        body(group.communicators()[0])
+    else:
+        threads = [threading.Thread(target=body, args=(c,), name=f"rank{c.rank}") for c in group.communicators()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
     first = next((e for e in errors if e is not None and not isinstance(e, threading.BrokenBarrierError)),
                  next((e for e in errors if e is not None), None))
     if first is not None:
