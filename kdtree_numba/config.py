@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .kernels import rope as _rope
+from . import rope_frequencies as _rope
 
 SUPPORTED_MODEL_TYPES = ("deepseek_v3", "kimi_k2")
 SUPPORTED_ARCHITECTURES = ("DeepseekV3ForCausalLM",)
@@ -31,15 +31,17 @@ class ConfigError(ValueError):
 MAX_POSITION = 2 ** 31 - 1
 
 
-def _is_int(v) -> bool:
+def is_int(v) -> bool:
+    """A JSON integer (a bool is not one); shared by the config, checkpoint and trace validators."""
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_num(v) -> bool:
+def is_num(v) -> bool:
+    """A JSON number (a bool is not one)."""
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _short(v, limit: int = 80) -> str:
+def short_repr(v, limit: int = 80) -> str:
     """repr of a config value, cut to ``limit`` characters (a field can hold a whole JSON document)."""
     r = repr(v)
     return r if len(r) <= limit else r[:limit - 3] + "..."
@@ -49,15 +51,15 @@ def check_yarn(ys: dict, theta) -> None:
     """The normalised YaRN dict (``parse_rope``'s form) holds usable values."""
     def need(cond, field, value, expected):
         if not cond:
-            raise ConfigError(f"rope_scaling.{field}: got {_short(value)}, expected {expected}")
+            raise ConfigError(f"rope_scaling.{field}: got {short_repr(value)}, expected {expected}")
 
     def finite(v):
-        return _is_num(v) and math.isfinite(v)
+        return is_num(v) and math.isfinite(v)
 
     f = ys.get("factor")
     need(finite(f) and f > 0, "factor", f, "a finite positive number")
     o = ys.get("original_max_position_embeddings")
-    need(_is_int(o) and 0 < o <= MAX_POSITION, "original_max_position_embeddings", o,
+    need(is_int(o) and 0 < o <= MAX_POSITION, "original_max_position_embeddings", o,
          f"a positive integer <= {MAX_POSITION}")
     for k in ("beta_fast", "beta_slow"):
         need(finite(ys.get(k)) and ys.get(k) > 0, k, ys.get(k), "a finite positive number")
@@ -70,8 +72,8 @@ def check_yarn(ys: dict, theta) -> None:
         r = o / (ys[k] * 2 * math.pi)
         need(0 < r < math.inf, k, ys[k], f"a rotation count whose wavelength fits a finite ramp for "
                                          f"original_max_position_embeddings {o}")
-    if not (_is_num(theta) and theta > 1):
-        raise ConfigError(f"rope_theta: got {_short(theta)}, expected a number > 1 with YaRN scaling (its ramp "
+    if not (is_num(theta) and theta > 1):
+        raise ConfigError(f"rope_theta: got {short_repr(theta)}, expected a number > 1 with YaRN scaling (its ramp "
                           f"divides by ln(rope_theta))")
 
 
@@ -149,19 +151,19 @@ class TargetConfig:
         field, the value and what was expected. Types first, then the relations between fields."""
         def need(cond, field, value, expected):
             if not cond:
-                raise ConfigError(f"{field}: got {_short(value)}, expected {expected}")
+                raise ConfigError(f"{field}: got {short_repr(value)}, expected {expected}")
 
         for f in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                   "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "qk_nope_head_dim"):
             v = getattr(self, f)
-            need(_is_int(v) and v > 0, f, v, "a positive integer")
-        need(_is_int(self.max_position_embeddings) and 0 < self.max_position_embeddings <= MAX_POSITION,
+            need(is_int(v) and v > 0, f, v, "a positive integer")
+        need(is_int(self.max_position_embeddings) and 0 < self.max_position_embeddings <= MAX_POSITION,
              "max_position_embeddings", self.max_position_embeddings, f"a positive integer <= {MAX_POSITION}")
         for f in ("intermediate_size", "moe_intermediate_size", "n_shared_experts", "n_routed_experts", "n_group",
                   "topk_group", "num_experts_per_tok", "first_k_dense_replace", "num_nextn_predict_layers"):
             v = getattr(self, f)
-            need(_is_int(v) and v >= 0, f, v, "an integer >= 0")
-        need(self.q_lora_rank is None or (_is_int(self.q_lora_rank) and self.q_lora_rank > 0),
+            need(is_int(v) and v >= 0, f, v, "an integer >= 0")
+        need(self.q_lora_rank is None or (is_int(self.q_lora_rank) and self.q_lora_rank > 0),
              "q_lora_rank", self.q_lora_rank, "null or a positive integer")
         need(self.qk_rope_head_dim % 2 == 0, "qk_rope_head_dim", self.qk_rope_head_dim, "an even number")
         need(self.hidden_act == "silu", "hidden_act", self.hidden_act, "'silu' (the only activation supported)")
@@ -169,24 +171,24 @@ class TargetConfig:
             v = getattr(self, f)
             need(isinstance(v, bool), f, v, "true or false")
         need(not self.attention_bias, "attention_bias", self.attention_bias, "false (biases are not supported)")
-        need(_is_num(self.rms_norm_eps) and math.isfinite(self.rms_norm_eps) and 0 < self.rms_norm_eps < 1,
+        need(is_num(self.rms_norm_eps) and math.isfinite(self.rms_norm_eps) and 0 < self.rms_norm_eps < 1,
              "rms_norm_eps", self.rms_norm_eps, "a number in (0, 1)")
-        need(_is_num(self.rope_theta) and math.isfinite(self.rope_theta) and self.rope_theta > 0, "rope_theta",
+        need(is_num(self.rope_theta) and math.isfinite(self.rope_theta) and self.rope_theta > 0, "rope_theta",
              self.rope_theta, "a finite positive number")
-        need(_is_num(self.routed_scaling_factor) and math.isfinite(self.routed_scaling_factor)
+        need(is_num(self.routed_scaling_factor) and math.isfinite(self.routed_scaling_factor)
              and self.routed_scaling_factor > 0, "routed_scaling_factor", self.routed_scaling_factor,
              "a finite positive number")
-        need(_is_int(self.moe_layer_freq) and self.moe_layer_freq == 1, "moe_layer_freq", self.moe_layer_freq,
+        need(is_int(self.moe_layer_freq) and self.moe_layer_freq == 1, "moe_layer_freq", self.moe_layer_freq,
              "1 (every known checkpoint)")
         need(isinstance(self.weight_prefix, str), "weight_prefix", self.weight_prefix, "a string")
         V = self.vocab_size
-        need(self.bos_token_id is None or (_is_int(self.bos_token_id) and 0 <= self.bos_token_id < V),
+        need(self.bos_token_id is None or (is_int(self.bos_token_id) and 0 <= self.bos_token_id < V),
              "bos_token_id", self.bos_token_id, f"null or a token id in [0, vocab_size = {V})")
         eos = self.eos_token_id
         eos_list = eos if isinstance(eos, list) else [] if eos is None else [eos]
-        need(isinstance(eos, (list, type(None))) or _is_int(eos), "eos_token_id", eos,
+        need(isinstance(eos, (list, type(None))) or is_int(eos), "eos_token_id", eos,
              "null, a token id or a list of token ids")
-        need(all(_is_int(t) and 0 <= t < V for t in eos_list), "eos_token_id", eos,
+        need(all(is_int(t) and 0 <= t < V for t in eos_list), "eos_token_id", eos,
              f"token ids in [0, vocab_size = {V})")
         dense_layers = min(self.first_k_dense_replace, self.num_hidden_layers)
         if dense_layers:
@@ -234,21 +236,21 @@ class TargetConfig:
         text = raw.get("text_config")
         if text is not None:
             if not isinstance(text, dict):
-                raise ConfigError(f"text_config: got {_short(text)}, expected an object (the nested text model's "
+                raise ConfigError(f"text_config: got {short_repr(text)}, expected an object (the nested text model's "
                                   f"config) or null")
             d = dict(text)
             prefix = "language_model."
         model_type = d.get("model_type", raw.get("model_type"))
         archs = d.get("architectures") or raw.get("architectures") or []
         if not isinstance(archs, list):
-            raise ConfigError(f"architectures: got {_short(archs)}, expected a list of class names")
+            raise ConfigError(f"architectures: got {short_repr(archs)}, expected a list of class names")
         if model_type not in SUPPORTED_MODEL_TYPES and not any(a in SUPPORTED_ARCHITECTURES for a in archs):
-            raise ConfigError(f"model_type: got {_short(model_type)} (architectures {_short(archs)}), expected one "
+            raise ConfigError(f"model_type: got {short_repr(model_type)} (architectures {short_repr(archs)}), expected one "
                               f"of {', '.join(SUPPORTED_MODEL_TYPES)} (the DeepSeek-V3 family)")
         if d.get("topk_method", "noaux_tc") not in ("noaux_tc", None):
-            raise ConfigError(f"topk_method: got {_short(d['topk_method'])}, expected 'noaux_tc'")
+            raise ConfigError(f"topk_method: got {short_repr(d['topk_method'])}, expected 'noaux_tc'")
         if d.get("scoring_func", "sigmoid") not in ("sigmoid", None):
-            raise ConfigError(f"scoring_func: got {_short(d['scoring_func'])}, expected 'sigmoid'")
+            raise ConfigError(f"scoring_func: got {short_repr(d['scoring_func'])}, expected 'sigmoid'")
 
         names = {f.name for f in dataclasses.fields(cls)} - {"rope_scaling", "rope_theta", "weight_prefix"}
         kw: dict[str, Any] = {k: d[k] for k in names if k in d and (d[k] is not None or k == "q_lora_rank")}
@@ -330,15 +332,15 @@ def parse_rope(d: dict) -> tuple[float, dict | None]:
     ConfigError naming the field when a rope field has the wrong type or is not finite; ``check_yarn`` checks the
     YaRN values' ranges."""
     def number(field, v, positive=True):
-        if not _is_num(v) or not math.isfinite(v) or (positive and v <= 0):
-            raise ConfigError(f"{field}: got {_short(v)}, expected a finite {'positive ' if positive else ''}number")
+        if not is_num(v) or not math.isfinite(v) or (positive and v <= 0):
+            raise ConfigError(f"{field}: got {short_repr(v)}, expected a finite {'positive ' if positive else ''}number")
         return float(v)
 
     rp = d.get("rope_parameters")
     rs = d.get("rope_scaling")
     for field, v in (("rope_parameters", rp), ("rope_scaling", rs)):
         if v is not None and not isinstance(v, dict):
-            raise ConfigError(f"{field}: got {_short(v)}, expected an object or null")
+            raise ConfigError(f"{field}: got {short_repr(v)}, expected an object or null")
     if rp:
         params, field = dict(rp), "rope_parameters"
         theta = params.get("rope_theta", d.get("rope_theta", 10000.0))
@@ -352,16 +354,16 @@ def parse_rope(d: dict) -> tuple[float, dict | None]:
     if kind == "default":
         return theta, None
     if kind != "yarn":
-        raise ConfigError(f"rope_scaling.type: got {_short(kind)}, expected 'yarn' or none (plain RoPE)")
+        raise ConfigError(f"rope_scaling.type: got {short_repr(kind)}, expected 'yarn' or none (plain RoPE)")
     orig = params.get("original_max_position_embeddings", d.get("max_position_embeddings", 4096))
-    if not _is_int(orig) or not 0 < orig <= MAX_POSITION:
-        raise ConfigError(f"{field}.original_max_position_embeddings: got {_short(orig)}, expected a positive "
+    if not is_int(orig) or not 0 < orig <= MAX_POSITION:
+        raise ConfigError(f"{field}.original_max_position_embeddings: got {short_repr(orig)}, expected a positive "
                           f"integer <= {MAX_POSITION}")
     factor = params.get("factor")
     if factor is None:
         mpe = d.get("max_position_embeddings", 4096)
-        if not _is_int(mpe) or mpe <= 0:
-            raise ConfigError(f"max_position_embeddings: got {_short(mpe)}, expected a positive integer (the YaRN "
+        if not is_int(mpe) or mpe <= 0:
+            raise ConfigError(f"max_position_embeddings: got {short_repr(mpe)}, expected a positive integer (the YaRN "
                               f"factor is derived from it)")
         factor = mpe / orig
     out = {
@@ -380,5 +382,5 @@ def parse_rope(d: dict) -> tuple[float, dict | None]:
     if out["attention_factor"] is not None:
         out["attention_factor"] = number(f"{field}.attention_factor", out["attention_factor"], positive=False)
     if not isinstance(out["truncate"], bool):
-        raise ConfigError(f"{field}.truncate: got {_short(out['truncate'])}, expected true or false")
+        raise ConfigError(f"{field}.truncate: got {short_repr(out['truncate'])}, expected true or false")
     return theta, out           # the values' ranges: check_yarn (TargetConfig.validate, DFlashConfig.from_dict)

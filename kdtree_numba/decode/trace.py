@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 
+from ..config import is_int, is_num, short_repr
 from ..kernels.tree import Tree
 
 STAGES = ("draft", "build", "verify", "accept", "compact")
@@ -18,18 +19,6 @@ STAGES = ("draft", "build", "verify", "accept", "compact")
 class TraceError(ValueError):
     """A saved trace is not valid JSON, misses a field, or holds a value it cannot (e.g. a parent out of range)."""
 
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_num(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _short(v, limit: int = 80) -> str:
-    r = repr(v)
-    return r if len(r) <= limit else r[:limit - 3] + "..."
 
 
 @dataclasses.dataclass
@@ -71,10 +60,10 @@ class RoundTrace:
         the tree is in pop order (each node's parent an earlier node, its depth the parent's + 1) and the accepted
         nodes are a root-first path of it."""
         def bad(field, value, expected):
-            return TraceError(f"{where}.{field}: got {_short(value)}, expected {expected}")
+            return TraceError(f"{where}.{field}: got {short_repr(value)}, expected {expected}")
 
         if not isinstance(d, dict):
-            raise TraceError(f"{where}: got {_short(d)}, expected an object")
+            raise TraceError(f"{where}: got {short_repr(d)}, expected an object")
         for field in ("start", "root", "tokens", "depths", "parents", "logw", "accepted", "bonus", "draft_probs",
                       "times"):
             if field not in d:
@@ -82,11 +71,11 @@ class RoundTrace:
                                  f"accepted, bonus, draft_probs and times")
         start, root, bonus = d["start"], d["root"], d["bonus"]
         for field, v in (("start", start), ("root", root), ("bonus", bonus)):
-            if not (_is_int(v) and 0 <= v < 2 ** 31):
+            if not (is_int(v) and 0 <= v < 2 ** 31):
                 raise bad(field, v, "a non-negative integer (int32)")
         tokens, depths, parents = d["tokens"], d["depths"], d["parents"]
         for field, v in (("tokens", tokens), ("depths", depths), ("parents", parents)):
-            if not (isinstance(v, list) and all(_is_int(x) and -1 <= x < 2 ** 31 for x in v)):
+            if not (isinstance(v, list) and all(is_int(x) and -1 <= x < 2 ** 31 for x in v)):
                 raise bad(field, v, "a list of integers")
         n = len(tokens)
         if any(t < 0 for t in tokens):
@@ -103,10 +92,10 @@ class RoundTrace:
             if depths[i - 1] != (depths[p - 1] if p else 0) + 1:
                 raise bad(f"depths[{i - 1}]", depths[i - 1], f"{(depths[p - 1] if p else 0) + 1} (its parent's + 1)")
         logw = d["logw"]
-        if not (isinstance(logw, list) and len(logw) == n and all(_is_num(x) for x in logw)):
+        if not (isinstance(logw, list) and len(logw) == n and all(is_num(x) for x in logw)):
             raise bad("logw", logw, f"a list of {n} numbers")
         acc = d["accepted"]
-        if not (isinstance(acc, list) and acc and all(_is_int(x) for x in acc)):
+        if not (isinstance(acc, list) and acc and all(is_int(x) for x in acc)):
             raise bad("accepted", acc, "a non-empty list of node indices")
         if acc[0] != 0:
             raise bad("accepted[0]", acc[0], "0 (the root)")
@@ -118,11 +107,11 @@ class RoundTrace:
                                                     f"path from the root)")
         probs = d["draft_probs"]
         if not (isinstance(probs, list) and len(acc) - 1 <= len(probs) <= len(acc)
-                and all(p is None or _is_num(p) for p in probs)):
+                and all(p is None or is_num(p) for p in probs)):
             raise bad("draft_probs", probs, f"a list of {len(acc) - 1} or {len(acc)} numbers or nulls (one per "
                                             f"committed depth; none past the draft's depth)")
         times = d["times"]
-        if not (isinstance(times, dict) and all(_is_num(v) for v in times.values())):
+        if not (isinstance(times, dict) and all(is_num(v) for v in times.values())):
             raise bad("times", times, "an object of milliseconds per stage")
         tree = Tree(np.array(tokens, np.int32), np.array(depths, np.int32), np.array(parents, np.int32),
                     np.array(logw, np.float64))
@@ -191,18 +180,18 @@ class Generation:
             raise TraceError(f"{where}: got a JSON {type(d).__name__}, expected an object (a kdtree_numba trace)")
 
         def bad(field, value, expected):
-            return TraceError(f"{where}: {field}: got {_short(value)}, expected {expected}")
+            return TraceError(f"{where}: {field}: got {short_repr(value)}, expected {expected}")
 
         for field in ("prompt", "tokens", "rounds", "target_forwards", "seconds"):
             if field not in d:
                 raise TraceError(f"{where}: no {field} field, expected prompt, tokens, rounds, target_forwards and "
                                  f"seconds (not a kdtree_numba trace?)")
         for field in ("prompt", "tokens"):
-            if not (isinstance(d[field], list) and all(_is_int(x) and 0 <= x < 2 ** 31 for x in d[field])):
+            if not (isinstance(d[field], list) and all(is_int(x) and 0 <= x < 2 ** 31 for x in d[field])):
                 raise bad(field, d[field], "a list of token ids")
-        if not (_is_int(d["target_forwards"]) and d["target_forwards"] >= 0):
+        if not (is_int(d["target_forwards"]) and d["target_forwards"] >= 0):
             raise bad("target_forwards", d["target_forwards"], "an integer >= 0")
-        if not _is_num(d["seconds"]):
+        if not is_num(d["seconds"]):
             raise bad("seconds", d["seconds"], "a number")
         settings = d.get("settings", {})
         if not isinstance(settings, dict):

@@ -36,7 +36,7 @@ import warnings
 
 import numpy as np
 
-from ..config import ConfigError, TargetConfig, _short, read_json
+from ..config import ConfigError, TargetConfig, short_repr, read_json
 
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
@@ -54,7 +54,7 @@ class SkippedWeightsWarning(UserWarning):
     skipped."""
 
 
-def _is_int(v) -> bool:
+def is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -113,18 +113,18 @@ def _parse_header(path: str, blob: bytes) -> dict:
     except RecursionError:
         raise CheckpointError(f"{path}: not a safetensors file (header JSON nested too deeply)") from None
     except _Repeated as e:
-        raise CheckpointError(f"{path}: header: the name {_short(e.key)} appears twice in one object, expected "
+        raise CheckpointError(f"{path}: header: the name {short_repr(e.key)} appears twice in one object, expected "
                               f"unique names") from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: header: got a JSON {type(header).__name__}, expected an object of tensor "
                               f"entries")
     meta = header.pop("__metadata__", None)
     if meta is not None and not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
-        raise CheckpointError(f"{path}: __metadata__: got {_short(meta)}, expected an object of strings")
+        raise CheckpointError(f"{path}: __metadata__: got {short_repr(meta)}, expected an object of strings")
     for key, info in header.items():
         where = f"{path}: {key}"
         if not isinstance(info, dict):
-            raise CheckpointError(f"{where}: header entry is {_short(info)}, expected an object with dtype, shape "
+            raise CheckpointError(f"{where}: header entry is {short_repr(info)}, expected an object with dtype, shape "
                                   f"and data_offsets")
         for field in ("dtype", "shape", "data_offsets"):
             if field not in info:
@@ -132,11 +132,11 @@ def _parse_header(path: str, blob: bytes) -> dict:
                                       f"data_offsets")
         dt, shape, offs = info["dtype"], info["shape"], info["data_offsets"]
         if not isinstance(dt, str) or dt not in _SIZES:
-            raise CheckpointError(f"{where}: dtype {_short(dt)}, expected one of {', '.join(_SIZES)}")
-        if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
-            raise CheckpointError(f"{where}: shape {_short(shape)}, expected a list of non-negative integers")
-        if not (isinstance(offs, list) and len(offs) == 2 and all(_is_int(o) and o >= 0 for o in offs)):
-            raise CheckpointError(f"{where}: data_offsets {_short(offs)}, expected [begin, end]: two non-negative "
+            raise CheckpointError(f"{where}: dtype {short_repr(dt)}, expected one of {', '.join(_SIZES)}")
+        if not isinstance(shape, list) or not all(is_int(d) and d >= 0 for d in shape):
+            raise CheckpointError(f"{where}: shape {short_repr(shape)}, expected a list of non-negative integers")
+        if not (isinstance(offs, list) and len(offs) == 2 and all(is_int(o) and o >= 0 for o in offs)):
+            raise CheckpointError(f"{where}: data_offsets {short_repr(offs)}, expected [begin, end]: two non-negative "
                                   f"integers")
         lo, hi = offs
         if lo > hi:
@@ -468,7 +468,7 @@ def read_config(path: str) -> tuple[TargetConfig, dict]:
     if quant is None:
         quant = {}
     if not isinstance(quant, dict):
-        raise CheckpointError(f"{cfile}: quantization_config: got {_short(quant)}, expected an object or null")
+        raise CheckpointError(f"{cfile}: quantization_config: got {short_repr(quant)}, expected an object or null")
     return cfg, quant
 
 
@@ -483,11 +483,11 @@ def _weight_files(path: str) -> dict[str, str]:
             raise CheckpointError(f"{index}: got a JSON {type(raw).__name__}, expected an object with a weight_map")
         wmap = raw.get("weight_map")
         if not isinstance(wmap, dict) or not wmap:
-            raise CheckpointError(f"{index}: weight_map: got {_short(wmap)}, expected an object mapping tensor "
+            raise CheckpointError(f"{index}: weight_map: got {short_repr(wmap)}, expected an object mapping tensor "
                                   f"names to shard files")
         for k, f in wmap.items():
             if not (_plain_name(f) and f.endswith(".safetensors")):
-                raise CheckpointError(f"{index}: weight_map[{_short(k)}]: got {_short(f, 300)}, expected the name "
+                raise CheckpointError(f"{index}: weight_map[{short_repr(k)}]: got {short_repr(f, 300)}, expected the name "
                                       f"of a .safetensors file in {path} (no directories)")
         if os.path.exists(single) and WEIGHTS_NAME not in wmap.values():
             raise CheckpointError(f"{path}: holds both {WEIGHTS_NAME} and {INDEX_NAME}, which does not list it: "
@@ -516,7 +516,7 @@ def _weight_files(path: str) -> dict[str, str]:
 def _check_quant(quant: dict, where: str) -> tuple[str, tuple | None, int | None]:
     """(method 'none' | 'fp8' | 'int4', FP8 block, INT4 group size or None) of a quantization_config."""
     def bad(field, value, expected):
-        return CheckpointError(f"{where}: quantization_config.{field}: got {_short(value)}, expected {expected}")
+        return CheckpointError(f"{where}: quantization_config.{field}: got {short_repr(value)}, expected {expected}")
 
     method = quant.get("quant_method")
     if not quant or method is None:
@@ -526,7 +526,7 @@ def _check_quant(quant: dict, where: str) -> tuple[str, tuple | None, int | None
             raise bad("fmt", quant.get("fmt"), "'e4m3'")
         block = quant.get("weight_block_size")
         block = [128, 128] if block is None else block
-        if not (isinstance(block, list) and len(block) == 2 and all(_is_int(b) and b > 0 for b in block)):
+        if not (isinstance(block, list) and len(block) == 2 and all(is_int(b) and b > 0 for b in block)):
             raise bad("weight_block_size", block, "[rows, cols]: two positive integers")
         return "fp8", tuple(block), None
     if method == "compressed-tensors":
@@ -546,7 +546,7 @@ def _check_quant(quant: dict, where: str) -> tuple[str, tuple | None, int | None
                                                            "symmetric": w.get("symmetric")},
                           "symmetric 4-bit weights (the only INT4 scheme supported)")
             gs = w.get("group_size")
-            if gs is not None and not (_is_int(gs) and gs > 0):
+            if gs is not None and not (is_int(gs) and gs > 0):
                 raise bad(f"config_groups.{name}.weights.group_size", gs, "a positive integer or null")
             if gs is not None:
                 sizes.add(gs)
@@ -556,8 +556,8 @@ def _check_quant(quant: dict, where: str) -> tuple[str, tuple | None, int | None
 
 def dequant_fp8(w8: np.ndarray, scale_inv: np.ndarray, block=(128, 128)) -> np.ndarray:
     """W[r, c] = fp8[r, c] * weight_scale_inv[r // 128, c // 128]."""
-    if not (len(block) == 2 and all(_is_int(b) and b > 0 for b in block)):
-        raise CheckpointError(f"block: got {_short(block)}, expected [rows, cols]: two positive integers")
+    if not (len(block) == 2 and all(is_int(b) and b > 0 for b in block)):
+        raise CheckpointError(f"block: got {short_repr(block)}, expected [rows, cols]: two positive integers")
     if w8.ndim != 2:
         raise CheckpointError(f"weight: expected a 2-d FP8 weight, got shape {w8.shape}")
     rows, cols = w8.shape
@@ -576,7 +576,7 @@ def dequant_int4(packed: np.ndarray, scale: np.ndarray, shape, group_size: int |
     """q = ((packed[r, c//8] >> 4*(c%8)) & 0xF) - 8;  W[r, c] = q * weight_scale[r, c // group]."""
     shp = np.asarray(shape).reshape(-1)
     if shp.size != 2 or shp.dtype.kind not in "iu" or (shp <= 0).any():
-        raise CheckpointError(f"weight_shape: got {_short(shp.tolist())}, expected [rows, cols]: two positive "
+        raise CheckpointError(f"weight_shape: got {short_repr(shp.tolist())}, expected [rows, cols]: two positive "
                               f"integers")
     rows, cols = int(shp[0]), int(shp[1])
     if packed.dtype != np.int32:
