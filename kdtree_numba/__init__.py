@@ -3,10 +3,10 @@ numba.cuda kernel module, runnable on a GPU, on numba's CUDA simulator and on pl
 from . import backend
 from .config import ConfigError, TargetConfig
 from .decode.generate import generate
-from .decode.trace import Generation, RoundTrace
+from .decode.trace import Generation, RoundTrace, TraceError
 from .kernels.tree import Tree
 from .kernels.tree_build import build_tree, build_trees
-from .model.checkpoint import CheckpointError
+from .model.checkpoint import CheckpointError, SkippedWeightsWarning
 from .model.dflash import DFlashConfig, DFlashDrafter, load_drafter
 from .model.drafters import Drafter, OracleDrafter, RandomDrafter
 from .model.presets import tiny_config, tiny_target
