@@ -19,8 +19,8 @@ Run:  KDTREE_BACKEND=sim python tutorials/01_rmsnorm.py [--size small|large] [--
 # %%
 import numpy as np
 
-from _common import (banner, check, check_true, finish, host, parse_args, rng, save_figure, section, stopwatch,
-                     table)
+from _common import (banner, check, check_true, draw_owners, finish, host, parse_args, rng, save_figure, section,
+                     show_kernel, stopwatch, table)
 
 import kdtree_numba as kd
 from kdtree_numba.kernels import rmsnorm
@@ -70,6 +70,23 @@ check("docstring example [[3, 4]] -> [[0.8485, 1.1314]]",
 #
 # The launcher `rmsnorm(x, w, eps, out=None)` checks shapes/dtypes (ValueError naming the argument), then runs the
 # reference on the numpy backend or launches `_rmsnorm_kernel[T, threads](x, w, out, eps)`.
+
+# %% [markdown]
+# The kernel itself, printed from the package (so the page cannot drift from the code), and which thread of which
+# block touches which element, drawn at a tiny shape: 3 rows of 37 columns with the simulator's 16 threads. Block
+# r owns row r; thread tid owns columns tid, tid + 16, tid + 32 - so a warp's 32 threads read 32 consecutive
+# floats (one coalesced load) on a GPU.
+
+# %%
+section("the kernel on the page")
+show_kernel(rmsnorm._rmsnorm_kernel)
+TH = 16                                                  # threads per block on the simulator (256 on a GPU)
+owner = np.tile(np.arange(37) % TH, (3, 1))              # [3, 37] thread id that loads (r, c)
+check_true("the text's constants match the code (STAGE = 8192 floats; 16 threads on the simulator)",
+           rmsnorm.STAGE == 8192 and kd.backend.block_size(256, 16) == (16 if kd.backend.name != "cuda" else 256))
+save_figure(draw_owners(owner, "RMSNorm: block r = row r; the number = the thread that loads the element (16 "
+                        "threads)", "column c", "block (row)", [f"block {r}" for r in range(3)]),
+            args, "01_rmsnorm_threads.png")
 
 # %%
 section("kernel vs reference")

@@ -22,8 +22,8 @@ Run:  KDTREE_BACKEND=sim python tutorials/04_moe_routing.py [--size small|large]
 # %%
 import numpy as np
 
-from _common import (banner, check, check_true, finish, host, parse_args, rng, save_figure, section, stopwatch,
-                     table)
+from _common import (banner, check, check_true, draw_owners, finish, host, parse_args, rng, save_figure, section,
+                     show_kernel, stopwatch, table)
 
 import kdtree_numba as kd
 from kdtree_numba.kernels import moe_routing as moe
@@ -81,6 +81,25 @@ check("step-by-step == route_ref (token 0): weights", w_ref[t0], w, atol=1e-6, r
 # block), lane l owning experts l, l + 32, ...; each of the k rounds is a lane-local scan plus a 5-step
 # `shfl_xor` arg-max, with no block barrier. The simulator has no warp shuffles, so it runs the block version;
 # both follow the same tie rule and are checked against the same reference.
+
+# %% [markdown]
+# The block kernel on the page (printed from the package), and who touches what at this tutorial's small shape:
+# block t = token t; with 8 threads for 16 experts, thread j fills `s` / `choice` for experts j and j + 8, and
+# thread g < 4 sums group g's top-2 (drawn as the second panel's numbers: the expert columns of each group).
+
+# %%
+section("the kernel on the page")
+show_kernel(moe._route_kernel)
+TH = moe._pow2_at_most(16, 8)                               # the simulator's block for 16 experts
+check_true("the text's constants match the code (block <= 128 threads on a GPU, 8 on the simulator, a power of "
+           "two <= E)", moe._pow2_at_most(384, 128) == 128 and TH == 8 and moe._pow2_at_most(6, 8) == 4)
+fill = np.tile(np.arange(16) % TH, (3, 1))                  # [3 tokens, 16 experts] thread filling s/choice
+group = np.tile(np.arange(16) // 4, (3, 1))                 # [3, 16] thread summing the expert's group
+both = np.concatenate([fill, np.full((1, 16), -1), group])
+save_figure(draw_owners(both, "MoE routing, one block per token: rows 0-2 thread filling s/choice per expert (8 "
+                        "threads); rows 4-6 thread summing each group's top-2 (4 groups of 4)", "expert e", "",
+                        [f"token {t}" for t in range(3)] + [""] + [f"token {t} (groups)" for t in range(3)]),
+            args, "04_moe_routing_threads.png")
 
 # %%
 section("kernel vs reference")

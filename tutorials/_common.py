@@ -246,3 +246,39 @@ def plot_round(round_trace, target, path: str, **kw):
     fig = viz.plot_tree(round_trace, vocab_size=target.config.vocab_size, path=path, **kw)
     print(f"saved figure: {path}" + ("" if "tokenizer" in kw else "  (nodes labelled by token id)"))
     return fig
+
+
+def show_kernel(kernel, first: int = 0, last: int | None = None) -> str:
+    """Print a kernel's source - the kernel on the page - from the package itself (it cannot drift from the code).
+    ``first`` / ``last`` pick a line range of the function (0-based, end exclusive). Returns the text printed."""
+    fn = getattr(kernel, "py_func", None) or getattr(kernel, "fn", None) or kernel   # GPU dispatcher / simulator
+    lines = inspect.getsource(fn).splitlines()
+    file = os.path.relpath(inspect.getsourcefile(fn), os.path.dirname(os.path.dirname(kd.__file__)))
+    text = "\n".join(lines[first:last])
+    print(f"---- {file}: {fn.__name__} ----\n{text}\n----")
+    return text
+
+
+def draw_owners(owner, title: str, xlabel: str, ylabel: str, row_names=None):
+    """A thread-to-data drawing: cell (r, c) of ``owner [R, C]`` shows which thread touches it (colour and number);
+    -1 = nobody. Returns the figure (``save_figure`` it)."""
+    import matplotlib.pyplot as plt
+
+    owner = np.asarray(owner)
+    R, C = owner.shape
+    fig, ax = plt.subplots(figsize=(min(0.32 * C + 1.5, 16), 0.45 * R + 1.2))
+    shown = np.ma.masked_less(owner, 0)
+    ax.imshow(shown % 20, cmap="tab20", vmin=0, vmax=19, aspect="auto")
+    for r in range(R):
+        for c in range(C):
+            if owner[r, c] >= 0:
+                ax.text(c, r, str(owner[r, c]), ha="center", va="center", fontsize=7)
+    ax.set_xticks(range(C))
+    ax.set_xticklabels([str(c) for c in range(C)], fontsize=6)
+    ax.set_yticks(range(R))
+    ax.set_yticklabels(row_names if row_names is not None else [str(r) for r in range(R)], fontsize=8)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
