@@ -27,7 +27,8 @@ Run:  KDTREE_BACKEND=sim python tutorials/05_mla_latent_cache.py [--size small|l
 # %%
 import numpy as np
 
-from _common import (banner, check, check_true, finish, host, parse_args, rng, save_figure, section, stopwatch,
+from _common import (banner, check, check_true, draw_owners, finish, host, parse_args, rng, save_figure, section,
+                     show_kernel, stopwatch,
                      table)
 
 import kdtree_numba as kd
@@ -103,6 +104,23 @@ check_true("Kimi: 64 x (192 + 128) / 576 = 35.6x smaller", abs(64 * 320 / 576 - 
 #   `M = max m_z;  out = sum exp(m_z - M) o_z / sum exp(m_z - M) l_z`.
 #
 # The reference `mla_attention_ref` is a float64 softmax over each token's key list.
+#
+# Below: the kernel on the page (printed from the package), then which block reads which cache row for a chunk of
+# 3 tokens after 6 committed rows with 2 key splits: split length = ceil(9 / 2) = 5 rounded up to a whole tile of
+# BK = 8 rows, so split 0 reads rows 0-7 of every token's list and split 1 row 8 (only token 2's list is that
+# long); cells past a token's last row (causal) are blank. Every head group of the token repeats the same picture.
+
+# %%
+section("the kernel on the page")
+show_kernel(mla._attention_kernel)
+check_true("the text's constants match the code (HG = 4 heads per block, BK = 8 rows per tile, rows up to 576)",
+           mla.HG == 4 and mla.BK == 8 and mla.MAX_D == 576)
+n_keys = 6 + np.arange(3) + 1                                  # token t sees rows 0 .. 6 + t
+split_len = -(-(-(-9 // 2)) // mla.BK) * mla.BK                # ceil(9 / 2) -> whole tiles of BK rows
+owner = np.where(np.arange(9)[None, :] < n_keys[:, None], np.arange(9)[None, :] // split_len, -1)   # [3, 9]
+save_figure(draw_owners(owner, f"MLA attention, start 6, 3 tokens, 2 key splits of {split_len} rows: the number = "
+                        f"the split z (grid axis 2) whose block reads the row", "cache row", "token t",
+                        [f"token {t}" for t in range(3)]), args, "05_mla_attention_blocks.png")
 
 # %%
 section("kernel vs reference (causal, on a tiny cache)")
