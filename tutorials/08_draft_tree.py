@@ -183,6 +183,55 @@ check_true("prefix-closed: a node never outweighs its parent",
            all(parents[i] == 0 or tree.logw[i - 1] <= tree.logw[parents[i] - 1] for i in range(1, tree.n + 1)))
 
 # %% [markdown]
+# ## The GPU formulation on one page: a teaching version
+#
+# The kernel (`_build_kernel`, ~360 lines) spends most of its code on doing this fast and on the ulp-level tie
+# rules. Without those, its level-by-level idea fits in a dozen lines of NumPy: at depth d every kept node of
+# depth d-1 is a parent; its candidate children are its parent's weight plus each of the top-K log-probs of depth
+# d (one *chain* per parent, non-increasing, so at most `budget` of each can matter); the candidates are merged
+# with the kept list in pop order (weight descending, rank tuple ascending on ties) and the first `budget` stay.
+# Why the split by level loses nothing: a node's parent always pops before it, so the best `budget` nodes of
+# depths <= d are exactly the best `budget` among (the kept list + the children of its depth-(d-1) nodes).
+# On the GPU one thread per parent sizes its chain, one thread per candidate writes it, a block-wide sort orders
+# them, and a merge by binary search keeps the first `budget`: the same three steps as the loop below.
+
+# %%
+section("the level-by-level build, as a teaching version")
+
+
+def teaching_build(lp, budget):
+    """Rank tuples of the best-first tree in pop order: level by level, expand -> sort -> merge -> keep budget."""
+    kept = []                                                   # [(rank tuple, weight)], pop order
+    parents = [((), 0.0)]                                       # the root
+    for d in range(lp.shape[0]):
+        cand = [(t + (r,), w + float(lp[d, r])) for t, w in parents
+                for r in range(min(budget, lp.shape[1])) if lp[d, r] > -np.inf]             # expand: chains
+        kept = sorted(kept + cand, key=lambda n: (-n[1], n[0]))[:budget]                   # sort + merge + keep
+        parents = [n for n in kept if len(n[0]) == d + 1]
+        if not parents:
+            break
+    return kept
+
+
+teach = teaching_build(lp.astype(np.float64), BUDGET) if not LARGE else []
+rank_of = [{int(t): r for r, t in enumerate(ids[d])} for d in range(L)]   # token -> its rank at depth d
+
+
+def rank_tuple(tree, i):                                        # node i (1-based) -> its rank tuple
+    out = []
+    while i:
+        out.append(rank_of[tree.depths[i - 1] - 1][int(tree.tokens[i - 1])])
+        i = tree.parents[i]
+    return tuple(reversed(out))
+
+
+if not LARGE:      # (at Kimi's size ulp-close weights appear, whose heap order only the kernel's comparator keeps)
+    check_true("teaching version == kd.build_tree: the same nodes in the same pop order",
+               [t for t, _ in teach] == [rank_tuple(tree, i) for i in range(1, tree.n + 1)], f"{len(teach)} nodes")
+    check("teaching version's weights == the tree's", np.array([w for _, w in teach]), tree.logw, atol=1e-12,
+          rtol=0)
+
+# %% [markdown]
 # ## The tree as an outline
 #
 # `q` = the draft probability of the node's token at its depth (`exp(lp)`), `w` = `exp(logw)`, the product of the
