@@ -37,6 +37,7 @@ import warnings
 import numpy as np
 
 from ..config import ConfigError, TargetConfig, short_repr, read_json
+from . import hf_keys
 
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
@@ -379,47 +380,8 @@ def expected_shapes(cfg: TargetConfig) -> dict[str, tuple]:
 
 
 def _iter_expected(cfg: TargetConfig):
-    """(key, shape) of every tensor of the HF layout, top-level tensors first, then layer by layer."""
-    H, N, V = cfg.hidden_size, cfg.num_attention_heads, cfg.vocab_size
-    P, R, Vd, Lkv = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank
-    yield "model.embed_tokens.weight", (V, H)
-    yield "model.norm.weight", (H,)
-    if not cfg.tie_word_embeddings:
-        yield "lm_head.weight", (V, H)
-    for i in range(cfg.num_hidden_layers):
-        p = f"model.layers.{i}."
-        yield p + "input_layernorm.weight", (H,)
-        yield p + "post_attention_layernorm.weight", (H,)
-        a = p + "self_attn."
-        if cfg.q_lora_rank is None:
-            yield a + "q_proj.weight", (N * (P + R), H)
-        else:
-            yield a + "q_a_proj.weight", (cfg.q_lora_rank, H)
-            yield a + "q_a_layernorm.weight", (cfg.q_lora_rank,)
-            yield a + "q_b_proj.weight", (N * (P + R), cfg.q_lora_rank)
-        yield a + "kv_a_proj_with_mqa.weight", (Lkv + R, H)
-        yield a + "kv_a_layernorm.weight", (Lkv,)
-        yield a + "kv_b_proj.weight", (N * (P + Vd), Lkv)
-        yield a + "o_proj.weight", (H, N * Vd)
-        m = p + "mlp."
-        if cfg.is_moe_layer(i):
-            I, E = cfg.moe_intermediate_size, cfg.n_routed_experts
-            yield m + "gate.weight", (E, H)
-            yield m + "gate.e_score_correction_bias", (E,)
-            for e in range(E):
-                yield m + f"experts.{e}.gate_proj.weight", (I, H)
-                yield m + f"experts.{e}.up_proj.weight", (I, H)
-                yield m + f"experts.{e}.down_proj.weight", (H, I)
-            if cfg.n_shared_experts:
-                Is = I * cfg.n_shared_experts
-                yield m + "shared_experts.gate_proj.weight", (Is, H)
-                yield m + "shared_experts.up_proj.weight", (Is, H)
-                yield m + "shared_experts.down_proj.weight", (H, Is)
-        else:
-            F = cfg.intermediate_size
-            yield m + "gate_proj.weight", (F, H)
-            yield m + "up_proj.weight", (F, H)
-            yield m + "down_proj.weight", (H, F)
+    """(key, shape) of every tensor of the HF layout, top-level tensors first, then layer by layer (lazily)."""
+    return hf_keys.iter_keys(cfg)
 
 
 def expected_count(cfg: TargetConfig) -> int:

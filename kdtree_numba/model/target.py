@@ -34,7 +34,7 @@ from .. import backend
 from ..config import TargetConfig
 from ..kernels import (embedding, gemm, mla_attention, moe_grouped_gemm, moe_routing, rmsnorm, rope, swiglu,
                         tree_verify)
-from . import checkpoint
+from . import checkpoint, hf_keys
 from .kv_cache import LatentCache
 
 QKV_NORM_EPS = 1e-6   # HF's q_a_layernorm / kv_a_layernorm always use 1e-6
@@ -75,9 +75,10 @@ class Target:
     # ---------------------------------------------------------------------------------------- construction
     @classmethod
     def from_state_dict(cls, config: TargetConfig, state: dict[str, np.ndarray]) -> "Target":
-        """Build from HF-layout float32 tensors (keys as in checkpoint.expected_shapes): permute rope rows,
-        fuse gate/up, stack experts, split kv_b into W_UK / W_UV, and move everything to the backend. The target
-        holds copies: changing ``state`` afterwards does not change the model."""
+        """Build from HF-layout float32 tensors (keys as in checkpoint.expected_shapes) by the key map of
+        model/hf_keys.py (permute rope rows, fuse gate/up, stack experts, split kv_b into W_UK / W_UV), and move
+        everything to the backend. The target holds copies: changing ``state`` afterwards does not change the
+        model."""
         cfg = config.validate()
         shapes = checkpoint.expected_shapes(cfg)
         for key in sorted(state):
@@ -89,56 +90,14 @@ class Target:
                 raise checkpoint.CheckpointError(f"{key}: missing from the state dict")
             if tuple(state[key].shape) != shape:
                 raise checkpoint.CheckpointError(f"{key}: expected shape {shape}, got {tuple(state[key].shape)}")
-        N, P, R, Vd, Lkv = (cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim,
-                            cfg.kv_lora_rank)
-        dev = backend.asarray
-        f32 = functools.partial(np.array, dtype=np.float32)          # a copy: the target never aliases ``state``
 
-        def rope_rows(w, starts):
-            return rope.permute_rope_rows(w, starts, R) if cfg.rope_interleave else w
+        def dev(arrays):                # the table's transforms make fresh host copies: no aliasing of ``state``
+            return {name: backend.asarray(a) for name, a in arrays.items()}
 
-        weights = {"embed": dev(f32(state["model.embed_tokens.weight"])),
-                   "norm": dev(f32(state["model.norm.weight"]))}
-        weights["lm_head"] = weights["embed"] if cfg.tie_word_embeddings else dev(f32(state["lm_head.weight"]))
-        layers = []
-        for i in range(cfg.num_hidden_layers):
-            p = f"model.layers.{i}."
-            a = p + "self_attn."
-            L = {"in_norm": dev(f32(state[p + "input_layernorm.weight"])),
-                 "post_norm": dev(f32(state[p + "post_attention_layernorm.weight"]))}
-            q_starts = [h * (P + R) + P for h in range(N)]
-            if cfg.q_lora_rank is None:
-                L["q"] = dev(rope_rows(f32(state[a + "q_proj.weight"]), q_starts))
-            else:
-                L["q_a"] = dev(f32(state[a + "q_a_proj.weight"]))
-                L["q_a_norm"] = dev(f32(state[a + "q_a_layernorm.weight"]))
-                L["q_b"] = dev(rope_rows(f32(state[a + "q_b_proj.weight"]), q_starts))
-            L["kv_a"] = dev(rope_rows(f32(state[a + "kv_a_proj_with_mqa.weight"]), [Lkv]))
-            L["kv_a_norm"] = dev(f32(state[a + "kv_a_layernorm.weight"]))
-            kv_b = f32(state[a + "kv_b_proj.weight"]).reshape(N, P + Vd, Lkv)
-            L["w_uk"] = dev(kv_b[:, :P])                                      # [N, P, Lkv]
-            L["w_uv_t"] = dev(np.ascontiguousarray(kv_b[:, P:].transpose(0, 2, 1)))   # [N, Lkv, Vd]
-            L["o"] = dev(f32(state[a + "o_proj.weight"]))
-            m = p + "mlp."
-            if cfg.is_moe_layer(i):
-                E = cfg.n_routed_experts
-                L["gate"] = dev(f32(state[m + "gate.weight"]))
-                L["bias"] = dev(f32(state[m + "gate.e_score_correction_bias"]))
-                L["experts_gu"] = dev(np.stack([np.concatenate([state[m + f"experts.{e}.gate_proj.weight"],
-                                                                state[m + f"experts.{e}.up_proj.weight"]])
-                                                for e in range(E)]).astype(np.float32))      # [E, 2I, H]
-                L["experts_down"] = dev(np.stack([state[m + f"experts.{e}.down_proj.weight"]
-                                                  for e in range(E)]).astype(np.float32))   # [E, H, I]
-                if cfg.n_shared_experts:
-                    L["shared_gu"] = dev(np.concatenate([state[m + "shared_experts.gate_proj.weight"],
-                                                         state[m + "shared_experts.up_proj.weight"]]).astype(
-                        np.float32))
-                    L["shared_down"] = dev(f32(state[m + "shared_experts.down_proj.weight"]))
-            else:
-                L["gu"] = dev(np.concatenate([state[m + "gate_proj.weight"], state[m + "up_proj.weight"]]).astype(
-                    np.float32))
-                L["down"] = dev(f32(state[m + "down_proj.weight"]))
-            layers.append(L)
+        weights = dev(hf_keys.to_engine(cfg, state))
+        if cfg.tie_word_embeddings:
+            weights["lm_head"] = weights["embed"]
+        layers = [dev(hf_keys.to_engine(cfg, state, i)) for i in range(cfg.num_hidden_layers)]
         return cls(cfg, weights, layers)
 
     @_on_backend
@@ -146,56 +105,14 @@ class Target:
         """The HF-layout tensors (raw interleaved rope rows), float32 host copies: changing them does not change
         the model."""
         cfg = self.config
-        N, P, R, Vd, Lkv = (cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim,
-                            cfg.kv_lora_rank)
 
         def h(a):                      # a device array comes back as a fresh host array; a host one is copied
             return backend.to_host(a) if backend.is_device(a) else np.array(a, dtype=np.float32)
 
-        def raw_rows(w, starts):
-            return rope.permute_rope_rows(w, starts, R, inverse=True) if cfg.rope_interleave else w
-
-        sd = {"model.embed_tokens.weight": h(self.w["embed"]), "model.norm.weight": h(self.w["norm"])}
-        if not cfg.tie_word_embeddings:
-            sd["lm_head.weight"] = h(self.w["lm_head"])
-        q_starts = [i * (P + R) + P for i in range(N)]
+        sd = hf_keys.to_hf(cfg, self.w, h)
         for i, L in enumerate(self.layers):
-            p = f"model.layers.{i}."
-            a = p + "self_attn."
-            sd[p + "input_layernorm.weight"] = h(L["in_norm"])
-            sd[p + "post_attention_layernorm.weight"] = h(L["post_norm"])
-            if cfg.q_lora_rank is None:
-                sd[a + "q_proj.weight"] = raw_rows(h(L["q"]), q_starts)
-            else:
-                sd[a + "q_a_proj.weight"] = h(L["q_a"])
-                sd[a + "q_a_layernorm.weight"] = h(L["q_a_norm"])
-                sd[a + "q_b_proj.weight"] = raw_rows(h(L["q_b"]), q_starts)
-            sd[a + "kv_a_proj_with_mqa.weight"] = raw_rows(h(L["kv_a"]), [Lkv])
-            sd[a + "kv_a_layernorm.weight"] = h(L["kv_a_norm"])
-            kv_b = np.concatenate([h(L["w_uk"]), h(L["w_uv_t"]).transpose(0, 2, 1)], axis=1)   # [N, P+Vd, Lkv]
-            sd[a + "kv_b_proj.weight"] = np.ascontiguousarray(kv_b.reshape(N * (P + Vd), Lkv))
-            sd[a + "o_proj.weight"] = h(L["o"])
-            m = p + "mlp."
-            if "gate" in L:
-                sd[m + "gate.weight"] = h(L["gate"])
-                sd[m + "gate.e_score_correction_bias"] = h(L["bias"])
-                gu, down = h(L["experts_gu"]), h(L["experts_down"])
-                inter = gu.shape[1] // 2
-                for e in range(gu.shape[0]):
-                    sd[m + f"experts.{e}.gate_proj.weight"] = np.ascontiguousarray(gu[e, :inter])
-                    sd[m + f"experts.{e}.up_proj.weight"] = np.ascontiguousarray(gu[e, inter:])
-                    sd[m + f"experts.{e}.down_proj.weight"] = np.ascontiguousarray(down[e])
-                if "shared_gu" in L:
-                    sg = h(L["shared_gu"])
-                    sd[m + "shared_experts.gate_proj.weight"] = np.ascontiguousarray(sg[:sg.shape[0] // 2])
-                    sd[m + "shared_experts.up_proj.weight"] = np.ascontiguousarray(sg[sg.shape[0] // 2:])
-                    sd[m + "shared_experts.down_proj.weight"] = h(L["shared_down"])
-            else:
-                g = h(L["gu"])
-                sd[m + "gate_proj.weight"] = np.ascontiguousarray(g[:g.shape[0] // 2])
-                sd[m + "up_proj.weight"] = np.ascontiguousarray(g[g.shape[0] // 2:])
-                sd[m + "down_proj.weight"] = h(L["down"])
-        return sd
+            sd.update(hf_keys.to_hf(cfg, L, h, i))
+        return {key: sd[key] for key, _ in hf_keys.iter_keys(cfg)}     # in layout order
 
     def save(self, path: str) -> None:
         """Write an HF directory (config.json + model.safetensors, fp32, + tokenizer.json when the target has a
