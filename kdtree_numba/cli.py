@@ -18,6 +18,8 @@ import os
 import sys
 import time
 
+from .argtypes import real, whole, whole_list
+
 DEMO_TASK = "HumanEval/18"          # its greedy completion reads as code (a small class), see cmd_demo
 BYTE_PROMPT = "DDTree drafts a whole tree of continuations, then the target checks them all at once. "
 EOS = "<|endoftext|>"
@@ -46,51 +48,8 @@ def _progress(label: str):
     return update
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
-    return value
-
-
-def _budget(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
-    if not 0 <= value <= 1024:
-        raise argparse.ArgumentTypeError(f"expected a tree budget in [0, 1024], got {value}")
-    return value
-
-
-def _temperature(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not value >= 0 or value == float("inf"):          # NaN fails the comparison
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
-    return value
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
-
-
-def _budget_list(text: str) -> list[int]:
-    values = _int_list(text)
-    if not values:
-        raise argparse.ArgumentTypeError(f"expected at least one budget (comma-separated, e.g. 4,16,64), got {text!r}")
-    bad = [v for v in values if not 0 <= v <= 1024]
-    if bad:
-        raise argparse.ArgumentTypeError(f"budget {bad[0]} outside [0, 1024] in {text!r}")
-    return values
+_positive_int, _budget, _temperature = whole(1), whole(0, 1024), real(0.0)
+_int_list, _budget_list = whole_list(0), whole_list(0, 1024)
 
 
 def _writable_dir(folder: str, flag: str, path: str) -> None:

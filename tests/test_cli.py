@@ -173,11 +173,11 @@ def test_sweep(tmp_path):
     (["generate", "--model", "/no/such/dir"], "--model: /no/such/dir is not a directory"),
     (["generate", "--ids", "1,9999"], "--ids: token id 9999 is outside the vocabulary"),
     (["generate", "--ids", "1,2,x"], "--ids: expected comma-separated whole numbers"),
-    (["generate", "--budget", "-3"], "argument --budget: expected a tree budget in [0, 1024], got -3"),
-    (["demo", "--budget", "2000"], "argument --budget: expected a tree budget in [0, 1024], got 2000"),
+    (["generate", "--budget", "-3"], "argument --budget: expected a whole number in [0, 1024], got -3"),
+    (["demo", "--budget", "2000"], "argument --budget: expected a whole number in [0, 1024], got 2000"),
     (["generate", "--temperature", "nan"], "argument --temperature: expected a finite number >= 0, got 'nan'"),
-    (["generate", "--temperature", "hot"], "argument --temperature: expected a number >= 0, got 'hot'"),
-    (["generate", "--max-new-tokens", "0"], "--max-new-tokens: expected a number >= 1"),
+    (["generate", "--temperature", "hot"], "argument --temperature: expected a finite number >= 0, got 'hot'"),
+    (["generate", "--max-new-tokens", "0"], "argument --max-new-tokens: expected a whole number >= 1, got 0"),
     (["generate", "--noise", "0.5"], "--noise 0.5: applies to --drafter oracle only, not --drafter dflash"),
     (["generate", "--drafter", "random", "--noise", "1"], "--noise 1: applies to --drafter oracle only, not "
                                                           "--drafter random"),
@@ -198,14 +198,14 @@ def test_sweep(tmp_path):
                                               "HumanEval/163"),
     (["generate", "--task", "HumanEval/1", "--prompt", "x"], "argument --prompt: not allowed with argument --task"),
     (["generate", "--drafter", "medusa"], "argument --drafter: invalid choice: 'medusa'"),
-    (["sweep", "--budgets", ""], "argument --budgets: expected at least one budget (comma-separated, e.g. "
+    (["sweep", "--budgets", ""], "argument --budgets: expected at least one whole number (comma-separated, e.g. "
                                  "4,16,64), got ''"),
-    (["sweep", "--budgets", "4,2000"], "argument --budgets: budget 2000 outside [0, 1024] in '4,2000'"),
+    (["sweep", "--budgets", "4,2000"], "argument --budgets: expected whole numbers in [0, 1024], got 2000 in '4,2000'"),
     (["sweep", "--out", "sweep.pdf"], "--out: expected a file path ending in .png or .svg, got 'sweep.pdf'"),
     (["sweep", "--out", "/no/such/dir/s.png"], "--out: cannot write /no/such/dir/s.png"),
     (["sweep", "--drafter", "none"], "argument --drafter: invalid choice: 'none'"),
     (["trees", "/no/such/trace.json"], "trace: /no/such/trace.json does not exist"),
-    (["demo", "--budget", "x"], "argument --budget: invalid int value: 'x'"),
+    (["demo", "--budget", "x"], "argument --budget: expected a whole number in [0, 1024], got 'x'"),
     (["demo", "--task", "nope"], "--task: unknown task 'nope'"),
     (["demo", "--noise", "0.3"], "unrecognized arguments: --noise 0.3"),
     (["demo", "--depth", "8"], "unrecognized arguments: --depth 8"),
@@ -220,7 +220,7 @@ def test_bad_input_is_one_line_and_status_2(args, msg, capsys):
 def test_bad_input_in_a_real_process():
     """The same contract through the interpreter: status 2, one line on stderr."""
     one_line_error(cli("generate", "--noise", "0.5"), "--noise 0.5: applies to --drafter oracle only")
-    one_line_error(cli("sweep", "--budgets", ""), "argument --budgets: expected at least one budget")
+    one_line_error(cli("sweep", "--budgets", ""), "argument --budgets: expected at least one whole number")
 
 
 def test_errors_that_need_files(tmp_path, byte_model, wide_model, default_trace, capsys):

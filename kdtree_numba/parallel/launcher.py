@@ -27,6 +27,7 @@ import tempfile
 import time
 
 from . import communicator
+from ..argtypes import real, whole
 
 PROMPT_TEXT = "def fibonacci(n):"
 
@@ -40,33 +41,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message}\n")
 
 
-def _int_at_least(lo: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if value < lo:
-            raise argparse.ArgumentTypeError(f"expected a whole number >= {lo}, got {value}")
-        return value
-    return parse
-
-
-def _budget(text: str) -> int:
-    value = _int_at_least(0)(text)
-    if value > 1024:
-        raise argparse.ArgumentTypeError(f"expected a tree budget in [0, 1024], got {value}")
-    return value
-
-
-def _noise(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
-    return value
+_budget, _noise = whole(0, 1024), real(0.0)
 
 
 def _ids(text: str) -> list[int]:
@@ -82,23 +57,23 @@ def _ids(text: str) -> list[int]:
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m kdtree_numba.parallel", description=__doc__.split("\n\n")[0],
                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--world", type=_int_at_least(1), required=True, help="number of ranks (GPUs for nccl)")
+    p.add_argument("--world", type=whole(1), required=True, help="number of ranks (GPUs for nccl)")
     p.add_argument("--comm", choices=("nccl", "fake"), default="nccl",
                    help="nccl: one process per GPU; fake: ranks as threads in this process (no GPU needed)")
     p.add_argument("--model", default="tiny", help="tiny | default | an HF checkpoint directory (default tiny)")
-    p.add_argument("--seed", type=_int_at_least(0), default=0, help="seed of --model tiny (default 0)")
+    p.add_argument("--seed", type=whole(0), default=0, help="seed of --model tiny (default 0)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--ids", type=_ids, metavar="1,2,3", help="prompt token ids")
     src.add_argument("--prompt", metavar="TEXT", help=f"prompt text (default {PROMPT_TEXT!r})")
-    p.add_argument("--max-new-tokens", type=_int_at_least(1), default=32)
+    p.add_argument("--max-new-tokens", type=whole(1), default=32)
     p.add_argument("--budget", type=_budget, default=16, help="DDTree tree budget, 0..1024 (default 16)")
     p.add_argument("--drafter", default="oracle", help="oracle | default | a DFlash directory (default oracle)")
     p.add_argument("--noise", type=_noise, default=0.5, help="oracle drafter noise (default 0.5)")
-    p.add_argument("--depth", type=_int_at_least(1), default=6, help="oracle drafter depth (default 6)")
+    p.add_argument("--depth", type=whole(1), default=6, help="oracle drafter depth (default 6)")
     p.add_argument("--reduce", choices=("tokens", "assignments"), default="tokens",
                    help="what the all-reduce sums: per-token outputs (k times less data) or per-assignment rows "
                         "(bitwise equal to one rank)")
-    p.add_argument("--timeout", type=_int_at_least(1), default=900, help="seconds to wait for the ranks (nccl)")
+    p.add_argument("--timeout", type=whole(1), default=900, help="seconds to wait for the ranks (nccl)")
     p.add_argument("--worker-result", help=argparse.SUPPRESS)      # internal: set for the per-GPU processes
     return p
 

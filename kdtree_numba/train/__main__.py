@@ -19,6 +19,8 @@ import os
 import sys
 import time
 
+from ..argtypes import real, whole, whole_list
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -38,33 +40,12 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def _number(cast, lo: float, strict: bool):
-    """An argparse type: ``cast(text)`` that must be > lo (strict) or >= lo, else a one-line error."""
-    what = f"{'a positive' if strict else 'a non-negative'} {'integer' if cast is int else 'number'}"
-
-    def parse(s: str):
-        try:
-            v = cast(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}") from None
-        if not (v > lo if strict else v >= lo):
-            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
-        return v
-    return parse
-
-
-_positive_int, _nonneg_int = _number(int, 0, True), _number(int, 0, False)
-_positive_float, _nonneg_float = _number(float, 0.0, True), _number(float, 0.0, False)
+_positive_int, _nonneg_int = whole(1), whole(0)
+_positive_float, _nonneg_float = real(0.0, strict=True), real(0.0)
 
 
 def _int_list(s: str) -> tuple:
-    try:
-        v = tuple(int(x) for x in s.split(",") if x.strip() != "")
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 1,2,3, got {s!r}") from None
-    if not v or any(x < 0 for x in v):
-        raise argparse.ArgumentTypeError(f"expected comma-separated non-negative integers, got {s!r}")
-    return v
+    return tuple(whole_list(0)(s))
 
 
 def _config_json(s: str) -> dict:

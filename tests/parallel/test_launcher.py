@@ -24,14 +24,14 @@ def test_fake_ranks_generate_the_one_rank_tokens(capsys, numpy_backend):
 
 @pytest.mark.parametrize("args,msg", [
     (["--world", "0"], "argument --world: expected a whole number >= 1, got 0"),
-    (["--world", "two"], "argument --world: expected a whole number, got 'two'"),
+    (["--world", "two"], "argument --world: expected a whole number >= 1, got 'two'"),
     ([], "the following arguments are required: --world"),
     (["--world", "3", "--comm", "fake"], "--world 3: does not divide the model's 8 routed experts"),
     (["--world", "16", "--comm", "fake"], "--world 16: does not divide the model's 8 routed experts"),
     (["--world", "2", "--comm", "mpi"], "argument --comm: invalid choice"),
     (["--world", "2", "--comm", "fake", "--model", "/no/such/dir"], "--model: /no/such/dir is not tiny"),
     (["--world", "2", "--comm", "fake", "--drafter", "/no/such/dir"], "--drafter: /no/such/dir is not oracle"),
-    (["--world", "2", "--comm", "fake", "--budget", "2000"], "expected a tree budget in [0, 1024], got 2000"),
+    (["--world", "2", "--comm", "fake", "--budget", "2000"], "expected a whole number in [0, 1024], got 2000"),
     (["--world", "2", "--comm", "fake", "--ids", "1,x"], "expected comma-separated token ids"),
 ])
 def test_bad_arguments_are_one_line_and_status_2(args, msg, capsys):

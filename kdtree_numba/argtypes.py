@@ -1,0 +1,66 @@
+"""argparse value types shared by every command line here (``kdtree_numba``, ``.train``, ``.parallel``, the
+benchmarks): a bad value is refused with one line that says what was expected and what came.
+
+    whole(lo, hi)        an int in [lo, hi]            "expected a whole number >= 1, got 0"
+    real(lo)             a finite float >= lo          "expected a finite number >= 0, got 'nan'"
+    whole_list(lo, hi)   comma-separated ints          "expected comma-separated whole numbers, got '4,x'"
+Example: ``p.add_argument("--budget", type=whole(0, 1024))``; ``--budget 2000`` exits 2 with
+"argument --budget: expected a whole number <= 1024, got 2000".
+"""
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def _range_text(lo, hi) -> str:
+    if lo is not None and hi is not None:
+        return f" in [{lo}, {hi}]"
+    if lo is not None:
+        return f" >= {lo}"
+    return f" <= {hi}" if hi is not None else ""
+
+
+def whole(lo: int | None = None, hi: int | None = None):
+    """An argparse type: an int within [lo, hi] (either bound may be None)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number{_range_text(lo, hi)}, got {text!r}") from None
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            raise argparse.ArgumentTypeError(f"expected a whole number{_range_text(lo, hi)}, got {value}")
+        return value
+    return parse
+
+
+def real(lo: float = 0.0, strict: bool = False):
+    """An argparse type: a finite float >= lo (> lo when ``strict``); NaN and inf are refused."""
+    want = f"a finite number {'>' if strict else '>='} {lo:g}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {want}, got {text!r}") from None
+        if not math.isfinite(value) or value < lo or (strict and value == lo):
+            raise argparse.ArgumentTypeError(f"expected {want}, got {text!r}")
+        return value
+    return parse
+
+
+def whole_list(lo: int | None = None, hi: int | None = None):
+    """An argparse type: comma-separated ints, at least one, each within [lo, hi]."""
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(x) for x in text.replace(" ", "").split(",") if x]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
+        if not values:
+            raise argparse.ArgumentTypeError(f"expected at least one whole number (comma-separated, e.g. 4,16,64), "
+                                             f"got {text!r}")
+        bad = [v for v in values if (lo is not None and v < lo) or (hi is not None and v > hi)]
+        if bad:
+            raise argparse.ArgumentTypeError(f"expected whole numbers{_range_text(lo, hi)}, got {bad[0]} in {text!r}")
+        return values
+    return parse
