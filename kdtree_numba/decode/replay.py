@@ -94,9 +94,7 @@ def autoregressive_replay(target, prompt: np.ndarray, max_new_tokens: int, tempe
     run = one_step
     done, tokens = 1, []
     while True:
-        host = backend.to_host(out[:done])                                         # the one host read per chunk
-        for k in range(len(tokens), done):
-            t = int(host[k])
+        for t in backend.to_host(out[len(tokens):done]).tolist():                  # one host read per chunk
             if t < 0:
                 raise nan_error()
             tokens.append(t)

@@ -36,7 +36,7 @@ import warnings
 
 import numpy as np
 
-from ..config import ConfigError, TargetConfig, short_repr, read_json
+from ..config import ConfigError, TargetConfig, is_int, read_json, short_repr
 from . import hf_keys
 
 WEIGHTS_NAME = "model.safetensors"
@@ -53,10 +53,6 @@ class CheckpointError(ValueError):
 class SkippedWeightsWarning(UserWarning):
     """A checkpoint holds weights the engine does not run (DeepSeek-V3's multi-token-prediction layers); they were
     skipped."""
-
-
-def is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 # ------------------------------------------------------------------------------------------------ dtypes
