@@ -52,7 +52,8 @@ from numba import cuda, float32, int32
 
 from .. import backend
 from . import _checks
-from ._intrinsics import SIM, warp_prefix_sum
+from ._intrinsics import SIM
+from .primitives import warp_prefix_sum
 
 if SIM:
     TM, TN, TK, THREADS = 4, 16, 16, 32
@@ -94,7 +95,7 @@ def grouped_linear_ref(xs, W, offsets):
 def _tile_table_kernel(offsets, tile_m, tiles):
     """One warp: lane l takes expert base + l of each chunk of 32; a warp prefix sum places its tiles."""
     lane = cuda.threadIdx.x
-    buf = cuda.shared.array(32, int32)                  # the simulator's stand-in for shuffles (_intrinsics)
+    buf = cuda.shared.array(32, int32)                  # the simulator's stand-in for shuffles (primitives)
     E = offsets.shape[0] - 1
     run = int32(0)                                      # tiles of the experts before this chunk
     for base in range(0, E, 32):

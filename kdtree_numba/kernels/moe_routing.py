@@ -11,7 +11,7 @@ descending ``choice`` order.
 
 Mapping (routing): one block per token; threads stride over the experts to fill shared ``s``/``choice``; one thread
 per group sums its top-2; thread 0 keeps the best groups; then ``top_k`` rounds of a block-wide arg-max reduction
-(value, lower index on ties), each removing its winner.
+(primitives.smem_argmax: value, lower index on ties), each removing its winner.
 Shapes: router_logits [T, E] float32, bias [E] float32 -> idx [T, k] int32, weights [T, k] float32.
 Example: logits [[0, 2, -1, 1]], bias 0, 1 group, top-2, norm, scale 1 -> idx [[1, 3]], weights [[0.5227, 0.4773]]
 
@@ -20,14 +20,14 @@ Grouping: ``group_by_expert(idx, E)`` sorts the T*k assignments (a = t*k + j) by
 assignment a sits in ``order``). Execution gathers x[order // k], runs each expert's GEMMs on its contiguous slice
 and ``combine`` adds the weighted rows back per token in a fixed order (no atomics: deterministic).
 Faster variant ``_route_warp_kernel`` (used on a real GPU): one *warp* per token, four tokens per block. Lane l
-owns experts l, l + 32, ...; each of the k rounds is a lane-local scan plus a 5-step ``shfl_xor`` arg-max, with no
-block barrier, and only the owning lane ever touches an expert's slot (the taken mark needs no sync). The block
-version took 269 us for Kimi's 4096 x 384 top-8 on the H200 (8 rounds x 8 barriers per token); see
-docs/PERFORMANCE.md for the warp version. The simulator has no warp shuffles, so it runs the block version; the
-GPU tests check the warp version against the same reference.
+owns experts l, l + 32, ...; each of the k rounds is a lane-local scan plus a 5-step ``shfl_xor`` arg-max
+(primitives.warp_argmax), with no block barrier, and only the owning lane ever touches an expert's slot (the
+taken mark needs no sync). The block version took 269 us for Kimi's 4096 x 384 top-8 on the H200 (8 rounds x 8
+barriers per token); see docs/PERFORMANCE.md for the warp version. The simulator has no warp shuffles, so it
+runs the block version; the GPU tests check the warp version against the same reference.
 
-Mapping (grouping): one block per expert; counts by a block reduction; the ordered write by a block-wide prefix
-scan over chunks of assignments.
+Mapping (grouping): one block per expert; counts by a block reduction (primitives.smem_sum); the ordered write by
+a block-wide prefix scan (primitives.smem_prefix_sum) over chunks of assignments.
 """
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ from numba import cuda, float32, int32
 
 from .. import backend
 from . import _checks
+from .primitives import argmax_beats, smem_argmax, smem_prefix_sum, smem_sum, warp_argmax, warp_bcast
 
 MAX_EXPERTS = 1024
 MAX_GROUPS = 64
@@ -91,12 +92,6 @@ def combine_ref(expert_out, weights, slot, out=None):
 
 
 # ------------------------------------------------------------------------------------------------ kernels
-@cuda.jit(device=True)
-def _better(v, i, best_v, best_i):
-    """(v, i) beats (best_v, best_i): larger value, or equal value and lower index."""
-    return v > best_v or (v == best_v and i < best_i)
-
-
 @cuda.jit
 def _route_kernel(logits, bias, top_k, n_group, topk_group, norm, scale, idx_out, w_out):
     t = cuda.blockIdx.x
@@ -137,7 +132,7 @@ def _route_kernel(logits, bias, top_k, n_group, topk_group, norm, scale, idx_out
                 best_g = -1
                 best_v = neg_inf
                 for g in range(n_group):
-                    if keep[g] == 0 and (best_g < 0 or _better(gscore[g], g, best_v, best_g)):
+                    if keep[g] == 0 and (best_g < 0 or argmax_beats(gscore[g], g, best_v, best_g)):
                         best_v = gscore[g]
                         best_g = g
                 keep[best_g] = 1
@@ -153,28 +148,19 @@ def _route_kernel(logits, bias, top_k, n_group, topk_group, norm, scale, idx_out
         best_i = int32(E)
         for e in range(tid, E, nthreads):
             v = choice[e]
-            if v == v and _better(v, e, best_v, best_i):  # v == v skips a taken (NaN) slot
+            if v == v and argmax_beats(v, e, best_v, best_i):   # v == v skips a taken (NaN) slot
                 best_v = v
                 best_i = e
-        red_v[tid] = best_v
-        red_i[tid] = best_i
-        cuda.syncthreads()
-        stride = nthreads // 2
-        while stride > 0:
-            if tid < stride and _better(red_v[tid + stride], red_i[tid + stride], red_v[tid], red_i[tid]):
-                red_v[tid] = red_v[tid + stride]
-                red_i[tid] = red_i[tid + stride]
-            cuda.syncthreads()
-            stride //= 2
+        win = smem_argmax(best_v, best_i, red_v, red_i)[1]
         if tid == 0:
-            e = red_i[0]
+            e = win
             if e >= E:                                    # only NaN scores left: NaN weights propagate
                 e = 0
             idx_out[t, k] = e
             w_out[t, k] = s[e]
             wsum += s[e]
             choice[e] = float32(math.nan)                # taken
-        cuda.syncthreads()
+        cuda.syncthreads()                                # (and red_v / red_i free for the next round)
 
     if tid == 0:
         if norm:
@@ -229,7 +215,7 @@ def _route_warp_kernel(logits, bias, top_k, n_group, topk_group, norm, scale, id
                 best_g = -1
                 best_v = neg_inf
                 for g in range(n_group):
-                    if keep[wid, g] == 0 and (best_g < 0 or _better(gscore[wid, g], g, best_v, best_g)):
+                    if keep[wid, g] == 0 and (best_g < 0 or argmax_beats(gscore[wid, g], g, best_v, best_g)):
                         best_v = gscore[wid, g]
                         best_g = g
                 keep[wid, best_g] = 1
@@ -244,23 +230,17 @@ def _route_warp_kernel(logits, bias, top_k, n_group, topk_group, norm, scale, id
         best_i = int32(E)
         for e in range(lane, E, 32):                     # lane-local: only this lane's experts
             v = choice[wid, e]
-            if v == v and _better(v, e, best_v, best_i):
+            if v == v and argmax_beats(v, e, best_v, best_i):
                 best_v = v
                 best_i = e
-        off = 16
-        while off > 0:                                   # warp arg-max: every lane ends with the winner
-            ov = cuda.shfl_xor_sync(full, best_v, off)
-            oi = cuda.shfl_xor_sync(full, best_i, off)
-            if _better(ov, oi, best_v, best_i):
-                best_v = ov
-                best_i = oi
-            off //= 2
+        # the warp's winner, in every lane (no simulator scratch: this kernel runs on a GPU only)
+        best_i = warp_argmax(best_v, best_i, None, None)[1]
         e = best_i if best_i < E else 0
         if lane == e % 32:
             choice[wid, e] = float32(math.nan)           # taken (its owner lane is the only reader)
             idx_out[t, k] = e
             w_out[t, k] = s[wid, e]
-        wsum += cuda.shfl_sync(full, s[wid, e] if lane == e % 32 else float32(0.0), e % 32)
+        wsum += warp_bcast(s[wid, e] if lane == e % 32 else float32(0.0), e % 32, None)
     cuda.syncwarp(full)
     if lane < top_k:
         w = w_out[t, lane]
@@ -277,16 +257,9 @@ def _count_kernel(flat, counts):
     for a in range(tid, flat.shape[0], nthreads):
         if flat[a] == e:
             c += 1
-    red[tid] = c
-    cuda.syncthreads()
-    stride = nthreads // 2
-    while stride > 0:
-        if tid < stride:
-            red[tid] += red[tid + stride]
-        cuda.syncthreads()
-        stride //= 2
+    total = smem_sum(c, red)
     if tid == 0:
-        counts[e] = red[0]
+        counts[e] = total
 
 
 @cuda.jit
@@ -302,21 +275,13 @@ def _scatter_kernel(flat, offsets, order, slot):
     for start in range(0, n, nthreads):
         a = start + tid
         flag = 1 if a < n and flat[a] == e else 0
-        scan[tid] = flag
-        cuda.syncthreads()
-        step = 1                                          # Hillis-Steele inclusive scan
-        while step < nthreads:
-            add = scan[tid - step] if tid >= step else 0
-            cuda.syncthreads()
-            scan[tid] += add
-            cuda.syncthreads()
-            step *= 2
+        before, total = smem_prefix_sum(flag, scan)      # e's assignments in the chunk: before a, in all
         if flag:
-            pos = base + scan[tid] - 1
+            pos = base + before
             order[pos] = a
             slot[a] = pos
-        base += scan[nthreads - 1]
-        cuda.syncthreads()
+        base += total
+        cuda.syncthreads()                                # everyone has read scan before the next chunk
 
 
 @cuda.jit

@@ -1,11 +1,11 @@
 """RMSNorm: y = x / sqrt(mean(x**2) + eps) * w        (variance accumulated in float32, as HF does)
 
-Mapping: one block per token row; the block's threads stride over the hidden dim, each summing the squares of
-its elements and keeping them in a shared-memory copy of the row; a shared-memory tree reduction gives the row's
-sum; then every thread scales its elements from the shared copy, so the row is read from DRAM once (columns past
-STAGE = 8192 are read again from global memory). Each thread issues four independent loads per loop step
-(elements c, c + n, c + 2n, c + 3n for n threads): with one load in flight per thread the kernel reached 35 % of
-the H200's copy bandwidth (latency-bound). Re-reading the row from L2 instead of the shared copy: 65 %; with the
+Mapping: one block per token row; the block's threads stride over the hidden dim, each summing the squares of its
+elements and keeping them in a shared-memory copy of the row; a shared-memory tree reduction (primitives.smem_sum)
+gives the row's sum; then every thread scales its elements from the shared copy, so the row is read from DRAM once
+(columns past STAGE = 8192 are read again from global memory). Each thread issues four independent loads per loop
+step (elements c, c + n, c + 2n, c + 3n for n threads): with one load in flight per thread the kernel reached 35 %
+of the H200's copy bandwidth (latency-bound). Re-reading the row from L2 instead of the shared copy: 65 %; with the
 shared copy: 70 % (device time, docs/PERFORMANCE.md).
 Shapes: x [T, H] float32, w [H] float32 -> y [T, H] float32.
 Example: rmsnorm([[3, 4]], [1, 1], 0) -> [[0.8485, 1.1314]]   (mean square 12.5, 1/sqrt(12.5) = 0.2828)
@@ -19,6 +19,7 @@ from numba import cuda, float32
 
 from .. import backend
 from . import _checks
+from .primitives import smem_sum
 
 MAX_THREADS = 1024  # shared reduction buffer size; launch block sizes are powers of two <= this
 STAGE = 8192        # row values kept in shared memory between the two passes (32 KB; Kimi/DeepSeek H = 7168)
@@ -64,18 +65,9 @@ def _rmsnorm_kernel(x, w, out, eps):
         v0 = x[row, c]
         acc += v0 * v0
         c += nthreads
-    partial[tid] = acc
-    cuda.syncthreads()
+    ssq = smem_sum(acc, partial)                     # the row's sum of squares (its barriers also publish row_buf)
 
-    # tree reduction: after the loop partial[0] holds the row's sum of squares
-    stride = nthreads // 2
-    while stride > 0:
-        if tid < stride:
-            partial[tid] += partial[tid + stride]
-        cuda.syncthreads()
-        stride //= 2
-
-    inv = float32(1.0) / float32(math.sqrt(partial[0] / float32(H) + eps))
+    inv = float32(1.0) / float32(math.sqrt(ssq / float32(H) + eps))
     c = tid
     while c < staged:
         out[row, c] = row_buf[c] * inv * w[c]

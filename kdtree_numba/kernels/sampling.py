@@ -8,8 +8,8 @@ run is reproducible from its seed, every (token, row, stream) counter gets an in
 computes the same u (``uniforms_ref``). A row holding NaN gives token -1, which the decode loop turns into an error.
 Rows are tree nodes or decode steps; ``stream`` separates the draws of different calls (the step or round).
 Mapping: one block per row (``_choose_kernel``); threads stride over the vocabulary keeping their best (score,
-index) - at T > 0 after a strided max and a shared max reduction for the row max - then a shared-memory (value,
-index) arg-max reduction, lower index on ties.
+index) - at T > 0 after a strided max and a block max (primitives.smem_max) for the row max - then a block
+arg-max of the (value, index) pairs (primitives.smem_argmax: lower index on ties). Blocks of a power of two.
 Shapes: logits [M, V] float32 -> tokens [M] int32; seed < 2^64, stream <= 2^32 - 1 (an int, or a device int32 [1]
 array for CUDA-graph replay).
 Example: choose_tokens([[0, 2, 2, -1]], 0.0) -> [1];  at T > 0 the kernel's token equals choose_tokens_ref's.
@@ -23,6 +23,7 @@ from numba import cuda, float64, int32, uint64
 
 from .. import backend
 from . import _checks
+from .primitives import argmax_beats, smem_argmax, smem_max
 
 MAX_THREADS = 512          # the shared reduction buffers' size (launches use at most 256 threads)
 M32 = 0xFFFFFFFF
@@ -115,16 +116,8 @@ def _choose_kernel(x, temperature, seed_lo, seed_hi, stream0, stream_dev, out):
         m = -math.inf
         for v in range(tid, V, nthreads):
             m = max(m, float64(x[row, v]))
-        red_v[tid] = m
-        cuda.syncthreads()
-        stride = nthreads // 2
-        while stride > 0:
-            if tid < stride:
-                red_v[tid] = max(red_v[tid], red_v[tid + stride])
-            cuda.syncthreads()
-            stride //= 2
-        top = red_v[0]
-        cuda.syncthreads()
+        top = smem_max(m, red_v)
+        cuda.syncthreads()                        # everyone has read red_v before the arg-max reuses it
     best = -math.inf
     best_i = V
     for v in range(tid, V, nthreads):
@@ -136,24 +129,12 @@ def _choose_kernel(x, temperature, seed_lo, seed_hi, stream0, stream_dev, out):
         if temperature > 0:
             u = _philox_u(v, row, stream, k0, k1)
             score = (score - top) / temperature - math.log(-math.log(u))
-        if score > best or (score == best and v < best_i):
+        if argmax_beats(score, v, best, best_i):
             best = score
             best_i = v
-    red_v[tid] = best
-    red_i[tid] = best_i
-    cuda.syncthreads()
-    stride = nthreads // 2
-    while stride > 0:
-        if tid < stride:
-            ov = red_v[tid + stride]
-            oi = red_i[tid + stride]
-            if ov > red_v[tid] or (ov == red_v[tid] and oi < red_i[tid]):
-                red_v[tid] = ov
-                red_i[tid] = oi
-        cuda.syncthreads()
-        stride //= 2
+    win = smem_argmax(best, best_i, red_v, red_i)[1]      # the row's (score, index) winner's index; V if none
     if tid == 0:
-        out[row] = -1 if nan_flag[0] or red_i[0] >= V else red_i[0]
+        out[row] = -1 if nan_flag[0] or win >= V else win
 
 
 # ------------------------------------------------------------------------------------------------ launchers

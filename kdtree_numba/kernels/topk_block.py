@@ -30,23 +30,11 @@ import numpy as np
 from numba import cuda, float32, int32, uint32, uint64
 
 from .. import backend
-from .topk_common import (_CAP_64, CAP, MAX_THREADS, MAX_WARPS, NBINS, NEG, RANK_SORT, _bin_of, _bitonic_desc,
-                          _block_merge, _composite, _crossing, _fold_range, _order_key, _sort_write, _write_topk)
+from .primitives import bitonic_sort_desc, smem_prefix_sum
+from .topk_common import (_CAP_64, CAP, MAX_THREADS, MAX_WARPS, NBINS, NEG, RANK_SORT, _bin_of, _block_merge,
+                          _composite, _crossing, _fold_range, _order_key, _sort_write, _write_topk)
 
 TIE_GROUP = 16             # contiguous elements per thread in the ordered scan of threshold ties
-
-
-# ------------------------------------------------------------------------------------------------ device helpers
-@cuda.jit(device=True)
-def _block_suffix_scan(buf, tid, nthreads):
-    """In place: buf[t] <- sum of buf[t .. nthreads-1] (Hillis-Steele, log2(nthreads) barriers)."""
-    step = 1
-    while step < nthreads:
-        add = buf[tid + step] if tid + step < nthreads else 0
-        cuda.syncthreads()
-        buf[tid] += add
-        cuda.syncthreads()
-        step *= 2
 
 
 # ------------------------------------------------------------------------------------------------ kernels
@@ -134,7 +122,7 @@ def _topk_row(x, bits, k, lp_out, ids_out, row, cand, scan, wf, wi, fbuf, ibuf, 
         if tid == 0:
             info[3] = 0
         cuda.syncthreads()
-        _bitonic_desc(cand, 4 * nthreads, tid, nthreads)
+        bitonic_sort_desc(cand, 4 * nthreads)
         tau = cand[k - 1]
         if c3 > tau:
             info[3] = 1
@@ -185,7 +173,7 @@ def _topk_row(x, bits, k, lp_out, ids_out, row, cand, scan, wf, wi, fbuf, ibuf, 
     cuda.syncthreads()
     if need_ties > 0:
         # ordered scan in spans of nthreads x TIE_GROUP elements: thread t counts the ties in its contiguous
-        # group, a block suffix scan ranks the groups, and each thread writes its ties in index order
+        # group, a block prefix sum ranks the groups, and each thread writes its ties in index order
         base = 0
         for start in range(0, V, nthreads * TIE_GROUP):
             g0 = start + tid * TIE_GROUP
@@ -194,11 +182,8 @@ def _topk_row(x, bits, k, lp_out, ids_out, row, cand, scan, wf, wi, fbuf, ibuf, 
             for v in range(g0, g1):
                 if _order_key(bits[row, v]) == threshold:
                     cnt += 1
-            scan[tid] = cnt
-            cuda.syncthreads()
-            _block_suffix_scan(scan, tid, nthreads)       # suffix counts: rank from the end of the span
-            total = scan[0]
-            rank = base + total - scan[tid]               # ties before this thread's group
+            before, total = smem_prefix_sum(cnt, scan)   # the span's ties before this thread's group, in all
+            rank = base + before
             for v in range(g0, g1):
                 if rank >= need_ties:
                     break

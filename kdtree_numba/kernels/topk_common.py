@@ -13,9 +13,9 @@ largest of the elements they were taken from. A histogram of them over [lo, max]
 scan from the top (``_crossing``) give the bin b* holding it: every element of the top k lies in a bin >= b*.
 Sort (``_sort_write``): the k largest of n <= CAP candidate keys, written in order - a rank sort (each candidate
 counts those above it; threads share a candidate's count when there are more threads than candidates) up to
-RANK_SORT candidates, a bitonic network (``_bitonic_desc``) above.
+RANK_SORT candidates, a bitonic network (``primitives.bitonic_sort_desc``) above.
 Mapping: device functions. Per thread: _order_key, _composite, _exp, _fold8 / _load8 / _stage8, _fold_range,
-_bin_of. The whole block (barriers, warp collectives): _crossing, _block_merge, _bitonic_desc, _sort_write;
+_bin_of. The whole block (barriers, warp collectives): _crossing, _block_merge, _sort_write;
 _write_topk strides the block's threads over the k outputs.
 Shapes: x [R, V] float32 and bits [R, V] uint32 (the same memory, x.view(uint32)), lp_out [R, k] float32,
 ids_out [R, k] int32; candidate keys cand [>= CAP] uint64 in shared memory.
@@ -30,7 +30,8 @@ import warnings
 import numpy as np
 from numba import cuda, float32, int32, uint32, uint64
 
-from ._intrinsics import LOG2E, SIM, ex2, fmax, fmin, warp_max, warp_min, warp_suffix_sum, warp_sum
+from ._intrinsics import LOG2E, SIM, ex2, fmax, fmin
+from .primitives import bitonic_sort_desc, block_suffix_sum, warp_max, warp_min, warp_sum
 
 if SIM:
     # On the simulator the device functions run as NumPy float32 scalar arithmetic. The online log-sum-exp starts
@@ -200,9 +201,10 @@ def _bin_of(val, lo, scale, nbins):
 def _crossing(hist, nbins, need, above, info, wi, ibuf, nthreads):
     """Scanning hist[0 .. nbins) from the top with a running count starting at ``above``, the bin b* where it first
     reaches ``need``: info[0] = b*, info[1] = above + count(bins > b*); unchanged if never reached. Thread t sums
-    its bins [t per, t per + per) (per = nbins / nthreads, nthreads whole warps); a warp suffix sum and the warps'
-    totals (shared wi [warps], one barrier) give the count above its bins, and the crossing thread walks them.
-    Ends with a barrier. (A block-wide Hillis-Steele scan took 2 log2(threads) barriers.)"""
+    its bins [t per, t per + per) (per = nbins / nthreads, nthreads whole warps); a block suffix sum of those
+    counts (primitives.block_suffix_sum through shared wi [warps], one barrier) gives the count above its bins,
+    and the crossing thread walks them. Ends with a barrier. (A block-wide Hillis-Steele scan took 2 log2(threads)
+    barriers.)"""
     tid = uint32(cuda.threadIdx.x)
     per = uint32(nbins // nthreads)
     b0 = tid * per
@@ -211,14 +213,7 @@ def _crossing(hist, nbins, need, above, info, wi, ibuf, nthreads):
     while j < per:                                         # unsigned while loops: see _sort_write
         c = int32(c + int32(hist[b0 + j]))
         j = uint32(j + uint32(1))
-    suffix = warp_suffix_sum(c, ibuf)                      # this thread's bins and those of the warp's higher lanes
-    w = tid // uint32(32)
-    if cuda.laneid == 0:
-        wi[w] = suffix
-    cuda.syncthreads()
-    lane = uint32(cuda.laneid)                             # + the totals of the higher warps, lane i warp i's
-    run = int32(above + suffix - c + warp_sum(wi[lane] if lane > w and lane < uint32(nthreads // 32) else int32(0),
-                                              ibuf))
+    run = int32(above + block_suffix_sum(c, wi, nthreads // 32, ibuf) - c)    # the count in the bins above t's
     if run < need and run + c >= need:
         b = b0 + per
         while b > b0:
@@ -234,30 +229,6 @@ def _crossing(hist, nbins, need, above, info, wi, ibuf, nthreads):
 
 # ------------------------------------------------------------------------------------------------ the sort
 @cuda.jit(device=True)
-def _bitonic_desc(keys, n_pad, tid, nthreads):
-    """Sort keys[0 .. n_pad) descending (n_pad a power of two), all threads of the block."""
-    size = 2
-    while size <= n_pad:
-        stride = size // 2
-        while stride > 0:
-            for i in range(tid, n_pad, nthreads):
-                j = i ^ stride
-                if j > i:
-                    a = keys[i]
-                    b = keys[j]
-                    if (i & size) == 0:
-                        if a < b:
-                            keys[i] = b
-                            keys[j] = a
-                    elif a > b:
-                        keys[i] = b
-                        keys[j] = a
-            cuda.syncthreads()
-            stride //= 2
-        size *= 2
-
-
-@cuda.jit(device=True)
 def _write_topk(cand, x, k, lse, row, tid, nthreads, lp_out, ids_out):
     for r in range(tid, k, nthreads):
         v = int32(M32 - (cand[r] & uint64(M32)))
@@ -270,7 +241,7 @@ def _sort_write(cand, n, x, k, lse, row, tid, nthreads, lp_out, ids_out, rank):
     """Write the k largest of the n <= CAP candidate composites in cand, in order. Up to RANK_SORT: a rank sort -
     each candidate counts the candidates above it (broadcast reads); with more threads than candidates, every
     thread takes a share of some candidate's count (shared atomics into rank [>= RANK_SORT] int32). Above: a
-    bitonic network."""
+    bitonic network (cand complete: the callers' barrier after collecting)."""
     if n <= RANK_SORT:
         for i in range(tid, n, nthreads):
             rank[i] = 0
@@ -307,11 +278,5 @@ def _sort_write(cand, n, x, k, lse, row, tid, nthreads, lp_out, ids_out, rank):
                 ids_out[row, r] = vi
                 lp_out[row, r] = x[row, vi] - lse
         return
-    n_pad = 1
-    while n_pad < n:
-        n_pad *= 2
-    for i in range(n + tid, n_pad, nthreads):
-        cand[i] = uint64(0)
-    cuda.syncthreads()
-    _bitonic_desc(cand, n_pad, tid, nthreads)
+    bitonic_sort_desc(cand, n)
     _write_topk(cand, x, k, lse, row, tid, nthreads, lp_out, ids_out)

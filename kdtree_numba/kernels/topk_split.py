@@ -10,7 +10,7 @@ Mapping:
   largest top (t <= the block's k-th largest element), and the staged elements >= t (a superset of the block's
   top k) listed in shared memory (a 32-bit hit mask per thread, one shared atomic per warp: ``_append``), then
   written out coalesced into the row's candidates; more than limit = k + k/4 + 64 of them (large k) -> a
-  histogram of those elements refines t first. Block reductions and scans are warp shuffles (_intrinsics), seven
+  histogram of those elements refines t first. Block reductions and scans are warp shuffles (primitives), seven
   barriers a block.
   select (``_split_select_kernel``, block per row): lse from the blocks' partials; candidates below lo = the
   largest block t are dropped (every t is <= the row's k-th largest); a histogram over [lo, max] gives the bin b*
@@ -32,7 +32,8 @@ import numpy as np
 from numba import cuda, float32, int32, uint32, uint64
 
 from .. import backend
-from ._intrinsics import SIM, block_min, fmin, warp_bcast, warp_prefix_sum
+from ._intrinsics import SIM, fmin
+from .primitives import block_min, warp_bcast, warp_prefix_sum
 from .topk_block import _row_scratch, _topk_row
 from .topk_common import (_CAP_64, CAP, MAX_THREADS, NBINS, NEG, _bin_of, _block_merge, _composite, _crossing,
                           _fold_range, _order_key, _sort_write)
@@ -41,7 +42,7 @@ TOP_BINS = 1024            # bins of the split scan's thread-top histogram (2 x 
 SEL_BINS = 1024            # bins of the split select's candidate histogram (32-bit counters)
 SPLIT_CHUNK = 16384        # columns per block when a row is split over several blocks (staged: 64 KB, dynamic)
 SPLIT_THREADS = 32 if SIM else 512   # threads of the per-chunk blocks: whole warps, and on the simulator one warp
-SPLIT_WARPS = SPLIT_THREADS // 32    # (its stand-ins for the warp collectives need block = warp, see _intrinsics)
+SPLIT_WARPS = SPLIT_THREADS // 32    # (its stand-ins for the warp collectives need block = warp, see primitives)
 
 
 # ------------------------------------------------------------------------------------------------ scan: block per chunk
@@ -103,7 +104,7 @@ def _split_scan_kernel(x, k, S, C, limit, part, cand_v, cand_i, count):
        row's S x limit slots never overflow; a block with more adds nothing and the select sees n > limit.
     part[row, s, 2:4] = (n, t; -inf when the block holds fewer than k elements). Every element of the row's top k
     is >= the t of its block, and no t exceeds the row's k-th largest. Seven barriers in all: block reductions
-    and scans are warp collectives (_intrinsics) plus one exchange of the warps' partials. The stage is dynamic
+    and scans are warp collectives (primitives) plus one exchange of the warps' partials. The stage is dynamic
     shared memory (C floats, launched with shared = 4 C bytes): 64 KB is above the 48 KB of static arrays."""
     row = uint32(cuda.blockIdx.x) // uint32(S)          # 32-bit: a 64-bit division took 7 % of the instructions
     s = uint32(cuda.blockIdx.x) - row * uint32(S)
