@@ -3,6 +3,10 @@ against the CPU path of the official code (top-K on the GPU, a host copy, the he
 
     PYTHONPATH=$PWD python3 benchmarks/bench_tree.py
 Goal (issue 4): at budget 256, R = 16, >= 100x faster per tree than the CPU path.
+Also reported per cell: the most candidates one level's chains held (over requests and depths; above SORT_CACHE
+the sort runs in global memory) and the most bisection probes one level spent raising its floor
+(kernels/tree_build.py, "The floor"). K = min(budget, V) as in the decode loop: a chain never passes rank B - 1, so
+any K >= B (K = V included) builds the same chains and candidates as K = B.
 """
 import numpy as np
 
@@ -66,6 +70,8 @@ for R in batches:
         ms_gpu = graph_median_ms(gpu, a.reps)                # device time: the two launches from a CUDA graph
         ms_topk = graph_median_ms(lambda: logprobs.topk_logprobs(logits, K, out=(lp, ids)), a.reps)
         assert not kd.backend.to_host(builder.overflow).any()
+        cand_max = int(kd.backend.to_host(builder.candidates).max())
+        probes_max = int(kd.backend.to_host(builder.probes).max())
         # correctness on this very input: the GPU trees equal the heap's
         got = builder.out.to_trees()
         lp_h, ids_h = kd.backend.to_host(lp).reshape(R, L, K), kd.backend.to_host(ids).reshape(R, L, K)
@@ -77,13 +83,15 @@ for R in batches:
         per_tree = ms_gpu / R
         ratios[(budget, R)] = ms_cpu / per_tree
         rows.append([budget, R, f"{ms_topk * 1e3:.0f}", f"{(ms_gpu - ms_topk) * 1e3:.0f}", f"{per_tree * 1e3:.1f}",
-                     f"{ms_direct / R * 1e3:.1f}", f"{ms_cpu * 1e3:.0f}", f"{ms_cpu / per_tree:.0f}x"])
+                     f"{ms_direct / R * 1e3:.1f}", f"{ms_cpu * 1e3:.0f}", f"{ms_cpu / per_tree:.0f}x", cand_max,
+                     probes_max])
         sync()
         del builder
 table(f"Tree build per tree, L = {L}, V = {V} (GPU: top-K + build for R requests in one launch each; "
       "CPU path: GPU top-K + host copy + Python heap, one request at a time)",
       ["budget", "R", "GPU top-K (us, all R)", "GPU build (us, all R)", "GPU per tree (us, graph)",
-       "GPU per tree (us, direct launches)", "CPU path per tree (us, best of 9)", "speedup (graph)"], rows)
+       "GPU per tree (us, direct launches)", "CPU path per tree (us, best of 9)", "speedup (graph)",
+       f"candidates (most in a level; sort cache {tree_build.SORT_CACHE})", "floor probes (most in a level)"], rows)
 if not a.quick:
     print(f"goal B=256, R=16 >= 100x: {ratios[(256, 16)]:.0f}x")
 save("bench_tree")

@@ -1,7 +1,7 @@
 """DDTree's best-first draft tree, built on the GPU - the same tree the heap algorithm builds, bit for bit.
 
 **The heap algorithm (the reference, ``build_tree_ref``).** Per-depth candidates come sorted: ``lp[d][r]`` is the
-log-prob of the r-th best token at depth d (d = 1..L, r < K). A node is a rank tuple (r_1, .., r_d), weight
+log-prob (<= 0) of the r-th best token at depth d (d = 1..L, r < K). A node is a rank tuple (r_1, .., r_d), weight
 logw = sum_i lp[i][r_i] (float64). Max-heap on logw, ties by rank tuple (Python tuple order); start with
 (depth 1, rank 0). Pop -> node i (pop order; the root is node 0). Push its next sibling with
 ``logw - lp[d][r] + lp[d][r+1]`` (float64, in this order) and its first child with ``logw + lp[d+1][0]``.
@@ -15,17 +15,17 @@ the *generation tree* (each node generates its next sibling and its first child)
 parent rp(X) = the nearest generation ancestor whose key (-logw, tuple) is larger than X's (the "previous greater
 element" on its generation path), or none. Best-first order is the preorder of this record tree with children in
 key order: with no rounding inversions every rp is none and the order is a plain sort by key. The comparator
-below walks record parents (usually zero steps) and, for equal weights, trie parents to compare rank tuples.
+(``_pops_before``) walks record parents (usually zero steps) and, for equal weights, tree parents to compare rank
+tuples.
 
-**The parallel formulation (``_build_kernel``, one block per request).** Level by level, d = 1..L:
-  1. expand: every node of depth d-1 in the current top list G (the root for d = 1) is a parent; its children's
-     sibling chain r = 0, 1, .. carries the heap's telescoped float64 weights
-     (w_0 = W_p + lp[d][0], w_{r+1} = (w_r - lp[d][r]) + lp[d][r+1]). A chain stops at rank B (r earlier
-     siblings pop first), at a -inf log-prob, or - once G holds B nodes - when its weight falls below
-     tau - margin, tau = the smallest weight in G: any B nodes bound the final B-th weight from below, and no node
-     lighter than that by more than the accumulated rounding (margin = 2^-30 |tau|) can pop within the first B.
+**The parallel formulation (``_build_kernel``, one block per request).** Level by level, d = 1..L, with G = the
+top list (the first B nodes of depth < d in pop order, B = budget):
+  1. expand (``_choose_floor``, ``_write_children``, ``_walk_chains``): every node of depth d-1 in G (the root
+     for d = 1) is a parent; its children's sibling chain r = 0, 1, .. carries the heap's telescoped float64
+     weights (w_0 = W_p + lp[d][0], w_{r+1} = (w_r - lp[d][r]) + lp[d][r+1]). A chain stops at rank B (r earlier
+     siblings pop first), at a -inf log-prob, or below the level's floor (next paragraph).
      Fast path: while every step is exact ((w_r - lp[r]) == W_p, the rule for sums of float32 log-probs),
-     w_r = W_p + lp[d][r]: non-increasing, each computable alone. So one thread per parent finds its chain's
+     w_r = fl(W_p + lp[d][r]): non-increasing, each computable alone. So one thread per parent finds its chain's
      length by binary search, a block scan (warp shuffles, one barrier) turns lengths into table slots, and one
      thread per child writes its entry, checks the exactness its successor relies on, and finds its record
      parent: in a chain whose weights never rise (every exact chain) no earlier sibling is lighter, so it is the
@@ -33,34 +33,77 @@ below walks record parents (usually zero steps) and, for equal weights, trie par
      thread per parent walking its chain in order (``_walk_chains``; test:
      test_inexact_telescoping_walks_chains_in_order); a rising chain (only possible there) gets its record
      parents in chain order by previous-greater jumps.
-  2. order the candidates with the comparator: a rank sort (each candidate counts those popping before it, no
-     barriers) up to RANK_SORT candidates, a bitonic sort above, in shared memory with the weights and record
-     depths beside the indices, so the comparator only reads the table for equal weights or record-tree nodes.
-     At d = 1 the fast path needs no sort: one exact chain from the root is already in pop order,
-  3. merge them into G (co-ranking by binary search), keep the first B, and rewrite the node table in the new
-     pop order (table index == pop position) with remapped parent / record-parent links; tau by a block minimum.
-After depth L (or when a depth adds no node) G is the tree in pop order. The per-depth top-B is exact for *any*
-total order consistent with the heap (a node's first B at depth d are among the first B of all nodes at depth
-d, and its parent pops before it), which is why the level-by-level split loses nothing.
-Cost (B = 256, 16 requests, H200, ncu): a block spends its time waiting on instruction fetch, barriers and
-round trips, not on arithmetic, so the kernel is written for few instructions and few barriers - unsigned
+  2. sort the candidates by pop order (``_rank_sort`` up to RANK_SORT candidates: each counts those popping
+     before it, no barriers; ``_bitonic_sort`` above), in shared memory with the weights and record depths beside
+     the indices (up to SORT_CACHE candidates; global memory above), so the comparator only reads the table for
+     equal weights or record-tree nodes. At d = 1 the fast path needs no sort: one exact chain from the root is
+     already in pop order.
+  3. merge them into G (``_merge``: co-ranking by binary search), keep the first B, and rewrite the node table in
+     the new pop order (``_rewrite_table``: table index == pop position, parent / record-parent links remapped).
+After depth L (or when a depth adds no node) G is the tree in pop order (``_write_outputs``). The per-depth top-B
+is exact for *any* total order consistent with the heap (a node's first B at depth d are among the first B of all
+nodes at depth d, and its parent pops before it), which is why the level-by-level split loses nothing.
+
+**The floor: which children can never pop within the first B.** Lemma: if B distinct real nodes (nodes of the
+generation tree: ranks < K, finite log-probs) have weights >= t, no node X with w_X < t - margin pops among the
+first B (margin = 2^-30 max(1, |t|)). Proof: if X popped at position <= B, some witness Y has not popped yet; the
+heap then holds Y or a generation ancestor A of Y (every unpopped node's nearest unpopped ancestor has had its
+generator popped), and w_A >= w_Y - (rounding along the path; log-probs <= 0 make every exact step non-increasing)
+> w_X, so the heap would pop A before X. The rounding involved - at most 2 L B roundings along the path, and the
+gap between fl(W_p + lp[r]) and a chain's telescoped weight, 2(r+1) more, each of magnitude <= 2^-53 |t| - is
+< 2^-35 |t| for L <= 64, far below the margin, so the fast and the walked (slow) path use the same floor.
+The witnesses, at level d: count(t) = #{G nodes with w >= t} + #{children (p, r) of the level's parents, r <
+min(K, B), lp[d][r] finite, fl(W_p + lp[d][r]) >= t}, every one a real node. (G itself once full, t = tau = its
+smallest weight, is the special case count_G = B: the starting floor.) When the chains at the starting floor hold
+more than 2B candidates, ``_raise_floor`` bisects t over the weights of the first parent's children,
+t_r = fl(W_ref + lp[d][r]) (W_ref: the first depth-(d-1) node of G in pop order; count(t_r) grows with r): the
+smallest r with count(t_r) >= B, stopping as soon as B <= count(t_r) <= 2B. A probe is one pass over G (the
+chain-length binary search with t in place of the floor) and a block sum (one barrier); at most
+log2(min(K, B)) + 1 of them, 2-5 on peaked rows. The floor is then max(tau, t_r) - margin.
+What it buys: on peaked rows (log_softmax of N(0, s^2) logits, s = 3..6, V = K = 4096, L = 8..16) the chains
+at level 2 held up to ~18,000 candidates at B = 1024 with tau alone (~3,000 at level 3; ~1,900 at B = 256) -
+sorted in global memory - and hold at most ~1,450 with the raised floor, inside SORT_CACHE at every level for
+B = 64, 256, 1024 (tests/kernels/test_tree_build_floor.py). (The rectangle witness {(p_j, r): j <= i,
+r <= ceil(B/(i+1)) - 1}, t = fl(min_{j<=i} W_pj + lp[d][r]), is valid too - count(t) >= (i+1)(r+1) >= B - but
+its staircase leaves ~B ln B candidates: up to ~3,900 at B = 1024.)
+Degenerate inputs: equal weights cannot be split by any floor (all witnesses tie), e.g. three finite tokens at
+depth 1 and a uniform row of >= 1024 tokens at depth 2 make 3 x 1024 equal-weight candidates at B = 1024; the
+level then sorts them in global memory - slower, still exact. A smaller ``capacity`` than the worst case
+(budget x min(K, budget)) flags ``overflow`` instead; ``build_trees`` then retries with the worst case.
+
+**The node table** (per request, two copies swapped every depth: entries [0, |G|) are G in pop order, the
+candidates are appended after them): ``wtab[copy, request, entry]`` float64 weight, and ``itab[copy, FIELD,
+request, entry]`` int32 with FIELD = DEPTH, RANK (r_d, the rank at the node's own depth), PARENT (tree parent's
+entry, -1 = the root), RECORD_PARENT (entry, -1 = none), RECORD_DEPTH (1 + the record parent's, 1 without one).
+Device functions receive a copy as the tuple ``nodes = (weight, depth, rank, parent, rparent, rdepth)``.
+
+**Cost model.** A block spends its time waiting on instruction fetch, barriers and round trips, not on arithmetic
+(B = 256, 16 requests, H200, ncu), so the kernel is written for few instructions and few barriers: unsigned
 32-bit while loops (numba's range() computes a 64-bit trip count by division; signed indices add wraparound
-code), warp-shuffle scans and minima, the next depth's log-probs loaded while a level runs, and coalesced
-output stores: 33 -> 19 us. (Earlier: with one atomic per child and every chain walked in order from global
-memory, the root's 256-child chain alone took 54-107 of 140 us, and the bitonic sort ~0.65 us per stage.)
+code), warp-shuffle scans and minima, the next depth's log-probs loaded while a level runs, coalesced output
+stores, and (the raised floor) sorts that stay in shared memory.
 
 Worked example (L = 2, K = 2, budget 3): lp = [[-0.1, -2.5], [-0.2, -1.8]].
-  d = 1: chain of the root: (0) w = -0.1, (1) w = -2.5           -> G = [(0), (1)]
-  d = 2: parents (0): (0,0) -0.3, (0,1) -1.9;  (1): (1,0) -2.7 ... G full? no (2 < 3): all kept as candidates;
-         sorted: (0,0) -0.3, (0,1) -1.9, (1,0) -2.7; merge with G -> [(0) -0.1, (0,0) -0.3, (0,1) -1.9]
+  d = 1: chain of the root: (0) w = -0.1, (1) w = -2.5           -> G = [(0), (1)]  (not full: no floor)
+  d = 2: parents (0): (0,0) -0.3, (0,1) -1.9;  (1): (1,0) -2.7, (1,1) -4.3: 4 candidates (<= 2B, kept as is);
+         sorted: (0,0), (0,1), (1,0), (1,1); merge with G -> [(0) -0.1, (0,0) -0.3, (0,1) -1.9]
   tree: node 1 = (0) depth 1 parent 0; node 2 = (0,0) depth 2 parent 1; node 3 = (0,1) depth 2 parent 1.
 The heap pops (0), (0,0), (0,1) - the same.
+Floor example (L = 2, K = 3, budget 4): lp = [[-0.1, -0.2, -0.3], [-0.5, -1.0, -2.0]].
+  d = 1: G = [(0) -0.1, (1) -0.2, (2) -0.3] (3 < 4: no tau); d = 2: 9 candidates at floor -inf > 2B = 8, so
+  bisect over t_r = -0.1 + lp[2][r]: r = 1, t = -1.1: count = 3 (G) + 4 ((0,0) -0.6, (0,1) -1.1, (1,0) -0.7,
+  (2,0) -0.8) = 7 in [4, 8]: one probe, floor -1.1 - margin, those 4 candidates; tree (0), (1), (2), (0,0).
 
-Also produced for verify: each node's root-to-node path ``paths [n+1, L+1]`` (node indices by depth, -1 padded)
-and ``path_depth [n+1]`` (0 for the root): the compact ancestor representation tree_verify reads. The kernel
-fills paths with -1 by consecutive threads, then writes each node's entries by walking up its parents.
+Outputs for verify: each node's root-to-node path ``paths [n+1, L+1]`` (node indices by depth, -1 padded) and
+``path_depth [n+1]`` (0 for the root): the compact ancestor representation tree_verify reads. The kernel fills
+paths with -1 by consecutive threads, then writes each node's entries by walking up its parents. Fewer than B
+nodes are padded with children of the root (verified, never accepted).
+Statistics (TreeBuilder.candidates / .probes, per request and depth; ``level_counts_ref`` computes the same on the
+host): the candidates each level's chains held (what step 2 sorted) and the bisection probes spent on its floor.
 Shapes: lp [R, L, K] float32 (rows sorted desc), ids [R, L, K] int32 -> per request a ``Tree`` (kernels/tree.py) of
 up to B nodes.
+Invariants (tested): the tree equals build_tree_ref's node for node (tokens, depths, parents, float64 weights);
+parents precede children; the candidates of a level include every node of that depth the heap keeps.
 """
 from __future__ import annotations
 
@@ -73,7 +116,7 @@ from numba import cuda, float32, float64, int32, uint32
 
 from .. import backend
 from . import _checks
-from ._intrinsics import block_min, block_prefix_sum
+from .primitives import block_min, block_prefix_sum
 from .tree import Tree
 
 MAX_BUDGET = 1024
@@ -81,10 +124,14 @@ MARGIN = 2.0 ** -30
 MAX_THREADS = 256         # the build kernel's block size (at most; whole warps)
 MAX_WARPS = MAX_THREADS // 32
 PENDING = -2              # record parent not yet computed (filled in parallel)
-SORT_CACHE = 2048         # candidates sorted with their keys in shared memory (16 KB + 8 KB)
-RANK_SORT = 64            # up to this many candidates: rank sort; above: bitonic (measured: 128 made no
-                          # difference at B = 64 and 256, R = 16 after the 32-bit rewrite)
+SORT_CACHE = 2048         # candidates sorted with their keys in shared memory (16 + 8 + 8 KB); = 2 MAX_BUDGET, the
+                          # most candidates a raised floor leaves (module docstring, "The floor")
+RANK_SORT = 64            # up to this many candidates: rank sort; above: bitonic (128 measured no faster at
+                          # B = 64 and 256, R = 16)
 SLOW_CHAINS, BITONIC = 1, 2   # TreeBuilder modes (tests): walk every chain in order / always sort by bitonic
+# the node table's int32 fields: itab[copy, FIELD, request, entry] (the float64 weight is wtab[copy, request, entry])
+DEPTH, RANK, PARENT, RECORD_PARENT, RECORD_DEPTH = 0, 1, 2, 3, 4
+N_FIELDS = 5
 
 
 # ------------------------------------------------------------------------------------------------ reference
@@ -118,394 +165,620 @@ def build_tree_ref(lp, ids, budget: int) -> Tree:
                 np.array(logw, np.float64))
 
 
+def _floor_below_ref(t: float) -> float:
+    """The chains' floor for a witness weight t (module docstring, "The floor"): t - margin, or -inf."""
+    return t - MARGIN * max(1.0, abs(t)) if t > -np.inf else -np.inf
+
+
+@dataclasses.dataclass
+class LevelCounts:
+    """Per depth d = 1..L (index d - 1) of one request: the candidates the level's chains held (what step 2
+    sorts), the bisection probes spent raising its floor, and the floor (-inf: none). Levels the build did not
+    reach (no parent left) hold 0, 0, -inf."""
+    candidates: np.ndarray   # [L] int64
+    probes: np.ndarray       # [L] int64
+    floors: np.ndarray       # [L] float64
+
+
+def level_counts_ref(lp, budget: int) -> LevelCounts:
+    """What the kernel's expansion step does at each depth, in plain NumPy (the spec of the floor; the kernel's
+    TreeBuilder.candidates / .probes must equal it): G from the heap reference cut at depth d - 1, the starting
+    floor from G's smallest weight once G is full, the bisection when more than 2B candidates remain, and the
+    chains walked in the heap's float64 order where a fast-path step would round."""
+    lp = np.asarray(lp, np.float32)
+    L, K = lp.shape
+    B = int(budget)
+    n_lp = min(K, B)
+    out = LevelCounts(np.zeros(L, np.int64), np.zeros(L, np.int64), np.full(L, -np.inf))
+    no_ids = np.zeros((L, K), np.int32)
+    for d in range(1, L + 1):
+        row = lp[d - 1, :n_lp].astype(np.float64)
+        if d == 1:
+            g_w, par_w = np.zeros(0), np.zeros(1)                     # the root: weight 0
+        else:
+            top = build_tree_ref(lp[:d - 1], no_ids[:d - 1], B)      # G: the first B pops of depth < d
+            g_w, par_w = top.logw, top.logw[top.depths == d - 1]
+        if len(par_w) == 0 or row[0] == -np.inf:
+            break
+        fin = row[:int(np.count_nonzero(row > -np.inf))]
+        child_w = par_w[:, None] + fin[None, :]                       # [parents, finite ranks] fl(W_p + lp[d][r])
+        tau = g_w.min() if len(g_w) == B else -np.inf
+        floor = _floor_below_ref(tau)
+        if np.count_nonzero(child_w >= floor) > 2 * B:                # raise the floor: bisection over t_r
+            lo, hi, t_best = 0, len(fin), -np.inf
+            while lo < hi:
+                mid = (lo + hi) // 2
+                t = par_w[0] + fin[mid]
+                count = np.count_nonzero(g_w >= t) + np.count_nonzero(child_w >= t)
+                out.probes[d - 1] += 1
+                if count >= B:
+                    t_best, hi = t, mid
+                    if count <= 2 * B:
+                        break
+                else:
+                    lo = mid + 1
+            floor = _floor_below_ref(max(tau, t_best))
+        lengths = np.count_nonzero(child_w >= floor, axis=1)
+        inexact = any(np.any(child_w[j, :n] - fin[:n] != par_w[j]) for j, n in enumerate(lengths))
+        if inexact:                                                   # the slow path: telescoped chains
+            lengths = []
+            for wp in par_w.tolist():
+                wc, n = wp + row[0], 0
+                while wc >= floor:
+                    n += 1
+                    if n >= n_lp or row[n] == -np.inf:
+                        break
+                    wc = (wc - row[n - 1]) + row[n]
+                lengths.append(n)
+        out.candidates[d - 1] = int(np.sum(lengths))
+        out.floors[d - 1] = floor
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ comparator
+# Every per-thread loop below is an unsigned 32-bit while loop: numba's range() computes a 64-bit trip count (a
+# division) and signed indices add wraparound code; ncu showed this kernel bound by instruction fetch and count
+# (stall_no_inst 34 % of samples, ~4000 instructions per warp for a two-level tree), not by its work.
 @cuda.jit(device=True)
-def _tuple_less(x, y, depth, tpar, rank):
+def _tuple_less(x, y, depth, parent, rank):
     """Rank tuple of node x < that of node y (lexicographic; a prefix sorts first)."""
     xa = x
     ya = y
     while depth[xa] > depth[ya]:
-        xa = tpar[xa]
+        xa = parent[xa]
     while depth[ya] > depth[xa]:
-        ya = tpar[ya]
+        ya = parent[ya]
     if xa == ya:
         return depth[x] < depth[y]
-    while tpar[xa] != tpar[ya]:
-        xa = tpar[xa]
-        ya = tpar[ya]
+    while parent[xa] != parent[ya]:
+        xa = parent[xa]
+        ya = parent[ya]
     return rank[xa] < rank[ya]
 
 
 @cuda.jit(device=True)
-def _key_less(x, y, w, depth, tpar, rank):
+def _key_less(x, y, nodes):
     """Heap key of x < key of y: heavier first, equal weights by rank tuple."""
+    w, depth, rank, parent, rparent, rdepth = nodes
     if w[x] != w[y]:
         return w[x] > w[y]
-    return _tuple_less(x, y, depth, tpar, rank)
+    return _tuple_less(x, y, depth, parent, rank)
 
 
 @cuda.jit(device=True)
-def _pops_before(a, b, w, depth, tpar, rank, rpar, rdep):
+def _pops_before(a, b, nodes):
     """Heap pop order: preorder of the record tree (record ancestors first, siblings by key)."""
-    if rdep[a] == 1 and rdep[b] == 1:
-        return _key_less(a, b, w, depth, tpar, rank)
+    w, depth, rank, parent, rparent, rdepth = nodes
+    if rdepth[a] == 1 and rdepth[b] == 1:
+        return _key_less(a, b, nodes)
     x = a
     y = b
-    while rdep[x] > rdep[y]:
-        x = rpar[x]
+    while rdepth[x] > rdepth[y]:
+        x = rparent[x]
     if x == b:
         return False
-    while rdep[y] > rdep[x]:
-        y = rpar[y]
+    while rdepth[y] > rdepth[x]:
+        y = rparent[y]
     if y == a:
         return True
-    while rpar[x] != rpar[y]:
-        x = rpar[x]
-        y = rpar[y]
-    return _key_less(x, y, w, depth, tpar, rank)
+    while rparent[x] != rparent[y]:
+        x = rparent[x]
+        y = rparent[y]
+    return _key_less(x, y, nodes)
 
 
 @cuda.jit(device=True)
-def _record_parent(gen, wx, w, rpar):
-    """Nearest generation ancestor (starting at the generator) with a strictly smaller weight, i.e. a larger key
-    (ancestors always have smaller rank tuples, so equal weights never make them larger)."""
-    z = gen
-    while z >= 0 and not (w[z] < wx):
-        z = rpar[z]
-    return z
-
-
-# ------------------------------------------------------------------------------------------------ kernel
-@cuda.jit(device=True)
-def _before(a, wa, ra, b, wb, rb, w, depth, tpar, rank, rpar, rdep):
+def _before(a, wa, ra, b, wb, rb, nodes):
     """Node a pops before node b; (wa, ra), (wb, rb): their weights and record depths, already at hand. Two nodes
     without record parents and with different weights (the common case) compare without touching the table."""
     if ra == 1 and rb == 1 and wa != wb:
         return wa > wb
-    return _pops_before(a, b, w, depth, tpar, rank, rpar, rdep)
+    return _pops_before(a, b, nodes)
 
 
-@cuda.jit
-def _build_kernel(lp, ids, budget, cap, wtab, itab, scratch, out_i, out_logw, paths, path_depth, n_out, overflow,
-                  mode):
-    # Every per-thread loop is an unsigned 32-bit while loop: numba's range() computes a 64-bit trip count (a
-    # division) and signed indices add wraparound code; ncu showed this kernel bound by instruction fetch and
-    # count (stall_no_inst 34 % of samples, ~4000 instructions per warp for a two-level tree), not by its work.
-    r = uint32(cuda.blockIdx.x)
+@cuda.jit(device=True)
+def _record_parent(gen, wx, w, rparent):
+    """Nearest generation ancestor (starting at the generator) with a strictly smaller weight, i.e. a larger key
+    (ancestors always have smaller rank tuples, so equal weights never make them larger)."""
+    z = gen
+    while z >= 0 and not (w[z] < wx):
+        z = rparent[z]
+    return z
+
+
+# ------------------------------------------------------------------------------------------------ kernel steps
+@cuda.jit(device=True)
+def _node_table(wtab, itab, copy, r):
+    """Copy ``copy`` of request r's node table as the tuple (weight, depth, rank, parent, rparent, rdepth)."""
+    return (wtab[copy, r], itab[copy, DEPTH, r], itab[copy, RANK, r], itab[copy, PARENT, r],
+            itab[copy, RECORD_PARENT, r], itab[copy, RECORD_DEPTH, r])
+
+
+@cuda.jit(device=True)
+def _load_row(dst, src, start, n):
+    """dst[:n] = src[start:start + n], by consecutive threads (no barrier)."""
+    c = uint32(cuda.threadIdx.x)
+    while c < n:
+        dst[c] = src[start + c]
+        c = uint32(c + uint32(cuda.blockDim.x))
+
+
+@cuda.jit(device=True)
+def _store_prefetched_row(dst, src, start, n, mine):
+    """Like _load_row, with this thread's first entry already in a register (``mine``, read when the level began:
+    loading the row when its level started cost a round trip to L2 per level, ncu)."""
     tid = uint32(cuda.threadIdx.x)
     nt = uint32(cuda.blockDim.x)
-    L = uint32(ids.shape[1]) if budget > 0 else uint32(0)
-    K = uint32(ids.shape[2])
-    B = uint32(budget)
-    n_lp = uint32(min(K, B))                 # ranks a chain can reach (a node's r earlier siblings pop first)
-    cap32 = uint32(cap)
-    sh = cuda.shared.array(2, int32)                     # slow path: 0 candidate count, 1 an inexact chain was seen
-    wpart = cuda.shared.array(MAX_WARPS, int32)          # the warps' partials of the block collectives
-    wmin = cuda.shared.array(MAX_WARPS, float64)
-    ibuf = cuda.shared.array(32, int32)                  # scratch of the simulator's warp collectives
-    fbuf = cuda.shared.array(32, float64)
-    lps2 = cuda.shared.array((2, MAX_BUDGET), float32)   # depth d's log-probs lp[r, d - 1, :n_lp] in row d & 1
-    sw = cuda.shared.array(SORT_CACHE, float64)          # weight / record depth of each sort slot
-    srd = cuda.shared.array(SORT_CACHE, int32)
-    sord = cuda.shared.array(SORT_CACHE, int32)          # candidate order while sorting (cached sorts)
-    clen = cuda.shared.array(MAX_BUDGET, int32)          # per parent: chain length, then its first slot
-    rk_x = cuda.shared.array(RANK_SORT, int32)           # rank sort output: index, weight, record depth
-    rk_w = cuda.shared.array(RANK_SORT, float64)
-    rk_d = cuda.shared.array(RANK_SORT, int32)
-
-    # the table of request r (two copies, swapped every depth): entries [0, |G|) are G in pop order, candidates
-    # are appended after them. Fields: weight (float64); depth, rank, trie parent, record parent, record depth.
-    w = wtab[0, r]
-    dep = itab[0, 0, r]
-    rank = itab[0, 1, r]
-    tpar = itab[0, 2, r]
-    rpar = itab[0, 3, r]
-    rdep = itab[0, 4, r]
-    w2 = wtab[1, r]
-    dep2 = itab[1, 0, r]
-    rank2 = itab[1, 1, r]
-    tpar2 = itab[1, 2, r]
-    rpar2 = itab[1, 3, r]
-    rdep2 = itab[1, 4, r]
-    nmap = scratch[0, r]        # old table index -> new pop position (or -1)
-    order = scratch[1, r]       # candidate indices being sorted (sorts above SORT_CACHE)
-    if tid == 0:
-        overflow[r] = 0
-    # the log-probs, read serially by the chain searches, sit in shared memory: depth 1's row now, each next row
-    # loaded while a level runs (its first nt entries held in a register) and stored at the level's end. Loading
-    # each row when its level started cost a round trip to L2 per level (ncu).
-    lrow = lp[r]                             # [L * K] float32; depth d's row starts at (d - 1) K
-    c = tid
-    while c < n_lp:
-        lps2[1, c] = lrow[c]
+    if tid < n:
+        dst[tid] = mine
+    c = uint32(tid + nt)
+    while c < n:
+        dst[c] = src[start + c]
         c = uint32(c + nt)
+
+
+@cuda.jit(device=True)
+def _floor_below(t):
+    """The chains' floor for a witness weight t (module docstring, "The floor"): t - margin, or -inf."""
+    return t - MARGIN * max(1.0, abs(t)) if t > -math.inf else -math.inf
+
+
+@cuda.jit(device=True)
+def _chain_length(p, d, n_lp, floor_w, top_lp, lp_d, w, depth):
+    """How many children of table entry p (the root at d = 1) have weight >= floor_w on the fast path: 0 unless p
+    is a parent (depth d - 1); else the first rank r < n_lp with lp_d[r] = -inf or fl(W_p + lp_d[r]) < floor_w,
+    by binary search (those weights never rise with r)."""
+    n_c = uint32(0)
+    if top_lp != -math.inf and (d == uint32(1) or uint32(depth[p]) == d - uint32(1)):
+        wp = 0.0 if d == uint32(1) else w[p]
+        hi = n_lp
+        while n_c < hi:
+            mid = (n_c + hi) >> uint32(1)
+            a = float64(lp_d[mid])
+            if a != -math.inf and (wp + a if d > uint32(1) else a) >= floor_w:
+                n_c = uint32(mid + uint32(1))
+            else:
+                hi = mid
+    return n_c
+
+
+@cuda.jit(device=True)
+def _chain_slots(d, n_top, n_lp, floor_w, lp_d, w, depth, chain_slot, warp_sums, sim_ibuf):
+    """Step 1a: each thread takes a run of parents (the root at d = 1, else G's entries), finds their chains'
+    lengths at floor_w, and a block scan turns the lengths into first slots: chain_slot[p] = the first candidate
+    slot of p's children. Returns the candidate count (every thread). Ends with a barrier."""
+    tid = uint32(cuda.threadIdx.x)
+    nt = uint32(cuda.blockDim.x)
+    top_lp = float64(lp_d[0])
+    n_par = uint32(1) if d == uint32(1) else n_top
+    per = uint32((n_par + nt - uint32(1)) // nt)
+    p0 = uint32(tid * per)
+    p1 = uint32(min(p0 + per, n_par))
+    run = int32(0)
+    p = p0
+    while p < p1:
+        n_c = _chain_length(p, d, n_lp, floor_w, top_lp, lp_d, w, depth)
+        chain_slot[p] = n_c
+        run = int32(run + n_c)
+        p = uint32(p + uint32(1))
+    first, total = block_prefix_sum(run, warp_sums, sim_ibuf)
+    p = p0
+    while p < p1:
+        n_c = chain_slot[p]
+        chain_slot[p] = first
+        first = int32(first + n_c)
+        p = uint32(p + uint32(1))
     cuda.syncthreads()
-    gn = uint32(0)              # |G| (every thread keeps it)
-    tau = -math.inf             # the smallest weight in G
-    d = uint32(1)
-    while d <= L:
-        if tid == 0:
-            sh[0] = 0
-            sh[1] = 0
-        floor_w = tau - MARGIN * max(1.0, abs(tau)) if gn == B else -math.inf
-        lps = lps2[d & uint32(1)]               # this depth's log-probs, sorted descending
-        top_lp = float64(lps[0])
-        more = d < L
-        pf = lrow[uint32(d * K + tid) if more and tid < n_lp else uint32(0)]     # the next row's entry tid
-        # 1. expand. Fast path: while every telescoping step is exact, (w_c - lp[c]) + lp[c+1] == W_p + lp[c+1],
-        # so a chain's weights are w_c = W_p + lp[c] - non-increasing, each computable on its own.
-        # 1a. each thread takes a run of parents: chain lengths by binary search (first c with lp = -inf or
-        # w_c < floor), then a block scan turns them into first slots
-        n_par = uint32(1) if d == uint32(1) else gn
-        per = uint32((n_par + nt - uint32(1)) // nt)
-        p0 = uint32(tid * per)
-        p1 = uint32(min(p0 + per, n_par))
-        run = int32(0)
-        pi = p0
-        while pi < p1:
-            n_c = uint32(0)
-            if top_lp != -math.inf and (d == uint32(1) or uint32(dep[pi]) == d - uint32(1)):
-                wp = 0.0 if d == uint32(1) else w[pi]
-                hi = n_lp
-                while n_c < hi:
-                    mid = (n_c + hi) >> uint32(1)
-                    a = float64(lps[mid])
-                    if a != -math.inf and (wp + a if d > uint32(1) else a) >= floor_w:
-                        n_c = uint32(mid + uint32(1))
-                    else:
-                        hi = mid
-            clen[pi] = n_c
-            run = int32(run + n_c)
-            pi = uint32(pi + uint32(1))
-        first, total = block_prefix_sum(run, wpart, ibuf)
-        pi = p0
-        while pi < p1:
-            n_c = clen[pi]
-            clen[pi] = first
-            first = int32(first + n_c)
-            pi = uint32(pi + uint32(1))
-        cn = uint32(total)
-        cuda.syncthreads()
-        ovf = cn > cap32
-        n_pad = uint32(1)
-        while n_pad < cn:
-            n_pad = uint32(n_pad << uint32(1))
-        cached = n_pad <= uint32(SORT_CACHE)
-        ob = sord if cached else order         # candidate table indices, sorted in place (-1 pads sort last)
-        # 1b. one thread per child: its parent (the last with first slot <= s), rank, weight, exactness, and its
-        # record parent: in a chain whose weights never rise (every exact chain) no earlier sibling is lighter, so
-        # it is the nearest lighter node on the parent's generation path (G's links are final). Also the sort's
-        # keys beside the indices, and the node map cleared.
-        if not ovf:
-            slot = tid
-            while slot < cn:
-                lo = uint32(0)
-                hi = n_par
-                while hi - lo > uint32(1):
-                    mid = (lo + hi) >> uint32(1)
-                    if uint32(clen[mid]) <= slot:
-                        lo = mid
-                    else:
-                        hi = mid
-                c = uint32(slot - uint32(clen[lo]))
-                a = float64(lps[c])
-                wp = 0.0 if d == uint32(1) else w[lo]
-                wc = a if d == uint32(1) and c == uint32(0) else wp + a
-                if wc - a != wp:
-                    sh[1] = 1                # the next step rounds: this level walks its chains in order
-                x = uint32(gn + slot)
-                z = int32(-1) if d == uint32(1) else _record_parent(int32(lo), wc, w, rpar)
-                rd = int32(1) if z < 0 else int32(rdep[z] + 1)
-                w[x] = wc
-                dep[x] = d
-                rank[x] = c
-                tpar[x] = -1 if d == uint32(1) else int32(lo)
-                rpar[x] = z
-                rdep[x] = rd
-                nmap[x] = -1
-                ob[slot] = x
-                if cached:
-                    sw[slot] = wc
-                    srd[slot] = rd
-                slot = uint32(slot + nt)
-            i = uint32(cn + tid)
-            while i < n_pad:
-                ob[i] = -1
-                if cached:
-                    sw[i] = -math.inf
-                    srd[i] = 0
-                i = uint32(i + nt)
-            i = tid
-            while i < gn:
-                nmap[i] = -1
-                i = uint32(i + nt)
-        cuda.syncthreads()
-        slow = (sh[1] != 0 or (mode & SLOW_CHAINS) != 0) and not ovf
-        if slow:
-            cn, ovf = _walk_chains(d, gn, n_lp, floor_w, cap32, lps, w, dep, rank, tpar, rpar, rdep, nmap, sh)
-            n_pad = uint32(1)
-            while n_pad < cn:
-                n_pad = uint32(n_pad << uint32(1))
-            cached = n_pad <= uint32(SORT_CACHE)
-            ob = sord if cached else order
-            i = tid
-            while i < n_pad:
-                x = int32(gn + i) if i < cn else int32(-1)
-                ob[i] = x
-                if cached:
-                    sw[i] = w[x] if x >= 0 else -math.inf
-                    srd[i] = rdep[x] if x >= 0 else 0
-                i = uint32(i + nt)
-            cuda.syncthreads()
-        if ovf:
-            if tid == 0:
-                overflow[r] = 1
-            break
-        if cn == uint32(0):
-            break
+    return uint32(total)
 
-        # 2. sort the candidates by pop order; up to SORT_CACHE of them with their weights and record depths beside
-        # them in shared memory (the comparator only reads the table for equal weights or record-tree nodes).
-        # d = 1 on the fast path: one exact chain from the root is already in pop order (weights non-increasing,
-        # equal weights by rank, no record parents). Up to RANK_SORT candidates: rank sort - candidate i goes to
-        # position #{j popping before i}, no barriers. Above: a bitonic network (-1 pads sort last).
-        if d == uint32(1) and not slow and (mode & (SLOW_CHAINS | BITONIC)) == 0:
-            pass
-        elif cn <= uint32(RANK_SORT) and not mode & BITONIC:
-            i = tid
-            while i < cn:
-                xi = ob[i]
-                wi = sw[i]
-                ri = srd[i]
-                pos = 0
-                j = uint32(0)
-                while j < cn:
-                    if j != i and _before(ob[j], sw[j], srd[j], xi, wi, ri, w, dep, tpar, rank, rpar, rdep):
-                        pos += 1
-                    j = uint32(j + uint32(1))
-                rk_x[pos] = xi
-                rk_w[pos] = wi
-                rk_d[pos] = ri
-                i = uint32(i + nt)
-            cuda.syncthreads()
-            i = tid
-            while i < cn:
-                ob[i] = rk_x[i]
-                sw[i] = rk_w[i]
-                srd[i] = rk_d[i]
-                i = uint32(i + nt)
-            cuda.syncthreads()
+
+@cuda.jit(device=True)
+def _count_at_least(t, d, n_top, n_lp, lp_d, w, depth, warp_sums, sim_ibuf):
+    """count(t) of the module docstring, to every thread: G's nodes with weight >= t plus the parents' children
+    (ranks < n_lp, finite log-probs) with fast-path weight >= t. One barrier (inside the block sum)."""
+    tid = uint32(cuda.threadIdx.x)
+    nt = uint32(cuda.blockDim.x)
+    top_lp = float64(lp_d[0])
+    n_par = uint32(1) if d == uint32(1) else n_top
+    count = int32(0)
+    p = tid
+    while p < n_par:
+        if d > uint32(1) and w[p] >= t:
+            count = int32(count + 1)
+        count = int32(count + _chain_length(p, d, n_lp, t, top_lp, lp_d, w, depth))
+        p = uint32(p + nt)
+    before, total = block_prefix_sum(count, warp_sums, sim_ibuf)
+    return uint32(total)
+
+
+@cuda.jit(device=True)
+def _raise_floor(d, n_top, n_lp, B, ref_w, lp_d, w, depth, warp_sums, sim_ibuf):
+    """Bisection for a higher witness weight (module docstring, "The floor"): over t_r = fl(ref_w + lp_d[r]),
+    r < the finite ranks, the smallest r with count(t_r) >= B, stopping early once count(t_r) <= 2B. Returns
+    (t, probes), the same in every thread; t = -inf if no t_r has B witnesses. Ends with a barrier."""
+    lo = uint32(0)                           # the finite entries of lp_d[:n_lp] (sorted: a binary search)
+    hi = n_lp
+    while lo < hi:
+        mid = (lo + hi) >> uint32(1)
+        if lp_d[mid] != -math.inf:
+            lo = uint32(mid + uint32(1))
         else:
-            size = uint32(2)
-            while size <= n_pad:
-                stride = size >> uint32(1)
-                while stride > uint32(0):
-                    i = tid
-                    while i < n_pad:
-                        j = i ^ stride
-                        if j > i:
-                            a = ob[i]
-                            b = ob[j]
-                            if a < 0 or b < 0:               # pads last
-                                swap = (a < 0 and b >= 0) if (i & size) == 0 else (b < 0 and a >= 0)
+            hi = mid
+    hi = lo
+    lo = uint32(0)
+    t_best = -math.inf
+    probes = uint32(0)
+    while lo < hi:
+        mid = (lo + hi) >> uint32(1)
+        t = ref_w + float64(lp_d[mid])
+        # two scratch rows for the warps' sums, alternating: back-to-back block sums need no barrier between them
+        count = _count_at_least(t, d, n_top, n_lp, lp_d, w, depth, warp_sums[probes & uint32(1)], sim_ibuf)
+        probes = uint32(probes + uint32(1))
+        if count >= B:
+            t_best = t
+            hi = mid
+            if count <= B + B:
+                break
+        else:
+            lo = uint32(mid + uint32(1))
+    cuda.syncthreads()
+    return t_best, probes
+
+
+@cuda.jit(device=True)
+def _choose_floor(d, n_top, n_lp, B, tau, ref_w, lp_d, w, depth, chain_slot, warp_sums, sim_ibuf):
+    """Step 1a with its floor: tau (G's smallest weight once G is full, else -inf) gives the starting floor; if
+    the chains then hold more than 2B candidates, _raise_floor finds a higher one and the lengths are redone.
+    Returns (floor, candidate count, probes); chain_slot holds each parent's first slot. Ends with a barrier."""
+    floor_w = _floor_below(tau)
+    probes = uint32(0)
+    raised = False
+    while True:                              # (a loop, not two calls: one inlined copy of _chain_slots)
+        n_cand = _chain_slots(d, n_top, n_lp, floor_w, lp_d, w, depth, chain_slot, warp_sums[0], sim_ibuf)
+        if raised or n_cand <= B + B:
+            return floor_w, n_cand, probes
+        t, probes = _raise_floor(d, n_top, n_lp, B, ref_w, lp_d, w, depth, warp_sums, sim_ibuf)
+        floor_w = _floor_below(max(tau, t))
+        raised = True
+
+
+@cuda.jit(device=True)
+def _write_children(d, n_top, n_cand, n_pad, cached, lp_d, nodes, chain_slot, new_pos, cand, sort_w, sort_rdepth,
+                    slow_state):
+    """Step 1b, one thread per candidate slot: its parent (the last whose first slot is <= the slot), rank, weight
+    and table entry (n_top + slot), whether its successor's telescoping step is exact (else slow_state[1] = 1),
+    and its record parent: in a chain whose weights never rise (every exact chain) no earlier sibling is lighter,
+    so it is the nearest lighter node on the parent's generation path (G's links are final). Also the sort's
+    slots (index; weight and record depth when cached; -1 pads up to n_pad sort last) and new_pos cleared."""
+    tid = uint32(cuda.threadIdx.x)
+    nt = uint32(cuda.blockDim.x)
+    w, depth, rank, parent, rparent, rdepth = nodes
+    n_par = uint32(1) if d == uint32(1) else n_top
+    slot = tid
+    while slot < n_cand:
+        lo = uint32(0)
+        hi = n_par
+        while hi - lo > uint32(1):
+            mid = (lo + hi) >> uint32(1)
+            if uint32(chain_slot[mid]) <= slot:
+                lo = mid
+            else:
+                hi = mid
+        c = uint32(slot - uint32(chain_slot[lo]))        # the child's rank; its parent is entry lo
+        a = float64(lp_d[c])
+        wp = 0.0 if d == uint32(1) else w[lo]
+        wc = a if d == uint32(1) and c == uint32(0) else wp + a
+        if wc - a != wp:
+            slow_state[1] = 1                # the next step rounds: this level walks its chains in order
+        x = uint32(n_top + slot)
+        z = int32(-1) if d == uint32(1) else _record_parent(int32(lo), wc, w, rparent)
+        rd = int32(1) if z < 0 else int32(rdepth[z] + 1)
+        w[x] = wc
+        depth[x] = d
+        rank[x] = c
+        parent[x] = -1 if d == uint32(1) else int32(lo)
+        rparent[x] = z
+        rdepth[x] = rd
+        new_pos[x] = -1
+        cand[slot] = x
+        if cached:
+            sort_w[slot] = wc
+            sort_rdepth[slot] = rd
+        slot = uint32(slot + nt)
+    i = uint32(n_cand + tid)
+    while i < n_pad:
+        cand[i] = -1
+        if cached:
+            sort_w[i] = -math.inf
+            sort_rdepth[i] = 0
+        i = uint32(i + nt)
+    i = tid
+    while i < n_top:
+        new_pos[i] = -1
+        i = uint32(i + nt)
+
+
+@cuda.jit(device=True)
+def _walk_chains(d, n_top, n_lp, floor_w, cap, lp_d, nodes, new_pos, slow_state):
+    """The slow path of step 1 (a telescoping step rounded): one thread per parent walks the sibling chain of its
+    children in the heap's float64 order, in a range reserved with a shared atomic (slow_state[0]); then the record
+    parents of the chains whose weights never rise, one thread per child, and new_pos cleared. Returns (candidate
+    count, overflowed), the same in every thread. Ends with a barrier."""
+    tid = uint32(cuda.threadIdx.x)
+    nt = uint32(cuda.blockDim.x)
+    w, depth, rank, parent, rparent, rdepth = nodes
+    top_lp = float64(lp_d[0])
+    n_par = uint32(1) if d == uint32(1) else n_top
+    p = tid
+    while p < n_par:
+        par = -1 if d == uint32(1) else int32(p)
+        wp = 0.0 if d == uint32(1) else w[p]
+        if top_lp != -math.inf and (d == uint32(1) or uint32(depth[p]) == d - uint32(1)):
+            # the chain's length, in registers; and whether its weights never rise (then no earlier sibling is
+            # lighter, and every record parent lies on the parent's generation path: found in parallel below)
+            wc = wp + top_lp if d > uint32(1) else top_lp
+            n_c = uint32(0)
+            rising = False
+            while wc >= floor_w:
+                n_c = uint32(n_c + uint32(1))
+                if n_c >= n_lp:
+                    break
+                nxt = float64(lp_d[n_c])
+                if nxt == -math.inf:
+                    break
+                w_last = wc
+                wc = (wc - float64(lp_d[n_c - uint32(1)])) + nxt
+                if wc > w_last:
+                    rising = True
+            if n_c > uint32(0):
+                base = uint32(n_top + uint32(cuda.atomic.add(slow_state, 0, int32(n_c))))
+                if base + n_c <= n_top + cap:
+                    # write the chain: the same float64 operations in the same order, so the same weights
+                    prev = -1                # the previous sibling's entry, weight, record parent and its depth
+                    w_prev = 0.0
+                    rp_prev = -1
+                    rd_prev = 0
+                    wc = wp + top_lp if d > uint32(1) else top_lp
+                    c = uint32(0)
+                    while c < n_c:
+                        if c > uint32(0):
+                            wc = (wc - float64(lp_d[c - uint32(1)])) + float64(lp_d[c])
+                        x = uint32(base + c)
+                        w[x] = wc
+                        depth[x] = d
+                        rank[x] = c
+                        parent[x] = par
+                        if not rising:
+                            rparent[x] = PENDING
+                        else:
+                            # rising chain: record parents in chain order - the generator (previous sibling, or the
+                            # parent for the first child) if it is lighter, else its record ancestors
+                            if c == uint32(0):
+                                z = _record_parent(par, wc, w, rparent)
+                                rd = 1 if z < 0 else rdepth[z] + 1
+                            elif w_prev < wc:
+                                z = prev
+                                rd = rd_prev + 1
                             else:
-                                if cached:
-                                    a_first = _before(a, sw[i], srd[i], b, sw[j], srd[j], w, dep, tpar, rank, rpar,
-                                                      rdep)
-                                else:
-                                    a_first = _pops_before(a, b, w, dep, tpar, rank, rpar, rdep)
-                                # ascending half: b first if it pops earlier; descending half: the reverse
-                                swap = (not a_first) if (i & size) == 0 else a_first
-                            if swap:
-                                ob[i] = b
-                                ob[j] = a
-                                if cached:
-                                    sw[i], sw[j] = sw[j], sw[i]
-                                    srd[i], srd[j] = srd[j], srd[i]
-                        i = uint32(i + nt)
-                    cuda.syncthreads()
-                    stride = stride >> uint32(1)
-                size = uint32(size << uint32(1))
+                                z = _record_parent(rp_prev, wc, w, rparent)
+                                rd = 1 if z < 0 else rdepth[z] + 1
+                            rparent[x] = z
+                            rdepth[x] = rd
+                            prev = int32(x)
+                            w_prev = wc
+                            rp_prev = z
+                            rd_prev = rd
+                        c = uint32(c + uint32(1))
+        p = uint32(p + nt)
+    cuda.syncthreads()
+    total = uint32(slow_state[0])
+    if total > cap:
+        return total, True
+    end = uint32(n_top + total)
+    x = uint32(n_top + tid)
+    while x < end:
+        if rparent[x] == PENDING:
+            z = _record_parent(parent[x], w[x], w, rparent)
+            rparent[x] = z
+            rdepth[x] = 1 if z < 0 else rdepth[z] + 1
+        x = uint32(x + nt)
+    x = tid
+    while x < end:
+        new_pos[x] = -1
+        x = uint32(x + nt)
+    cuda.syncthreads()
+    return total, False
 
-        # 3. merge with G by co-ranking (a binary search in the other list); keep the first B
-        ck = min(cn, B)
-        end = uint32(gn + ck)
-        i = tid
-        while i < end:
-            if i < gn:                       # a G member: how many kept candidates pop before it
-                x = int32(i)
-                wx = w[i]
-                rx = rdep[i]
-                lo = uint32(0)
-                hi = ck
-                while lo < hi:
-                    mid = (lo + hi) >> uint32(1)
-                    y = ob[mid]
-                    if _before(y, sw[mid] if cached else w[y], srd[mid] if cached else rdep[y], x, wx, rx,
-                               w, dep, tpar, rank, rpar, rdep):
-                        lo = uint32(mid + uint32(1))
-                    else:
-                        hi = mid
-                pos = uint32(i + lo)
-            else:                            # the (i-gn)-th candidate: how many G members pop before it
-                k = uint32(i - gn)
-                x = ob[k]
-                wx = sw[k] if cached else w[x]
-                rx = srd[k] if cached else rdep[x]
-                lo = uint32(0)
-                hi = gn
-                while lo < hi:
-                    mid = (lo + hi) >> uint32(1)
-                    if _before(int32(mid), w[mid], rdep[mid], x, wx, rx, w, dep, tpar, rank, rpar, rdep):
-                        lo = uint32(mid + uint32(1))
-                    else:
-                        hi = mid
-                pos = uint32(k + lo)
-            if pos < B:
-                nmap[x] = pos
-            i = uint32(i + nt)
-        cuda.syncthreads()
-        # rewrite the table in the new pop order, and tau = the smallest weight in G (a lower bound of the final
-        # B-th weight, used once G is full)
-        end = uint32(gn + cn)
-        m = math.inf
-        x = tid
-        while x < end:
-            p = nmap[x]
-            if p >= 0:
-                wx = w[x]
-                w2[p] = wx
-                dep2[p] = dep[x]
-                rank2[p] = rank[x]
-                t = tpar[x]
-                tpar2[p] = nmap[t] if t >= 0 else -1
-                t = rpar[x]
-                rpar2[p] = nmap[t] if t >= 0 else -1
-                rdep2[p] = rdep[x]
-                m = min(m, wx)
-            x = uint32(x + nt)
-        if more:                             # the next depth's row into the other buffer (before the barrier)
-            nxt = lps2[(d + uint32(1)) & uint32(1)]
-            if tid < n_lp:
-                nxt[tid] = pf
-            c = uint32(tid + nt)
-            while c < n_lp:
-                nxt[c] = lrow[d * K + c]
-                c = uint32(c + nt)
-        tau = block_min(m, wmin, nt >> uint32(5), fbuf)
-        w, w2 = w2, w
-        dep, dep2 = dep2, dep
-        rank, rank2 = rank2, rank
-        tpar, tpar2 = tpar2, tpar
-        rpar, rpar2 = rpar2, rpar
-        rdep, rdep2 = rdep2, rdep
-        gn = min(B, end)
-        d = uint32(d + uint32(1))
 
-    # outputs: node i + 1 = table entry i; fewer than B nodes are padded with children of the root (verified,
-    # never accepted). paths (flat rows of width L + 1): -1 everywhere by consecutive threads (coalesced), then
-    # each node's own entries - its ancestors by depth, found by walking up. (A thread per node writing its whole
-    # row, at a stride of a row, was a third of the kernel's time: ncu.)
+@cuda.jit(device=True)
+def _fill_sort_slots(n_top, n_cand, n_pad, cached, nodes, cand, sort_w, sort_rdepth):
+    """The sort's slots after _walk_chains (candidates are the entries n_top .. n_top + n_cand - 1; -1 pads).
+    Ends with a barrier."""
+    tid = uint32(cuda.threadIdx.x)
+    nt = uint32(cuda.blockDim.x)
+    w, depth, rank, parent, rparent, rdepth = nodes
+    i = tid
+    while i < n_pad:
+        x = int32(n_top + i) if i < n_cand else int32(-1)
+        cand[i] = x
+        if cached:
+            sort_w[i] = w[x] if x >= 0 else -math.inf
+            sort_rdepth[i] = rdepth[x] if x >= 0 else 0
+        i = uint32(i + nt)
+    cuda.syncthreads()
+
+
+@cuda.jit(device=True)
+def _rank_sort(n_cand, cand, sort_w, sort_rdepth, ranked_node, ranked_w, ranked_rdepth, nodes):
+    """Step 2 for up to RANK_SORT candidates (cached): candidate i goes to position #{j popping before i}, no
+    barriers but the two that hand the result back. Ends with a barrier."""
+    tid = uint32(cuda.threadIdx.x)
+    nt = uint32(cuda.blockDim.x)
+    i = tid
+    while i < n_cand:
+        xi = cand[i]
+        wi = sort_w[i]
+        ri = sort_rdepth[i]
+        pos = 0
+        j = uint32(0)
+        while j < n_cand:
+            if j != i and _before(cand[j], sort_w[j], sort_rdepth[j], xi, wi, ri, nodes):
+                pos += 1
+            j = uint32(j + uint32(1))
+        ranked_node[pos] = xi
+        ranked_w[pos] = wi
+        ranked_rdepth[pos] = ri
+        i = uint32(i + nt)
+    cuda.syncthreads()
+    i = tid
+    while i < n_cand:
+        cand[i] = ranked_node[i]
+        sort_w[i] = ranked_w[i]
+        sort_rdepth[i] = ranked_rdepth[i]
+        i = uint32(i + nt)
+    cuda.syncthreads()
+
+
+@cuda.jit(device=True)
+def _bitonic_sort(n_pad, cached, cand, sort_w, sort_rdepth, nodes):
+    """Step 2 above RANK_SORT candidates: a bitonic network over n_pad (a power of two) slots in pop order, -1 pads
+    last; the keys travel with the indices when cached, else the comparator reads the table. Ends with a barrier."""
+    tid = uint32(cuda.threadIdx.x)
+    nt = uint32(cuda.blockDim.x)
+    size = uint32(2)
+    while size <= n_pad:
+        stride = size >> uint32(1)
+        while stride > uint32(0):
+            i = tid
+            while i < n_pad:
+                j = i ^ stride
+                if j > i:
+                    a = cand[i]
+                    b = cand[j]
+                    if a < 0 or b < 0:               # pads last
+                        swap = (a < 0 and b >= 0) if (i & size) == 0 else (b < 0 and a >= 0)
+                    else:
+                        if cached:
+                            a_first = _before(a, sort_w[i], sort_rdepth[i], b, sort_w[j], sort_rdepth[j], nodes)
+                        else:
+                            a_first = _pops_before(a, b, nodes)
+                        # ascending half: b first if it pops earlier; descending half: the reverse
+                        swap = (not a_first) if (i & size) == 0 else a_first
+                    if swap:
+                        cand[i] = b
+                        cand[j] = a
+                        if cached:
+                            sort_w[i], sort_w[j] = sort_w[j], sort_w[i]
+                            sort_rdepth[i], sort_rdepth[j] = sort_rdepth[j], sort_rdepth[i]
+                i = uint32(i + nt)
+            cuda.syncthreads()
+            stride = stride >> uint32(1)
+        size = uint32(size << uint32(1))
+
+
+@cuda.jit(device=True)
+def _merge(n_top, n_cand, B, cached, cand, sort_w, sort_rdepth, nodes, new_pos):
+    """Step 3a: co-rank G (entries [0, n_top), in pop order) with the first min(n_cand, B) sorted candidates, each
+    by a binary search in the other list; new_pos[x] = x's position in the merged order if it is < B (entries
+    already hold -1). Ends with a barrier."""
+    tid = uint32(cuda.threadIdx.x)
+    nt = uint32(cuda.blockDim.x)
+    w, depth, rank, parent, rparent, rdepth = nodes
+    n_kept = min(n_cand, B)
+    end = uint32(n_top + n_kept)
+    i = tid
+    while i < end:
+        if i < n_top:                        # a G member: how many kept candidates pop before it
+            x = int32(i)
+            wx = w[i]
+            rx = rdepth[i]
+            lo = uint32(0)
+            hi = n_kept
+            while lo < hi:
+                mid = (lo + hi) >> uint32(1)
+                y = cand[mid]
+                if _before(y, sort_w[mid] if cached else w[y], sort_rdepth[mid] if cached else rdepth[y], x, wx, rx,
+                           nodes):
+                    lo = uint32(mid + uint32(1))
+                else:
+                    hi = mid
+            pos = uint32(i + lo)
+        else:                                # the (i - n_top)-th candidate: how many G members pop before it
+            k = uint32(i - n_top)
+            x = cand[k]
+            wx = sort_w[k] if cached else w[x]
+            rx = sort_rdepth[k] if cached else rdepth[x]
+            lo = uint32(0)
+            hi = n_top
+            while lo < hi:
+                mid = (lo + hi) >> uint32(1)
+                if _before(int32(mid), w[mid], rdepth[mid], x, wx, rx, nodes):
+                    lo = uint32(mid + uint32(1))
+                else:
+                    hi = mid
+            pos = uint32(k + lo)
+        if pos < B:
+            new_pos[x] = pos
+        i = uint32(i + nt)
+    cuda.syncthreads()
+
+
+@cuda.jit(device=True)
+def _rewrite_table(end, new_pos, nodes, new_nodes):
+    """Step 3b: entries [0, end) that kept a position move to it in the other copy, their links remapped. Returns
+    this thread's smallest moved weight (the caller's block minimum makes it G's smallest, tau). No barrier."""
+    tid = uint32(cuda.threadIdx.x)
+    nt = uint32(cuda.blockDim.x)
+    w, depth, rank, parent, rparent, rdepth = nodes
+    w2, depth2, rank2, parent2, rparent2, rdepth2 = new_nodes
+    m = math.inf
+    x = tid
+    while x < end:
+        p = new_pos[x]
+        if p >= 0:
+            wx = w[x]
+            w2[p] = wx
+            depth2[p] = depth[x]
+            rank2[p] = rank[x]
+            t = parent[x]
+            parent2[p] = new_pos[t] if t >= 0 else -1
+            t = rparent[x]
+            rparent2[p] = new_pos[t] if t >= 0 else -1
+            rdepth2[p] = rdepth[x]
+            m = min(m, wx)
+        x = uint32(x + nt)
+    return m
+
+
+@cuda.jit(device=True)
+def _write_outputs(r, B, n_top, nodes, ids, out_i, out_logw, paths, path_depth, n_out):
+    """Node i + 1 = table entry i; fewer than B nodes are padded with children of the root (verified, never
+    accepted). paths (flat rows of width L + 1): -1 everywhere by consecutive threads (coalesced), then each
+    node's own entries - its ancestors by depth, found by walking up. (A thread per node writing its whole row, at
+    a stride of a row, was a third of the kernel's time: ncu.)"""
+    tid = uint32(cuda.threadIdx.x)
+    nt = uint32(cuda.blockDim.x)
+    w, depth, rank, parent, rparent, rdepth = nodes
     width = uint32(ids.shape[1] + 1)
     n_flat = uint32(paths.shape[1])
     e = tid
@@ -520,18 +793,18 @@ def _build_kernel(lp, ids, budget, cap, wtab, itab, scratch, out_i, out_logw, pa
     while i < B:
         row = uint32((i + uint32(1)) * width)
         paths[r, row] = 0
-        if i < gn:
-            dd = uint32(dep[i])
+        if i < n_top:
+            dd = uint32(depth[i])
             out_tokens[r, i] = ids[r, dd - uint32(1), rank[i]]
             out_depth[r, i] = dd
-            out_parent[r, i] = tpar[i] + 1
+            out_parent[r, i] = parent[i] + 1
             out_logw[r, i] = w[i]
             path_depth[r, i + uint32(1)] = dd
             node = int32(i)
             k = dd
             while k > uint32(0):
                 paths[r, row + k] = node + 1
-                node = tpar[node]
+                node = parent[node]
                 k = uint32(k - uint32(1))
         else:
             out_tokens[r, i] = 0
@@ -542,100 +815,120 @@ def _build_kernel(lp, ids, budget, cap, wtab, itab, scratch, out_i, out_logw, pa
             paths[r, row + uint32(1)] = i + uint32(1)
         i = uint32(i + nt)
     if tid == 0:
-        n_out[r] = gn
+        n_out[r] = n_top
         path_depth[r, 0] = 0
         paths[r, 0] = 0
 
 
 @cuda.jit(device=True)
-def _walk_chains(d, gn, n_lp, floor_w, cap, lps, w, dep, rank, tpar, rpar, rdep, nmap, sh):
-    """The slow path of step 1 (a telescoping step rounded): one thread per parent walks the sibling chain of its
-    children in the heap's float64 order, in a range reserved with a shared atomic (sh[0]); then the record parents
-    of the chains whose weights never rise, one thread per child, and the node map cleared. Returns (candidate
-    count, overflowed), the same in every thread. Ends with a barrier."""
+def _pow2_at_least(n):
+    """The smallest power of two >= n (1 for n <= 1): the bitonic network's size."""
+    n_pad = uint32(1)
+    while n_pad < n:
+        n_pad = uint32(n_pad << uint32(1))
+    return n_pad
+
+
+@cuda.jit
+def _build_kernel(lp, ids, budget, cap, wtab, itab, scratch, out_i, out_logw, paths, path_depth, n_out, stats,
+                  mode):
+    """Request blockIdx.x's tree: the module docstring's levels, each a sequence of the steps above."""
+    r = uint32(cuda.blockIdx.x)
     tid = uint32(cuda.threadIdx.x)
     nt = uint32(cuda.blockDim.x)
-    top_lp = float64(lps[0])
-    n_par = uint32(1) if d == uint32(1) else gn
-    pi = tid
-    while pi < n_par:
-        parent = -1 if d == uint32(1) else int32(pi)
-        wp = 0.0 if d == uint32(1) else w[pi]
-        if top_lp != -math.inf and (d == uint32(1) or uint32(dep[pi]) == d - uint32(1)):
-            # the chain's length, in registers; and whether its weights never rise (then no earlier sibling is
-            # lighter, and every record parent lies on the parent's generation path: found in parallel below)
-            wc = wp + top_lp if d > uint32(1) else top_lp
-            n_c = uint32(0)
-            rising = False
-            while wc >= floor_w:
-                n_c = uint32(n_c + uint32(1))
-                if n_c >= n_lp:
-                    break
-                nxt = float64(lps[n_c])
-                if nxt == -math.inf:
-                    break
-                w_last = wc
-                wc = (wc - float64(lps[n_c - uint32(1)])) + nxt
-                if wc > w_last:
-                    rising = True
-            if n_c > uint32(0):
-                base = uint32(gn + uint32(cuda.atomic.add(sh, 0, int32(n_c))))
-                if base + n_c <= gn + cap:
-                    # write the chain: the same float64 operations in the same order, so the same weights
-                    prev = -1                # the previous sibling's entry, weight, record parent and its depth
-                    w_prev = 0.0
-                    rp_prev = -1
-                    rd_prev = 0
-                    wc = wp + top_lp if d > uint32(1) else top_lp
-                    c = uint32(0)
-                    while c < n_c:
-                        if c > uint32(0):
-                            wc = (wc - float64(lps[c - uint32(1)])) + float64(lps[c])
-                        x = uint32(base + c)
-                        w[x] = wc
-                        dep[x] = d
-                        rank[x] = c
-                        tpar[x] = parent
-                        if not rising:
-                            rpar[x] = PENDING
-                        else:
-                            # rising chain: record parents in chain order - the generator (previous sibling, or the
-                            # parent for the first child) if it is lighter, else its record ancestors
-                            if c == uint32(0):
-                                z = _record_parent(parent, wc, w, rpar)
-                                rd = 1 if z < 0 else rdep[z] + 1
-                            elif w_prev < wc:
-                                z = prev
-                                rd = rd_prev + 1
-                            else:
-                                z = _record_parent(rp_prev, wc, w, rpar)
-                                rd = 1 if z < 0 else rdep[z] + 1
-                            rpar[x] = z
-                            rdep[x] = rd
-                            prev = int32(x)
-                            w_prev = wc
-                            rp_prev = z
-                            rd_prev = rd
-                        c = uint32(c + uint32(1))
-        pi = uint32(pi + nt)
+    n_depths = uint32(ids.shape[1])
+    L = n_depths if budget > 0 else uint32(0)
+    K = uint32(ids.shape[2])
+    B = uint32(budget)
+    n_lp = uint32(min(K, B))                 # ranks a chain can reach (a node's r earlier siblings pop first)
+    cap32 = uint32(cap)
+    slow_state = cuda.shared.array(2, int32)             # slow path: [0] candidate count, [1] an inexact step seen
+    warp_sums = cuda.shared.array((2, MAX_WARPS), int32)  # the warps' partials of block sums (two rows: _raise_floor)
+    warp_mins = cuda.shared.array(MAX_WARPS, float64)    # ... of block minima
+    sim_ibuf = cuda.shared.array(32, int32)              # scratch of the simulator's warp collectives
+    sim_fbuf = cuda.shared.array(32, float64)
+    lp_rows = cuda.shared.array((2, MAX_BUDGET), float32)  # depth d's log-probs lp[r, d - 1, :n_lp] in row d & 1
+    sort_w = cuda.shared.array(SORT_CACHE, float64)      # per sort slot: weight, record depth, table entry
+    sort_rdepth = cuda.shared.array(SORT_CACHE, int32)
+    sort_node = cuda.shared.array(SORT_CACHE, int32)
+    chain_slot = cuda.shared.array(MAX_BUDGET, int32)    # per parent: its chain's length, then its first slot
+    ranked_node = cuda.shared.array(RANK_SORT, int32)    # rank sort output: entry, weight, record depth
+    ranked_w = cuda.shared.array(RANK_SORT, float64)
+    ranked_rdepth = cuda.shared.array(RANK_SORT, int32)
+
+    nodes = _node_table(wtab, itab, 0, r)    # this level's table; the merge writes the next into the other copy
+    new_nodes = _node_table(wtab, itab, 1, r)
+    new_pos = scratch[0, r]                  # table entry -> its position in the merged pop order (or -1)
+    sort_global = scratch[1, r]              # the sort's slots when they exceed SORT_CACHE
+    lp_req = lp[r]                           # [L * K] float32; depth d's row starts at (d - 1) K
+    e = tid
+    while e < uint32(stats.shape[1]):        # overflow flag, candidates and probes per depth
+        stats[r, e] = 0
+        e = uint32(e + nt)
+    _load_row(lp_rows[1], lp_req, uint32(0), n_lp)
     cuda.syncthreads()
-    total = uint32(sh[0])
-    if total > cap:
-        return total, True
-    end = uint32(gn + total)
-    x = uint32(gn + tid)
-    while x < end:
-        if rpar[x] == PENDING:
-            z = _record_parent(tpar[x], w[x], w, rpar)
-            rpar[x] = z
-            rdep[x] = 1 if z < 0 else rdep[z] + 1
-        x = uint32(x + nt)
-    x = tid
-    while x < end:
-        nmap[x] = -1
-        x = uint32(x + nt)
-    cuda.syncthreads()
-    return total, False
+    n_top = uint32(0)                        # |G| (every thread keeps it)
+    tau = -math.inf                          # the smallest weight in G
+    ref_w = 0.0                              # the first depth-(d-1) node's weight (the root's at d = 1)
+    d = uint32(1)
+    while d <= L:
+        if tid == 0:
+            slow_state[0] = 0
+            slow_state[1] = 0
+        lp_d = lp_rows[d & uint32(1)]        # this depth's log-probs, sorted descending
+        has_next = d < L
+        next_lp = lp_req[uint32(d * K + tid) if has_next and tid < n_lp else uint32(0)]   # next row, entry tid
+
+        # 1. expand: the floor and the chains' lengths (fast path), the children written, or the chains walked
+        floor_w, n_cand, probes = _choose_floor(d, n_top, n_lp, B, tau if n_top == B else -math.inf, ref_w, lp_d,
+                                                nodes[0], nodes[1], chain_slot, warp_sums, sim_ibuf)
+        overflow = n_cand > cap32
+        n_pad = _pow2_at_least(n_cand)
+        cached = n_pad <= uint32(SORT_CACHE)
+        cand = sort_node if cached else sort_global    # candidate entries in sort order
+        if not overflow:
+            _write_children(d, n_top, n_cand, n_pad, cached, lp_d, nodes, chain_slot, new_pos, cand, sort_w,
+                            sort_rdepth, slow_state)
+        cuda.syncthreads()
+        slow = (slow_state[1] != 0 or (mode & SLOW_CHAINS) != 0) and not overflow
+        if slow:
+            n_cand, overflow = _walk_chains(d, n_top, n_lp, floor_w, cap32, lp_d, nodes, new_pos, slow_state)
+            n_pad = _pow2_at_least(n_cand)
+            cached = n_pad <= uint32(SORT_CACHE)
+            cand = sort_node if cached else sort_global
+            if not overflow:
+                _fill_sort_slots(n_top, n_cand, n_pad, cached, nodes, cand, sort_w, sort_rdepth)
+        if tid == 0:
+            stats[r, d] = n_cand
+            stats[r, n_depths + d] = probes
+        if overflow:
+            if tid == 0:
+                stats[r, 0] = 1
+            break
+        if n_cand == uint32(0):
+            break
+
+        # 2. sort the candidates by pop order (d = 1 on the fast path: one exact chain, already in order)
+        if d == uint32(1) and not slow and (mode & (SLOW_CHAINS | BITONIC)) == 0:
+            pass
+        elif n_cand <= uint32(RANK_SORT) and not mode & BITONIC:
+            _rank_sort(n_cand, cand, sort_w, sort_rdepth, ranked_node, ranked_w, ranked_rdepth, nodes)
+        else:
+            _bitonic_sort(n_pad, cached, cand, sort_w, sort_rdepth, nodes)
+        ref_w = nodes[0][cand[0]]            # the first of them in pop order: the next level's reference weight
+
+        # 3. merge into G, keep the first B, rewrite the table in the new pop order; tau = G's smallest weight
+        _merge(n_top, n_cand, B, cached, cand, sort_w, sort_rdepth, nodes, new_pos)
+        end = uint32(n_top + n_cand)
+        m = _rewrite_table(end, new_pos, nodes, new_nodes)
+        if has_next:                         # the next depth's row into the other buffer (before the barrier)
+            _store_prefetched_row(lp_rows[(d + uint32(1)) & uint32(1)], lp_req, uint32(d * K), n_lp, next_lp)
+        tau = block_min(m, warp_mins, nt >> uint32(5), sim_fbuf)
+        nodes, new_nodes = new_nodes, nodes
+        n_top = min(B, end)
+        d = uint32(d + uint32(1))
+
+    _write_outputs(r, B, n_top, nodes, ids, out_i, out_logw, paths, path_depth, n_out)
 
 
 # ------------------------------------------------------------------------------------------------ launcher
@@ -663,7 +956,12 @@ class DeviceTrees:
 class TreeBuilder:
     """Preallocated scratch for building trees of R requests, L depths, K candidates, budget B (reused every
     round by the decode loop: no allocation on the hot path). ``mode`` (tests): SLOW_CHAINS walks every chain in
-    order, BITONIC always sorts with the bitonic network - the paths the fast ones fall back to."""
+    order, BITONIC always sorts with the bitonic network - the paths the fast ones fall back to. ``capacity``:
+    candidates one level may hold (default the worst case, B x min(K, B)); a level needing more sets ``overflow``.
+    After a kernel build (sim / cuda backends; the numpy backend runs the reference and leaves them 0):
+    ``overflow [R]``, ``candidates [R, L]`` (column d - 1: the candidates depth d's chains held, what the sort
+    ordered) and ``probes [R, L]`` (the bisection probes spent raising depth d's floor) - views of one int32 array
+    the kernel writes; ``level_counts_ref`` computes the same on the host."""
 
     def __init__(self, R: int, L: int, K: int, budget: int, capacity: int | None = None, mode: int = 0):
         self.R, self.L, self.K, self.B = R, L, K, budget
@@ -677,17 +975,20 @@ class TreeBuilder:
         e = backend.empty
         # few, packed arrays: every array argument costs host time at each launch
         self.wtab = e((2, R, tab), np.float64)                 # [copy, request, entry]
-        self.itab = e((2, 5, R, tab), np.int32)                # [copy, field, request, entry]
+        self.itab = e((2, N_FIELDS, R, tab), np.int32)         # [copy, field (DEPTH ..), request, entry]
         self.scratch = e((2, R, max(tab, sort_cap)), np.int32)  # node map, sort buffer
         B1 = max(budget, 1)
         self.out_i = e((3, R, B1), np.int32)                   # tokens, depth, parent
         self.out = DeviceTrees(self.out_i[0], self.out_i[1], self.out_i[2], e((R, B1), np.float64),
                                e((R, B1 + 1, L + 1), np.int32), e((R, B1 + 1), np.int32), e((R,), np.int32))
-        self.overflow = backend.zeros((R,), np.int32)
+        self.stats = backend.zeros((R, 1 + 2 * L), np.int32)       # overflow, candidates per depth, probes per depth
+        self.overflow = self.stats[:, 0]
+        self.candidates = self.stats[:, 1:L + 1]
+        self.probes = self.stats[:, L + 1:]
         self._paths_flat = self.out.paths.reshape(R, -1)       # the kernel writes paths as flat rows (a view)
 
     def build(self, lp, ids) -> DeviceTrees:
-        """Launch the build for ``lp, ids [R, L, K]`` (no host sync); ``self.overflow`` flags a too-small cap."""
+        """Launch the build for ``lp, ids [R, L, K]`` (no host sync); ``self.overflow`` flags a too-small capacity."""
         o = self.out
         if backend.name == "numpy":
             host_ids = np.asarray(ids)
@@ -697,10 +998,9 @@ class TreeBuilder:
         threads = backend.block_size(MAX_THREADS, 32)    # the simulator's warp collectives need one warp
         R, L, K = self.R, self.L, self.K
         backend.launch(_build_kernel, R, threads, lp.reshape(R, L * K), ids, self.B, self.cap, self.wtab, self.itab,
-                       self.scratch, self.out_i, o.logw, self._paths_flat, o.path_depth, o.n, self.overflow,
+                       self.scratch, self.out_i, o.logw, self._paths_flat, o.path_depth, o.n, self.stats,
                        self.mode)
         return o
-
 
     def _pack(self, r: int, tree: Tree) -> None:
         """Write a host Tree into request r's output rows, padded like the kernel's (numpy backend)."""
