@@ -1,15 +1,26 @@
-"""Tree-verify attention (absorbed MLA over the latent cache, ancestor-only) against PyTorch's
-scaled_dot_product_attention in fp32 with an explicit mask on the same shapes, plus % of the fp32 roofline.
+"""Tree-verify attention (absorbed MLA over the latent cache, ancestor-only) and causal MLA (prefill, decode): the
+kernel variants v1 (per token x 4 heads, CUDA cores) and v2 (tiles of 32 query rows, tensor cores, 3xTF32) against
+PyTorch's scaled_dot_product_attention, in fp32 and with TF32 allowed, plus % of the H200 rooflines.
 
-Per shape: context S committed rows, n tree nodes (+ root), N heads, cache rows of 512 + 64 floats.
-    FLOPs  = 2 * (n+1) * N * (S + depth + 1) * (576 + 512)      (scores + weighted values; ~ S for long contexts)
+Per tree shape: context S committed rows, n tree nodes (+ root), N heads, cache rows of 512 + 64 floats.
+    FLOPs  = 2 * (n+1) * N * (S + depth + 1) * (576 + 512)      (scores + weighted values; useful work only)
     bytes  = 4 * ((S + n + 1) * 576 + (n+1) * N * (576 + 512))   (cache once, queries in, outputs out)
-    roofline time = max(FLOPs / 51 TFLOP/s, bytes / 4.25 TB/s)   (the H200 ceilings measured here)
-SDPA baseline: q [1, N, n+1, 576], k [1, N, S+n+1, 576] and v [1, N, S+n+1, 512] (the latent copied to every head),
-float mask [n+1, S+n+1] with -inf outside committed rows + ancestors. Both outputs are compared with a float64
-reference on one shape; the table reports each one's max error.
+    fp32 roofline   = max(FLOPs / 51 TFLOP/s, bytes / 4.25 TB/s)   (fp32 cuBLAS GEMM and D2D copy, measured here)
+    TF32 roofline   = max(FLOPs / 495 TFLOP/s, bytes / 4.25 TB/s)  (NVIDIA's H200 datasheet: TF32 tensor core
+                      989 TFLOP/s "with sparsity", i.e. ~495 dense). v2 issues 3 TF32 MMAs per product (3xTF32),
+                      so its own ceiling is 1/3 of that: 33 % of the TF32 column is the most it can show.
+Causal shapes: prefill chunks (T tokens after `start`) and decode steps (T = 1), same formulas with each token's
+key count start + t + 1.
+Baselines, measured in the same run on the same inputs: SDPA with q [1, N, T, 576], k [1, N, S', 576] and
+v [1, N, S', 512] (the latent copied to every head: a stride-0 view gave wrong results in torch 2.11) and a float
+mask (-inf outside each token's keys; none for decode); once in strict fp32 (TF32 off) and once with TF32 allowed
+(torch.backends.cuda.matmul.fp32_precision = "tf32" / allow_tf32, cuDNN likewise: the backends that go through
+cuBLAS then use tensor cores). Errors: every variant is checked against a float64 reference on the first shape
+of each table, and against SDPA (fp32) on every shape (max |difference| in the table).
 
-    PYTHONPATH=$PWD python3 benchmarks/bench_verify.py
+    PYTHONPATH=$PWD python3 benchmarks/bench_verify.py            # the GPU (KDTREE_BACKEND=cuda)
+    KDTREE_BACKEND=sim python3 benchmarks/bench_verify.py --quick # a smoke run on the simulator (tiny shapes,
+                                                                  # no torch rows; the numbers mean nothing)
 """
 import numpy as np
 
@@ -17,7 +28,7 @@ from _common import args, kd, median_ms, save, table, torch_median_ms
 
 a = args(__doc__)
 xp = kd.backend.xp
-from kdtree_numba.kernels import tree, tree_verify  # noqa: E402
+from kdtree_numba.kernels import mla_attention, tree, tree_verify  # noqa: E402
 
 try:
     import torch
@@ -25,20 +36,88 @@ try:
 except ImportError:
     torch = None
 
-D, LKV = 576, 512
-FLOP_CEIL, BW_CEIL = 51e12, 4.25e12
-contexts = [512, 4096, 32768] if not a.quick else [16, 40]
-nodes = [16, 64, 256] if not a.quick else [4, 9]
-heads = [16, 64] if not a.quick else [2]
+GPU = kd.backend.name == "cuda"
+D, LKV = (576, 512) if GPU else (24, 16)           # the simulator runs a narrow latent (a thread per CUDA thread)
+FP32_FLOPS, TF32_FLOPS, BW = 51e12, 495e12, 4.25e12
+SCALE = 0.13
+VARIANTS = mla_attention.VARIANTS
+H = kd.backend.to_host
+if GPU and not a.quick:
+    contexts, nodes, heads = [512, 4096, 32768], [16, 64, 256], [16, 64]
+    causal = [(512, 0, 64), (2048, 0, 64), (1, 4096, 64), (1, 32768, 64), (1, 32768, 16)]   # (T, start, N)
+elif GPU:
+    contexts, nodes, heads, causal = [512], [16], [16], [(64, 0, 16), (1, 4096, 64)]
+else:
+    contexts, nodes, heads, causal = [16], [4], [2], [(3, 5, 2)]
 
 
 def random_tree(n, rng):
-    parents = np.concatenate([[-1], [rng.integers(max(0, j - 8), j) for j in range(1, n + 1)]])
-    return parents
+    return np.concatenate([[-1], [rng.integers(max(0, j - 8), j) for j in range(1, n + 1)]])
 
 
-rows = []
+def rooflines(flops, nbytes):
+    """(fp32 roofline, TF32 roofline) in ms."""
+    return (max(flops / FP32_FLOPS, nbytes / BW) * 1e3, max(flops / TF32_FLOPS, nbytes / BW) * 1e3)
+
+
+def set_tf32(on: bool):
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        torch.backends.cuda.matmul.fp32_precision = "tf32" if on else "ieee"
+        torch.backends.cudnn.fp32_precision = "tf32" if on else "ieee"
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = on
+        torch.backends.cudnn.allow_tf32 = on
+
+
+def sdpa_rows(q, cache, visible, reps, outs):
+    """[SDPA fp32 cell, SDPA TF32 cell, max |v - SDPA fp32| over the variants' outputs ``outs``] (cuda + torch)."""
+    if torch is None or not GPU:
+        return ["-", "-", "-"]
+    T, N, _ = q.shape
+    S1 = cache.shape[0] if visible is None else visible.shape[1]
+    tq = torch.from_dlpack(q).permute(1, 0, 2)[None]                                   # [1, N, T, D]
+    tc = torch.from_dlpack(cache)[:S1]
+    cells = []
+    try:
+        tk = tc[None, None].expand(1, N, S1, D).contiguous()
+        tv = tc[None, None, :, :LKV].expand(1, N, S1, LKV).contiguous()
+        mask = None if visible is None else \
+            torch.where(torch.from_numpy(visible).cuda(), 0.0, float("-inf")).float()
+
+        def run():
+            return F.scaled_dot_product_attention(tq, tk, tv, attn_mask=mask, scale=SCALE)
+        for tf32 in (False, True):
+            set_tf32(tf32)
+            cells.append(torch_median_ms(run, reps))
+            if not tf32:
+                check = run()[0].permute(1, 0, 2)
+        set_tf32(False)
+        diff = max(float((check - torch.from_dlpack(o)).abs().max()) for o in outs)
+        del tk, tv
+    except torch.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        return ["out of memory"] * 2 + ["-"]
+    return cells + [f"{diff:.1e}"]
+
+
+def row_cells(ms, flops, nbytes, sdpa):
+    """Times, speedups and roofline shares of one shape; ``ms``: {variant: ms}."""
+    roof32, roof_tf = rooflines(flops, nbytes)
+    best = ms["v2"]
+    cells = [f"{ms[v]:.3f}" for v in VARIANTS] + [f"{ms['v1'] / best:.1f}x", f"{flops / best / 1e9:.1f}",
+                                                   f"{100 * roof32 / best:.0f} %", f"{100 * roof_tf / best:.1f} %"]
+    for base in sdpa[:2]:
+        cells.append(f"{base:.3f} ({base / best:.2f}x)" if isinstance(base, float) else base)
+    return cells + [sdpa[2]]
+
+
+HEADER = [f"{v} (ms)" for v in VARIANTS] + ["v2 vs v1", "v2 TFLOP/s", "v2 % fp32 roof", "v2 % TF32 roof",
+                                            "SDPA fp32 ms (v2 speedup)", "SDPA TF32 ms (v2 speedup)",
+                                            "max diff vs SDPA"]
 rng = np.random.default_rng(0)
+
+# ------------------------------------------------------------------------------------------------ tree verify
+rows = []
 for S in contexts:
     for n in nodes:
         parents = random_tree(n, rng)
@@ -51,37 +130,45 @@ for S in contexts:
             visible[i, S + paths[i, :depth[i] + 1]] = True
         for N in heads:
             q = xp.asarray(rng.standard_normal((n + 1, N, D), dtype=np.float32))
-            out = xp.empty((n + 1, N, LKV), np.float32)
             reps = a.reps if S * n * N < 2 ** 26 else 5
-            ms = median_ms(lambda: tree_verify.tree_attention(q, cache, S, paths_d, depth_d, 0.13, LKV,
-                                                              max_depth=paths.shape[1] - 1, out=out), reps)
+            outs, ms = {}, {}
+            for v in VARIANTS:
+                outs[v] = xp.empty((n + 1, N, LKV), np.float32)
+                ms[v] = median_ms(lambda: tree_verify.tree_attention(
+                    q, cache, S, paths_d, depth_d, SCALE, LKV, max_depth=paths.shape[1] - 1, out=outs[v],
+                    variant=v), reps if GPU else 1, 1 if not GPU else 3)
+            if not rows:
+                want = tree_verify.tree_attention_ref(H(q), H(cache), S, parents, SCALE, LKV)
+                print(f"float64 reference, tree S={S} n={n} N={N}: max error " + ", ".join(
+                    f"{v} {np.abs(H(outs[v]) - want).max():.1e}" for v in VARIANTS), flush=True)
             flops = 2 * (n + 1) * N * (S + depth.mean() + 1) * (D + LKV)
             nbytes = 4 * ((S + n + 1) * D + (n + 1) * N * (D + LKV))
-            roof = max(flops / FLOP_CEIL, nbytes / BW_CEIL) * 1e3
-            ratio = ""
-            if torch is not None and kd.backend.name == "cuda":
-                tq = torch.from_dlpack(q).permute(1, 0, 2)[None]                       # [1, N, n+1, D]
-                tc = torch.from_dlpack(cache)
-                tk = tc[None, None].expand(1, N, S + n + 1, D).contiguous()
-                tv = tc[None, None, :, :LKV].expand(1, N, S + n + 1, LKV).contiguous()
-                mask = torch.where(torch.from_numpy(visible).cuda(), 0.0, float("-inf")).float()
-                try:
-                    ms_t = torch_median_ms(
-                        lambda: F.scaled_dot_product_attention(tq, tk, tv, attn_mask=mask, scale=0.13), reps)
-                    check = F.scaled_dot_product_attention(tq, tk, tv, attn_mask=mask, scale=0.13)[0].permute(1, 0, 2)
-                    diff = float((check - torch.from_dlpack(out)).abs().max())
-                    ratio = f"{ms_t:.3f} ms ({ms_t / ms:.2f}x; max |ours - SDPA| {diff:.1e})"
-                    if S == contexts[0] and n == nodes[0] and N == heads[0]:
-                        want = tree_verify.tree_attention_ref(kd.backend.to_host(q), kd.backend.to_host(cache), S,
-                                                              parents, 0.13, LKV)
-                        print(f"float64 reference, S={S} n={n} N={N}: max error ours "
-                              f"{np.abs(kd.backend.to_host(out) - want).max():.1e}, SDPA "
-                              f"{np.abs(check.cpu().numpy() - want).max():.1e}", flush=True)
-                    del tk, tv
-                except torch.OutOfMemoryError:
-                    ratio = "SDPA out of memory"
-                    torch.cuda.empty_cache()
-            rows.append([S, n, N, f"{ms:.3f}", f"{roof:.3f}", f"{100 * roof / ms:.0f} %", ratio])
-table("Tree-verify attention (fp32): kdtree_numba kernel vs torch SDPA with an explicit mask",
-      ["context", "nodes", "heads", "kernel (ms)", "roofline (ms)", "% of roofline", "SDPA (speedup of ours)"], rows)
+            rows.append([S, n, N] + row_cells(ms, flops, nbytes, sdpa_rows(q, cache, visible, reps,
+                                                                           list(outs.values()))))
+table("Tree-verify attention (fp32 in and out): kernel variants vs torch SDPA with an explicit mask",
+      ["context", "nodes", "heads"] + HEADER, rows)
+
+# ------------------------------------------------------------------------------------------------ causal MLA
+rows = []
+for T, start, N in causal:
+    cache = xp.asarray(rng.standard_normal((start + T, D), dtype=np.float32))
+    q = xp.asarray(rng.standard_normal((T, N, D), dtype=np.float32))
+    reps = a.reps if start * N < 2 ** 20 and T < 1024 else 5
+    outs, ms = {}, {}
+    for v in VARIANTS:
+        outs[v] = xp.empty((T, N, LKV), np.float32)
+        ms[v] = median_ms(lambda: mla_attention.mla_attention(q, cache, start, SCALE, LKV, out=outs[v], variant=v),
+                          reps if GPU else 1, 1 if not GPU else 3)
+    if not rows:
+        want = mla_attention.mla_attention_ref(H(q), H(cache), start, SCALE, LKV)
+        print(f"float64 reference, causal T={T} start={start} N={N}: max error " + ", ".join(
+            f"{v} {np.abs(H(outs[v]) - want).max():.1e}" for v in VARIANTS), flush=True)
+    keys = T * start + T * (T + 1) / 2
+    flops = 2 * N * keys * (D + LKV)
+    nbytes = 4 * ((start + T) * D + T * N * (D + LKV))
+    visible = None if T == 1 else np.arange(start + T)[None, :] <= start + np.arange(T)[:, None]
+    rows.append([T, start, N] + row_cells(ms, flops, nbytes, sdpa_rows(q, cache, visible, reps,
+                                                                       list(outs.values()))))
+table("Causal MLA (prefill chunks, decode steps): kernel variants vs torch SDPA",
+      ["tokens", "start", "heads"] + HEADER, rows)
 save("bench_verify")

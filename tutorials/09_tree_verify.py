@@ -100,12 +100,15 @@ ax.set_title("who sees whom in the verify pass")
 save_figure(fig, args, "09_tree_mask.png")
 
 # %% [markdown]
-# ## The kernel: tree mode of `kernels/mla_attention.py::_attention_kernel`
+# ## The kernel: `kernels/tree_verify.py`
 #
-# `tree_verify.tree_attention(q, cache, start, paths, depths, scale, lkv)` launches the same kernel as causal MLA
-# (tutorial 05) with another key list: grid (tree token, head group, key split), a block streams its token's keys
-# `[0 .. start-1] + [start + paths[i, 0], .., start + paths[i, depth[i]]]` through shared memory in tiles of 8 rows
-# with an online softmax. Prefill, decode and verify share one attention code path.
+# `tree_verify.tree_attention(q, cache, start, paths, depths, scale, lkv)` runs the causal MLA machinery of
+# tutorial 05 (`mla_attention.py`: the tile loop, online softmax and split merge as device functions) over another
+# key list. v1 (`_tree_attention_kernel`, the readable one, used on the simulator): grid (tree token, head group,
+# key split), a block streams its token's keys `[0 .. start-1] + [start + paths[i, 0], .., start + paths[i,
+# depth[i]]]` through shared memory in tiles with an online softmax. v2 (`_tree_attention_v2_kernel`, the GPU
+# default): a block takes 32 (token, head) rows, streams the committed rows once for all of them with tensor-core
+# MMAs, then the tile's ancestor rows, each visible to a row iff it lies on that token's path.
 # The reference `tree_attention_ref(q, cache, start, parents, ...)` builds the explicit visibility matrix.
 # Below: the real tree's structure, random q and cache at a tiny shape (2 heads, latent 8 + rope 4, 5 committed
 # rows), the output poisoned with NaN before the launch.

@@ -73,10 +73,3 @@ else:
     @cuda.jit(device=True)
     def fmin(a, b):
         return _min_f32(float32(a), float32(b))
-
-
-def __getattr__(name):  # re-exported for modules being reworked; removed once they import primitives
-    if name in ("block_min", "block_prefix_sum", "online_softmax_row"):
-        from . import primitives
-        return getattr(primitives, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -26,7 +26,7 @@ from numba import cuda, float32
 
 from .. import backend
 from . import _checks
-from ._intrinsics import online_softmax_row
+from .primitives import online_softmax_row
 
 MAX_G = 8         # query heads per kv head (Kimi-K2.5's DFlash drafter: 64 / 8)
 MAX_D = 256       # head dim
@@ -50,7 +50,8 @@ def block_attention_ref(q, k, v, n_keys: int, scale: float):
 
 
 @cuda.jit
-def _block_attention_kernel(q, k, v, n_keys, scale, out):
+def _block_attention_kernel(q, k, v, n_keys0, n_keys_dev, scale, out):
+    n_keys = n_keys0 + n_keys_dev[0]                       # the host part + the device part (graph replay)
     t = cuda.blockIdx.x                                    # query token
     g = cuda.blockIdx.y                                    # kv head
     tid = cuda.threadIdx.x
@@ -109,7 +110,9 @@ def _block_attention_kernel(q, k, v, n_keys, scale, out):
 
 
 def block_attention(q, k, v, n_keys: int, scale: float, out=None):
-    """Non-causal GQA attention of ``q [B, Nq, D]`` over rows ``0 .. n_keys - 1`` of ``k, v [S, Nkv, D]``."""
+    """Non-causal GQA attention of ``q [B, Nq, D]`` over rows ``0 .. n_keys - 1`` of ``k, v [S, Nkv, D]``.
+
+    ``n_keys``: an int, or a device int32 [1] array the kernel reads (a captured DDTree round), unchecked."""
     q = _checks.array(q, "q", dtype=np.float32, ndim=3)
     B, Nq, D = q.shape
     k = _checks.array(k, "k", dtype=np.float32, ndim=3)
@@ -119,17 +122,19 @@ def block_attention(q, k, v, n_keys: int, scale: float, out=None):
     if Nq % Nkv:
         raise ValueError(f"k: {Nkv} kv heads do not divide q's {Nq} query heads")
     v = _checks.array(v, "v", dtype=np.float32, shape=(S, Nkv, D))
-    n_keys = _checks.integer(n_keys, "n_keys", lo=1, hi=S)
+    n_keys0, n_keys_dev = _checks.device_int(n_keys, "n_keys", lo=1)
+    if n_keys0 > S:
+        raise ValueError(f"n_keys: expected an integer <= {S} (the rows of k), got {n_keys0}")
     scale = _checks.real(scale, "scale", lo=0.0, lo_open=True)
     out = _checks.out_array(out, "out", (B, Nq, D), np.float32)
     if backend.name == "numpy":
-        out[...] = block_attention_ref(q, k, v, n_keys, scale)
+        out[...] = block_attention_ref(q, k, v, _checks.host_int(n_keys), scale)
         return out
     if Nq // Nkv > MAX_G or D > MAX_D:
         raise ValueError(f"q: {Nq // Nkv} query heads per kv head and head dim {D} exceed the kernel's {MAX_G} "
                          f"and {MAX_D}; use the numpy backend for this drafter")
     if B == 0:
         return out
-    backend.launch(_block_attention_kernel, (B, Nkv), backend.block_size(128, 32), q, k, v, int(n_keys),
+    backend.launch(_block_attention_kernel, (B, Nkv), backend.block_size(128, 32), q, k, v, n_keys0, n_keys_dev,
                    np.float32(scale), out)
     return out

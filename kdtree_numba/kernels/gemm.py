@@ -1,9 +1,10 @@
-"""GEMM: ``matmul`` (cuBLAS through CuPy on the GPU, NumPy elsewhere) and one educational tiled kernel.
+"""GEMM: ``matmul`` (cuBLAS on the GPU, NumPy elsewhere) and one educational tiled kernel.
 
     C[i, j] = sum_k A[i, k] * B[k, j]          linear(x, W) = x @ W.T  (HF weights are [out, in])
 
 The model's GEMMs go to cuBLAS/NumPy: a hand-written fp32 GEMM does not beat the vendor library, and the
-project's kernels are the stages around it. ``matmul_tiled`` is here to show how a GEMM uses shared memory:
+project's kernels are the stages around it. On the GPU they call cuBLAS through ``_cublas`` (not ``cupy.matmul``,
+which refuses to run inside a CUDA-graph capture), so a captured decode step runs the same GEMMs as a direct one. ``matmul_tiled`` is here to show how a GEMM uses shared memory:
 
 Mapping (matmul_tiled): one TILE x TILE block per TILE x TILE tile of C; the block walks the K axis in steps of
 TILE, each step loading one tile of A and one of B into shared memory (one element per thread), a barrier, then
@@ -18,7 +19,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .. import backend
-from . import _checks
+from . import _checks, _cublas
 
 TILE = 16
 
@@ -32,8 +33,7 @@ def matmul(a, b, out=None):
     a = _checks.array(a, "a", dtype=np.float32, ndim=2)
     b = _checks.array(b, "b", dtype=np.float32, ndim=2, shape=(a.shape[1], None))
     out = _checks.out_array(out, "out", (a.shape[0], b.shape[1]), np.float32)
-    backend.xp.matmul(a, b, out=out)
-    return out
+    return _product(a, b, out)
 
 
 def linear(x, w, out=None):
@@ -41,8 +41,15 @@ def linear(x, w, out=None):
     x = _checks.array(x, "x", dtype=np.float32, ndim=2)
     w = _checks.array(w, "w", dtype=np.float32, ndim=2, shape=(None, x.shape[1]))
     out = _checks.out_array(out, "out", (x.shape[0], w.shape[0]), np.float32)
-    backend.xp.matmul(x, w.T, out=out)
-    return out
+    return _product(x, w.T, out)
+
+
+def _product(a, b, out):
+    """``out = a @ b`` (2-d or batched 3-d): cuBLAS on cuda, NumPy/CuPy matmul elsewhere."""
+    if backend.name != "cuda":
+        backend.xp.matmul(a, b, out=out)
+        return out
+    return (_cublas.gemm if a.ndim == 2 else _cublas.gemm_batched)(a, b, out)
 
 
 @cuda.jit
@@ -94,4 +101,78 @@ def bmm(a, b, out=None):
     if a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
         raise ValueError(f"b: expected shape ({a.shape[0]}, {a.shape[2]}, *) to match a {tuple(a.shape)}, "
                          f"got {tuple(b.shape)}")
-    return backend.xp.matmul(a, b, out=out)
+    out = _checks.out_array(out, "out", (a.shape[0], a.shape[1], b.shape[2]), np.float32)
+    return _product(a, b, out)
+
+
+# ------------------------------------------------------------------------------------------------ matmul_mma
+# The same product on tensor cores, as a small first example of kernels/mma.py (educational, not a cuBLAS rival):
+# one block of 4 warps per MMA_TM x MMA_TN = 32 x 16 tile of C; warp w owns the m16n8 fragment (w // 2, w % 2).
+# The block walks K in steps of 8: the 32 x 8 slice of A and the 8 x 16 slice of B go to shared memory (zeros
+# outside the matrices), a barrier, every warp loads its fragments (lane 4g + t: a0 = A[g][t], a1 = A[g+8][t],
+# a2 = A[g][t+4], a3 = A[g+8][t+4]; b0 = B[t][g], b1 = B[t+4][g]) and adds one 3xTF32 MMA (hi/lo split of each
+# operand, three TF32 MMAs: fp32-grade products) into its four accumulators; a barrier before the next slice.
+# Example: matmul_mma([[1, 2]], [[3], [4]]) -> [[11]] (one block, one k step; rows 1..31 and columns 1..15 are
+# zero padding).
+from .mma import SCRATCH_SHAPE, mma_m16n8k8_3xtf32, split_tf32  # noqa: E402
+
+MMA_TM = 32
+MMA_TN = 16
+
+
+@cuda.jit
+def _matmul_mma_kernel(a, b, c):
+    ta = cuda.shared.array((MMA_TM, 8), float32)         # the block's A slice [32, 8]
+    tb = cuda.shared.array((8, MMA_TN), float32)         # the block's B slice [8, 16]
+    scratch = cuda.shared.array(SCRATCH_SHAPE, float32)  # the simulator's MMA exchange (GPU: unused)
+    tid = cuda.threadIdx.x
+    g = tid % 32 // 4                                    # lane = 4 g + t
+    t = tid % 4
+    mi = tid // 64 * 16                                  # warp w: fragment rows 16 (w // 2), columns 8 (w % 2)
+    nj = tid // 32 % 2 * 8
+    row0 = cuda.blockIdx.y * MMA_TM
+    col0 = cuda.blockIdx.x * MMA_TN
+    M, K = a.shape
+    N = b.shape[1]
+    c0 = c1 = c2 = c3 = float32(0.0)
+    for k0 in range(0, K, 8):
+        for i in range(tid, MMA_TM * 8, cuda.blockDim.x):   # 128 threads: two A elements and one B element each
+            r = i // 8
+            k = i % 8
+            ta[r, k] = a[row0 + r, k0 + k] if row0 + r < M and k0 + k < K else float32(0.0)
+        k = tid // MMA_TN
+        n = tid % MMA_TN
+        tb[k, n] = b[k0 + k, col0 + n] if k0 + k < K and col0 + n < N else float32(0.0)
+        cuda.syncthreads()
+        ah0, al0 = split_tf32(ta[mi + g, t])
+        ah1, al1 = split_tf32(ta[mi + g + 8, t])
+        ah2, al2 = split_tf32(ta[mi + g, t + 4])
+        ah3, al3 = split_tf32(ta[mi + g + 8, t + 4])
+        bh0, bl0 = split_tf32(tb[t, nj + g])
+        bh1, bl1 = split_tf32(tb[t + 4, nj + g])
+        c0, c1, c2, c3 = mma_m16n8k8_3xtf32(ah0, ah1, ah2, ah3, al0, al1, al2, al3, bh0, bh1, bl0, bl1,
+                                            c0, c1, c2, c3, scratch)
+        cuda.syncthreads()
+    for half in range(2):                                # d0, d1: row g; d2, d3: row g + 8 (columns 2t, 2t + 1)
+        r = row0 + mi + g + 8 * half
+        col = col0 + nj + 2 * t
+        if r < M and col < N:
+            c[r, col] = c0 if half == 0 else c2
+        if r < M and col + 1 < N:
+            c[r, col + 1] = c1 if half == 0 else c3
+
+
+def matmul_mma(a, b, out=None):
+    """``a @ b`` with the educational tensor-core kernel (3xTF32, fp32-grade; sim or cuda): 4 warps per 32 x 16
+    tile of C."""
+    a = _checks.array(a, "a", dtype=np.float32, ndim=2)
+    b = _checks.array(b, "b", dtype=np.float32, ndim=2, shape=(a.shape[1], None))
+    M, N = a.shape[0], b.shape[1]
+    out = _checks.out_array(out, "out", (M, N), np.float32)
+    if backend.name == "numpy":
+        out[...] = matmul_ref(a, b)
+        return out
+    if M and N:
+        grid = ((N + MMA_TN - 1) // MMA_TN, (M + MMA_TM - 1) // MMA_TM)
+        backend.launch(_matmul_mma_kernel, grid, 128, a, b, out)
+    return out

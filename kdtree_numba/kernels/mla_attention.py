@@ -6,18 +6,54 @@ W_UK into the query, so head h's query is ``q[t, h] = [q_nope[h] @ W_UK[h] (Lkv)
     score[h, s] = scale * (q[t, h] . cache[s])                    one 576-wide dot for Kimi (512 + 64)
     out[t, h]   = sum_s softmax_s(score[h, :])[s] * cache[s, :Lkv]  values = the latent itself
 (W_UV and o_proj are applied by the model afterwards). Token t of a chunk that starts at ``start`` sees rows
-``0 .. start + t`` (causal); the rows of the chunk itself must already be in the cache. One kernel path serves a
-prefill chunk (T tokens) and a single-token decode step (T = 1); the tree-verify stage reuses it with another key
-list (``tree_verify.py``).
+``0 .. start + t`` (causal); the rows of the chunk itself must already be in the cache. One kernel per variant
+serves a prefill chunk (T tokens) and a single-token decode step (T = 1). The tree-verify stage
+(``tree_verify.py``) builds its kernels from this module's device functions with another key list: this module
+holds the shared machinery (tiles, scores, online softmax, accumulators, key splits and their combine).
 
-Mapping: grid (token t, head group of HG heads, key split z). A block walks its split of t's key list in tiles of
-BK rows: the tile is loaded into shared memory (row stride padded to an odd length so column reads do not
+Variants (``variant=`` picks one; None -> ``default_variant()``: v2 on a GPU, v1 on the simulator, where v2's MMA
+stand-in costs a block barrier per instruction). Each is checked against ``masked_attention_ref`` in
+tests/kernels/test_attention.py before benchmarks/bench_verify.py times it.
+  v1  the readable first version: a block per (token, 4 heads), CUDA-core dot products.
+  v2  tiles of 32 (token, head) query rows x 16 key rows on tensor cores (3xTF32, kernels/mma.py): a latent row
+      is loaded once into shared memory for 32 query rows instead of 4, and both products run on MMA.
+
+v1 mapping: grid (token t, head group of HG heads, key split z). A block walks its split of t's key list in tiles
+of BK rows: the tile is loaded into shared memory (row stride padded to an odd length so column reads do not
 conflict), each of the HG x BK scores is summed by ``threads / 32`` threads over interleaved slices of the 576
 dims, the HG heads' running max / sum are updated (online softmax) and every thread updates its share of the
 HG x Lkv accumulators. With one split the block writes the normalised output; with several (decode: few tokens,
 long context) each writes (o, m, l) partials and ``_combine_kernel`` merges them:
     M = max_z m_z;  out = sum_z exp(m_z - M) o_z / sum_z exp(m_z - M) l_z
-Shapes: q [T, N, D] float32, cache [C, D] float32 (D = Lkv + R <= 576) -> out [T, N, Lkv] float32.
+Measured on the H200 (issue #14): correct (3.6e-6 vs float64) but 1-3 % of the fp32 roofline; every cache row is
+re-read by T x N / 4 blocks.
+
+v2 mapping: the T x N query rows flattened token-major (row r = t * N + h); a block takes a tile of MT = 32
+consecutive rows (two m16 MMA blocks: heads of one token, plus the next token's when N is not a multiple of 32)
+and one key split z: grid (ceil(T N / 32), splits), 8 warps. The tile's key list is the union of its tokens'
+lists (causal: rows 0 .. start + t_last, row k visible to row (t, h) iff k <= start + t - a mask inside the
+tile, needed only in the last key tile or two). Per key tile of KT = 16 cache rows:
+  1. rows -> shared ``ks [16, 580]`` (D = 576 padded: stride 580 = 4 mod 32, so the score B-fragment loads
+     ks[key g, dim t] of a warp hit 32 different banks); columns D..575 hold zeros, as do rows past the list
+  2. scores S [32, 16] = Q K^T: warp w takes m16 block w // 4 and k-part w % 4 (144 of the 576 dims: 18 k8
+     steps x 2 n8 blocks; A fragments straight from global q, L1-cached, B from ks); the 4 partial tiles go to
+     shared ``sp [4, 32, 16]``, the kernel sums them, scales and masks (-inf) with its key list
+  3. online softmax, one thread per query row (m, l, alpha); sp[0] becomes P = exp(S - m)
+  4. O = alpha O + P V: warp w owns m16 block w // 4 and Lkv columns (w % 4) * 128 .. + 127: 16 n8 fragments,
+     i.e. 64 fp32 accumulators per thread in registers; 2 k8 steps (the 16 keys) per tile
+  Every product is 3xTF32: three TF32 MMAs per m16n8k8 with fp32 accumulation, ~1e-6 relative per dot product.
+  Splits and their combine as in v1. Budget: shared 37,120 (ks) + 8,192 (sp) + 384 (m, l, alpha) + 64 (key
+  table; tree: 192) bytes = 45,760 static (< 48 KB); registers (ptxas, sm_90, CUDA 13.0, numba-cuda 0.30.4): 181
+  per thread (tree: 184), no spills, the 64 accumulators in registers - so one block (8 warps) per SM; see
+  V2_MIN_BLOCKS for the 2-block trade. Work per block and key tile: 32 x 16 x (576 + 512) x 2 = 1.1 MFLOP as
+  8 x 204 = 1,632 MMA instructions, for one 36 KB read of the tile (v1: 4 query rows per read).
+  On the simulator (a thread per CUDA thread) the block is 2 warps (4 or 8 when Lkv > 128 / 256): warp w takes
+  m16 block w // (warps / 2) with warps / 2 k-parts and column groups - the same code.
+Example (v2): T = 3 tokens, N = 20 heads, start 100 -> 60 query rows, 2 tiles. Tile 0 = rows 0..31 = token 0
+(heads 0..19) + token 1 (heads 0..11); its list is rows 0..101 (token 1's): 7 key tiles (6 of 16, one of 6), and
+in the last one key 101 is masked (-inf) for token 0's 20 rows. Tile 1 = token 1 (heads 12..19) + token 2: rows
+0..102. Kimi decode (T = 1, N = 64, 32768 rows): 2 tiles x 128 splits of 256 rows, then the combine.
+Shapes: q [T, N, D] float32, cache [C, D] float32 (D = Lkv + R <= 576, Lkv <= 512) -> out [T, N, Lkv] float32.
 Example: one head, D = 2, Lkv = 1, scale 1, cache [[1, 0], [0, 1]], start 0, q [[[0, 0]], [[ln 3, 0]]]:
 token 0 sees row 0 -> out 1; token 1 sees rows 0, 1 with weights 3/4, 1/4 -> out 0.75.
 """
@@ -30,17 +66,53 @@ from numba import cuda, float32, int32
 
 from .. import backend
 from . import _checks
-from ._intrinsics import online_softmax_row
+from .primitives import online_softmax_row
+from .mma import SCRATCH_SHAPE, SIM, mma_m16n8k8_3xtf32, split_tf32
 
+VARIANTS = ("v1", "v2")
+NEG_INF = -math.inf
+MAX_D = 576       # widest cache row the kernels support (Kimi / DeepSeek: 512 + 64)
+MAX_LKV = 512
+
+# v1
 HG = 4            # heads per block
 BK = 8            # cache rows per tile
-MAX_D = 576       # widest cache row the kernel supports (Kimi / DeepSeek: 512 + 64)
-MAX_LKV = 512
 ROW = MAX_D + 1   # padded shared row stride
 MAX_SUBS = 8      # threads per score (blockDim / 32)
 PAIRS = 32        # HG * BK (head, row) scores per tile; a literal: numba types shared shapes from constants
-NEG_INF = -math.inf
 assert PAIRS == HG * BK and ROW == MAX_D + 1
+
+# v2
+MT = 32           # query rows per tile: two m16 MMA blocks
+MB = 2            # m16 blocks per tile
+KT = 16           # cache rows per key tile: two n8 blocks of scores, two k8 steps of P @ V
+ROW_T = 580       # padded key-tile row stride: 580 = 4 mod 32 (conflict-free score B-fragment loads)
+KPARTS = 4        # most k-parts of the score (warps per m16 block): sp [KPARTS, MT, KT]
+FRAGS = 16        # most n8 output fragments per warp: 16 x 8 = 128 of the Lkv columns
+ACC = 64          # FRAGS * 4 accumulators per thread
+WARPS = 8         # warps per block on the GPU (MB * KPARTS)
+assert MT == 16 * MB and ACC == 4 * FRAGS and WARPS == MB * KPARTS and KT == 16 and ROW_T >= MAX_D
+SPLIT_TARGET = 264  # blocks the key splits aim for: two per SM of the H200's 132
+# Launch bounds (256 threads, V2_MIN_BLOCKS blocks per SM) for ptxas. With 1 (sm_90, CUDA 13.0): 181 registers,
+# no spills -> one block of 8 warps per SM. With 2: capped at 128 registers for 2 blocks (16 warps) per SM, and
+# 188 B of spill stores / 392 B of spill loads in the code - the trade to measure (benchmarks/bench_verify.py).
+# The simulator's jit takes no launch bounds.
+V2_MIN_BLOCKS = 1
+V2_JIT = {} if SIM else {"launch_bounds": (32 * WARPS, V2_MIN_BLOCKS)}
+
+
+def default_variant() -> str:
+    """The variant ``variant=None`` runs: v2 (tensor cores) on a GPU; v1 on the simulator, where every MMA of v2's
+    stand-in is a block barrier (the simulator tests run v2 explicitly)."""
+    return "v2" if backend.name == "cuda" else "v1"
+
+
+def check_variant(variant) -> str:
+    if variant is None:
+        return default_variant()
+    if variant not in VARIANTS:
+        raise ValueError(f"variant: expected one of {', '.join(map(repr, VARIANTS))} or None, got {variant!r}")
+    return variant
 
 
 def masked_attention_ref(q, keys, visible, scale: float, lkv: int):
@@ -77,19 +149,95 @@ def mla_attention_ref(q, cache, start: int, scale: float, lkv: int):
     return masked_attention_ref(q, np.asarray(cache)[:start + T], visible, scale, lkv)
 
 
-# ------------------------------------------------------------------------------------------------ kernels
+# ------------------------------------------------------------------------------------------------ v1 kernels
+@cuda.jit(device=True)
+def _v1_begin(q, t, h0, hn, scale, lkv, qs, o, m_run, l_run):
+    """The block's queries (pre-scaled) -> shared; accumulators and softmax state cleared."""
+    tid = cuda.threadIdx.x
+    nthreads = cuda.blockDim.x
+    D = q.shape[2]
+    for i in range(tid, hn * D, nthreads):
+        qs[i // D, i % D] = q[t, h0 + i // D, i % D] * scale
+    for i in range(tid, hn * lkv, nthreads):
+        o[i // lkv, i % lkv] = float32(0.0)
+    if tid < HG:
+        m_run[tid] = float32(NEG_INF)
+        l_run[tid] = float32(0.0)
+    cuda.syncthreads()
+
+
+@cuda.jit(device=True)
+def _v1_tile(cache, rows, nk, hn, lkv, qs, ks, sc, o, red, m_run, l_run, alpha):
+    """One tile of ``nk`` key rows (their cache indices in ``rows``, written before a barrier): rows -> shared,
+    the HG x nk scores, the online softmax, the accumulators. Ends with a barrier (``rows`` may be rewritten)."""
+    tid = cuda.threadIdx.x
+    nthreads = cuda.blockDim.x
+    D = cache.shape[1]
+    for i in range(tid, nk * D, nthreads):                # tile of cache rows -> shared
+        ks[i // D, i % D] = cache[rows[i // D], i % D]
+    cuda.syncthreads()
+
+    # scores: pair = (head, row); `subs` threads each sum every subs-th dim
+    subs = nthreads // 32
+    pair = tid % 32
+    sub = tid // 32
+    h = pair // BK
+    j = pair % BK
+    acc = float32(0.0)
+    if h < hn and j < nk:
+        for d in range(sub, D, subs):
+            acc += qs[h, d] * ks[j, d]
+    red[sub, pair] = acc
+    cuda.syncthreads()
+    if tid < HG * BK:
+        h = tid // BK
+        j = tid % BK
+        s = float32(0.0)
+        for u in range(subs):
+            s += red[u, tid]
+        sc[h, j] = s if j < nk else float32(NEG_INF)
+    cuda.syncthreads()
+
+    # online softmax, one thread per head
+    if tid < hn:
+        online_softmax_row(sc, tid, nk, m_run, l_run, alpha)
+    cuda.syncthreads()
+
+    # accumulators: o[h, c] = o[h, c] * alpha[h] + sum_j p[h, j] * row_j[c]
+    for i in range(tid, hn * lkv, nthreads):
+        h = i // lkv
+        c = i % lkv
+        acc = o[h, c] * alpha[h]
+        for j in range(nk):
+            acc += sc[h, j] * ks[j, c]
+        o[h, c] = acc
+    cuda.syncthreads()
+
+
+@cuda.jit(device=True)
+def _v1_end(t, h0, hn, z, lkv, direct, o, m_run, l_run, out, o_part, m_part, l_part):
+    """The normalised output (one split), or this split's (o, m, l) for ``_combine_kernel``."""
+    tid = cuda.threadIdx.x
+    for i in range(tid, hn * lkv, cuda.blockDim.x):
+        h = i // lkv
+        c = i % lkv
+        if direct:
+            out[t, h0 + h, c] = o[h, c] / l_run[h]
+        else:
+            o_part[z, t, h0 + h, c] = o[h, c]
+    if not direct and tid < hn:
+        m_part[z, t, h0 + tid] = m_run[tid]
+        l_part[z, t, h0 + tid] = l_run[tid]
+
+
 @cuda.jit
-def _attention_kernel(q, cache, start0, start_dev, scale, paths, depths, tree, split_len, direct, out, o_part,
-                      m_part, l_part):
+def _attention_kernel(q, cache, start0, start_dev, scale, split_len, direct, out, o_part, m_part, l_part):
     t = cuda.blockIdx.x
     h0 = cuda.blockIdx.y * HG
     z = cuda.blockIdx.z
     tid = cuda.threadIdx.x
-    nthreads = cuda.blockDim.x
-    N = q.shape[1]
-    D = q.shape[2]
+    hn = min(HG, q.shape[1] - h0)
     lkv = out.shape[2]
-    hn = min(HG, N - h0)
 
     qs = cuda.shared.array((HG, MAX_D), float32)
     ks = cuda.shared.array((BK, ROW), float32)
@@ -102,83 +250,241 @@ def _attention_kernel(q, cache, start0, start_dev, scale, paths, depths, tree, s
     rows = cuda.shared.array(BK, int32)
     start = start0 + start_dev[0]                        # the host part + the device part (graph replay)
 
-    # the key list of token t: rows [0, n_prefix) then, in tree mode, its root-to-node path
-    if tree:
-        n_prefix = start
-        n_keys = start + depths[t] + 1
-    else:
-        n_prefix = start + t + 1
-        n_keys = n_prefix
+    n_keys = start + t + 1                               # causal: token t sees cache rows 0 .. start + t
     k_lo = z * split_len
     k_hi = min(n_keys, k_lo + split_len)
+    _v1_begin(q, t, h0, hn, scale, lkv, qs, o, m_run, l_run)
+    for k0 in range(k_lo, k_hi, BK):
+        nk = min(BK, k_hi - k0)
+        if tid < nk:
+            rows[tid] = k0 + tid                         # the tile's cache rows
+        cuda.syncthreads()
+        _v1_tile(cache, rows, nk, hn, lkv, qs, ks, sc, o, red, m_run, l_run, alpha)
+    _v1_end(t, h0, hn, z, lkv, direct, o, m_run, l_run, out, o_part, m_part, l_part)
 
-    for i in range(tid, hn * D, nthreads):               # queries of the group, pre-scaled
-        qs[i // D, i % D] = q[t, h0 + i // D, i % D] * scale
-    for i in range(tid, hn * lkv, nthreads):
-        o[i // lkv, i % lkv] = float32(0.0)
-    if tid < HG:
+
+# ------------------------------------------------------------------------------------------------ v2 kernels
+@cuda.jit(device=True)
+def _v2_begin(acc, ks, m_run, l_run, D):
+    """Accumulators and softmax state cleared; the key tile's columns D..MAX_D-1 zeroed once (never loaded: the
+    score's k-parts may step past D there). Ends with a barrier."""
+    tid = cuda.threadIdx.x
+    for i in range(ACC):
+        acc[i] = float32(0.0)
+    pad = MAX_D - D
+    for i in range(tid, KT * pad, cuda.blockDim.x):
+        ks[i // pad, D + i % pad] = float32(0.0)
+    if tid < MT:
         m_run[tid] = float32(NEG_INF)
         l_run[tid] = float32(0.0)
     cuda.syncthreads()
 
-    subs = nthreads // 32                                 # threads summing one score
-    pair = tid % 32
-    sub = tid // 32
-    for k0 in range(k_lo, k_hi, BK):
-        nk = min(BK, k_hi - k0)
-        if tid < nk:
-            kk = k0 + tid
-            rows[tid] = kk if kk < n_prefix else start + paths[t, kk - n_prefix]
-        cuda.syncthreads()
-        for i in range(tid, nk * D, nthreads):            # tile of cache rows -> shared
-            ks[i // D, i % D] = cache[rows[i // D], i % D]
-        cuda.syncthreads()
 
-        # scores: pair = (head, row); `subs` threads each sum every subs-th dim
-        h = pair // BK
-        j = pair % BK
-        acc = float32(0.0)
-        if h < hn and j < nk:
-            for d in range(sub, D, subs):
-                acc += qs[h, d] * ks[j, d]
-        red[sub, pair] = acc
-        cuda.syncthreads()
-        if tid < HG * BK:
-            h = tid // BK
-            j = tid % BK
-            s = float32(0.0)
-            for u in range(subs):
-                s += red[u, tid]
-            sc[h, j] = s if j < nk else float32(NEG_INF)
-        cuda.syncthreads()
+@cuda.jit(device=True)
+def _v2_load_keys(cache, rows, ks, D):
+    """The key tile: ks[j, :D] = cache[rows[j], :D], zeros where rows[j] < 0 (past the list, or a skipped slot)."""
+    tid = cuda.threadIdx.x
+    for j in range(KT):
+        row = rows[j]
+        for d in range(tid, D, cuda.blockDim.x):
+            ks[j, d] = cache[row, d] if row >= 0 else float32(0.0)
 
-        # online softmax, one thread per head
-        if tid < hn:
-            online_softmax_row(sc, tid, nk, m_run, l_run, alpha)
-        cuda.syncthreads()
 
-        # accumulators: o[h, c] = o[h, c] * alpha[h] + sum_j p[h, j] * row_j[c]
-        for i in range(tid, hn * lkv, nthreads):
-            h = i // lkv
-            c = i % lkv
-            acc = o[h, c] * alpha[h]
-            for j in range(nk):
-                acc += sc[h, j] * ks[j, c]
-            o[h, c] = acc
-        cuda.syncthreads()
+@cuda.jit(device=True)
+def _v2_scores(q, ks, sp, r0, D, scratch):
+    """Partial scores on tensor cores: warp w -> m16 block mb = w // kparts, k-part kp = w % kparts;
+    sp[kp, 16 mb .. 16 mb + 15, 0..15] = Q[rows, dims of kp] @ ks[0..15, dims of kp]^T (unscaled, 3xTF32).
+    A fragments (the query rows) come straight from global q, B fragments (the keys) from the shared tile."""
+    tid = cuda.threadIdx.x
+    lane = tid % 32
+    g = lane // 4
+    t = lane % 4
+    kparts = cuda.blockDim.x // 32 // MB
+    mb = tid // 32 // kparts
+    kp = tid // 32 % kparts
+    last = q.shape[0] - 1
+    ra = min(r0 + mb * 16 + g, last)                     # this lane's two query rows (rows past the end: any
+    rb = min(r0 + mb * 16 + g + 8, last)                 # valid row; their scores are masked by the kernel)
+    steps = ((D + 7) // 8 + kparts - 1) // kparts        # k8 steps per k-part (the same count for every warp)
+    s = cuda.local.array(8, float32)                     # [n8 block][c0..c3]
+    for i in range(8):
+        s[i] = float32(0.0)
+    for kk in range(kp * steps, kp * steps + steps):
+        d = kk * 8 + t
+        da = min(d, D - 1)                               # past D the key tile holds zeros: any finite q will do
+        db = min(d + 4, D - 1)
+        ah0, al0 = split_tf32(q[ra, da])
+        ah1, al1 = split_tf32(q[rb, da])
+        ah2, al2 = split_tf32(q[ra, db])
+        ah3, al3 = split_tf32(q[rb, db])
+        for nb in range(KT // 8):                        # B[k][n] = K^T[dim][key] = ks[8 nb + n, dim]
+            bh0, bl0 = split_tf32(ks[nb * 8 + g, d])
+            bh1, bl1 = split_tf32(ks[nb * 8 + g, d + 4])
+            s[4 * nb], s[4 * nb + 1], s[4 * nb + 2], s[4 * nb + 3] = mma_m16n8k8_3xtf32(
+                ah0, ah1, ah2, ah3, al0, al1, al2, al3, bh0, bh1, bl0, bl1,
+                s[4 * nb], s[4 * nb + 1], s[4 * nb + 2], s[4 * nb + 3], scratch)
+    for nb in range(KT // 8):
+        sp[kp, mb * 16 + g, nb * 8 + 2 * t] = s[4 * nb]
+        sp[kp, mb * 16 + g, nb * 8 + 2 * t + 1] = s[4 * nb + 1]
+        sp[kp, mb * 16 + g + 8, nb * 8 + 2 * t] = s[4 * nb + 2]
+        sp[kp, mb * 16 + g + 8, nb * 8 + 2 * t + 1] = s[4 * nb + 3]
 
-    for i in range(tid, hn * lkv, nthreads):
-        h = i // lkv
-        c = i % lkv
-        if direct:
-            out[t, h0 + h, c] = o[h, c] / l_run[h]
+
+@cuda.jit(device=True)
+def _v2_score(sp, r, j, scale, visible):
+    """Score of query row r (of the tile) and key j: the k-parts summed and scaled, or -inf where the kernel's key
+    list hides key j from row r. Written to sp[0, r, j] by the one thread that reads it."""
+    s = float32(0.0)
+    for p in range(cuda.blockDim.x // 32 // MB):
+        s += sp[p, r, j]
+    sp[0, r, j] = s * scale if visible else float32(NEG_INF)
+
+
+@cuda.jit(device=True)
+def _v2_softmax(sp, m_run, l_run, alpha):
+    """Online softmax of the tile, one thread per query row: m = max(m, max_j s_j); alpha = exp(m_old - m);
+    sp[0, r, j] = exp(s_j - m); l = alpha l + sum_j. A row whose keys are all hidden so far keeps m = -inf, l = 0
+    and gets alpha = 1, p = 0 (a split past a token's last key, a tree slot of another token)."""
+    r = cuda.threadIdx.x
+    if r < MT:
+        mx = m_run[r]
+        for j in range(KT):
+            mx = max(mx, sp[0, r, j])
+        if mx == NEG_INF:
+            alpha[r] = float32(1.0)
+            for j in range(KT):
+                sp[0, r, j] = float32(0.0)
         else:
-            o_part[z, t, h0 + h, c] = o[h, c]
-    if not direct and tid < hn:
-        m_part[z, t, h0 + tid] = m_run[tid]
-        l_part[z, t, h0 + tid] = l_run[tid]
+            a = float32(math.exp(m_run[r] - mx))
+            lsum = l_run[r] * a
+            for j in range(KT):
+                e = float32(math.exp(sp[0, r, j] - mx))
+                sp[0, r, j] = e
+                lsum += e
+            m_run[r] = mx
+            l_run[r] = lsum
+            alpha[r] = a
 
 
+@cuda.jit(device=True)
+def _v2_accumulate(sp, ks, acc, alpha, lkv, scratch):
+    """O = alpha O + P V on tensor cores: warp w -> m16 block mb = w // groups and the Lkv columns of column group
+    w % groups (``frags`` n8 fragments from column cg * 8 * frags); acc[4 f + i] holds this lane's d_i of fragment
+    f (rows g and g + 8, columns 2t and 2t + 1). P comes from sp[0], V from the key tile ks[:, :Lkv]."""
+    tid = cuda.threadIdx.x
+    lane = tid % 32
+    g = lane // 4
+    t = lane % 4
+    groups = cuda.blockDim.x // 32 // MB
+    mb = tid // 32 // groups
+    frags = (lkv + 8 * groups - 1) // (8 * groups)
+    col0 = tid // 32 % groups * frags * 8
+    xa = alpha[mb * 16 + g]
+    xb = alpha[mb * 16 + g + 8]
+    for f in range(FRAGS):
+        if f < frags:
+            acc[4 * f] *= xa
+            acc[4 * f + 1] *= xa
+            acc[4 * f + 2] *= xb
+            acc[4 * f + 3] *= xb
+    for kk in range(KT // 8):
+        ah0, al0 = split_tf32(sp[0, mb * 16 + g, kk * 8 + t])           # A = P [rows, keys]
+        ah1, al1 = split_tf32(sp[0, mb * 16 + g + 8, kk * 8 + t])
+        ah2, al2 = split_tf32(sp[0, mb * 16 + g, kk * 8 + t + 4])
+        ah3, al3 = split_tf32(sp[0, mb * 16 + g + 8, kk * 8 + t + 4])
+        for f in range(FRAGS):
+            if f < frags:                                                  # B = V [keys, columns]
+                bh0, bl0 = split_tf32(ks[kk * 8 + t, col0 + f * 8 + g])
+                bh1, bl1 = split_tf32(ks[kk * 8 + t + 4, col0 + f * 8 + g])
+                acc[4 * f], acc[4 * f + 1], acc[4 * f + 2], acc[4 * f + 3] = mma_m16n8k8_3xtf32(
+                    ah0, ah1, ah2, ah3, al0, al1, al2, al3, bh0, bh1, bl0, bl1,
+                    acc[4 * f], acc[4 * f + 1], acc[4 * f + 2], acc[4 * f + 3], scratch)
+
+
+@cuda.jit(device=True)
+def _v2_end(acc, m_run, l_run, r0, z, direct, out, o_part, m_part, l_part):
+    """The normalised rows out[r0 + r, :] = O / l (one split), or this split's (O, m, l) for ``_combine_kernel``.
+    Same warp -> (m16 block, columns) mapping as ``_v2_accumulate``."""
+    tid = cuda.threadIdx.x
+    lane = tid % 32
+    g = lane // 4
+    t = lane % 4
+    n_rows = out.shape[0]
+    lkv = out.shape[1]
+    groups = cuda.blockDim.x // 32 // MB
+    mb = tid // 32 // groups
+    frags = (lkv + 8 * groups - 1) // (8 * groups)
+    col0 = tid // 32 % groups * frags * 8
+    ra = r0 + mb * 16 + g                                # this lane's rows: g and g + 8 of its m16 block
+    rb = ra + 8
+    ia = float32(1.0) / l_run[mb * 16 + g] if direct and ra < n_rows else float32(1.0)
+    ib = float32(1.0) / l_run[mb * 16 + g + 8] if direct and rb < n_rows else float32(1.0)
+    for f in range(FRAGS):
+        c = col0 + f * 8 + 2 * t                         # this lane's columns: c and c + 1
+        if f < frags:
+            _v2_store(out, o_part, z, direct, ra, c, acc[4 * f] * ia, acc[4 * f + 1] * ia)
+            _v2_store(out, o_part, z, direct, rb, c, acc[4 * f + 2] * ib, acc[4 * f + 3] * ib)
+    if not direct and tid < MT and r0 + tid < n_rows:
+        m_part[z, r0 + tid] = m_run[tid]
+        l_part[z, r0 + tid] = l_run[tid]
+
+
+@cuda.jit(device=True)
+def _v2_store(out, o_part, z, direct, r, c, v0, v1):
+    """Row r, columns c and c + 1 of the output (direct) or of split z's partial, where they exist."""
+    if r < out.shape[0]:
+        for e in range(2):
+            if c + e < out.shape[1]:
+                if direct:
+                    out[r, c + e] = v0 if e == 0 else v1
+                else:
+                    o_part[z, r, c + e] = v0 if e == 0 else v1
+
+
+@cuda.jit(**V2_JIT)
+def _attention_v2_kernel(q, cache, start0, start_dev, scale, n_heads, split_len, direct, out, o_part, m_part,
+                         l_part):
+    """Causal v2: q [T*N, D] (rows token-major), out [T*N, Lkv], o_part [splits, T*N, Lkv], m/l_part [splits, T*N]."""
+    ks = cuda.shared.array((KT, ROW_T), float32)         # the key tile: KT cache rows [c_kv ; k_rot]
+    sp = cuda.shared.array((KPARTS, MT, KT), float32)    # partial scores per k-part; sp[0]: scores, then P
+    m_run = cuda.shared.array(MT, float32)
+    l_run = cuda.shared.array(MT, float32)
+    alpha = cuda.shared.array(MT, float32)
+    rows = cuda.shared.array(KT, int32)                  # the key tile's cache rows (-1: none)
+    scratch = cuda.shared.array(SCRATCH_SHAPE, float32)  # the simulator's MMA exchange (GPU: unused)
+    acc = cuda.local.array(ACC, float32)                 # this thread's output accumulators (registers)
+    tid = cuda.threadIdx.x
+    n_rows = q.shape[0]
+    D = q.shape[1]
+    r0 = cuda.blockIdx.x * MT                            # the tile's first query row
+    z = cuda.blockIdx.y
+    start = start0 + start_dev[0]                        # the host part + the device part (graph replay)
+
+    t_last = (min(r0 + MT, n_rows) - 1) // n_heads
+    k_lo = z * split_len
+    k_hi = min(start + t_last + 1, k_lo + split_len)     # the tile's list: rows 0 .. start + t_last
+    _v2_begin(acc, ks, m_run, l_run, D)
+    for k0 in range(k_lo, k_hi, KT):
+        if tid < KT:
+            rows[tid] = k0 + tid if k0 + tid < k_hi else -1
+        cuda.syncthreads()
+        _v2_load_keys(cache, rows, ks, D)
+        cuda.syncthreads()
+        _v2_scores(q, ks, sp, r0, D, scratch)
+        cuda.syncthreads()
+        for e in range(tid, MT * KT, cuda.blockDim.x):  # causal mask: row r = (t, h) sees cache rows <= start + t
+            r = e // KT
+            j = e % KT
+            _v2_score(sp, r, j, scale, rows[j] >= 0 and rows[j] <= start + (r0 + r) // n_heads)
+        cuda.syncthreads()
+        _v2_softmax(sp, m_run, l_run, alpha)
+        cuda.syncthreads()
+        _v2_accumulate(sp, ks, acc, alpha, out.shape[1], scratch)
+        cuda.syncthreads()
+    _v2_end(acc, m_run, l_run, r0, z, direct, out, o_part, m_part, l_part)
+
+
+# ------------------------------------------------------------------------------------------------ combine
 @cuda.jit
 def _combine_kernel(o_part, m_part, l_part, out):
     T = out.shape[0]
@@ -204,68 +510,103 @@ def _combine_kernel(o_part, m_part, l_part, out):
 
 
 # ------------------------------------------------------------------------------------------------ launchers
-def _check_qkv(q, cache, lkv, out):
+def check_qkv(q, cache, lkv, out):
     q = _checks.array(q, "q", dtype=np.float32, ndim=3)
     T, N, D = q.shape
     cache = _checks.array(cache, "cache", dtype=np.float32, ndim=2, shape=(None, D))
     lkv = _checks.integer(lkv, "lkv", lo=1, hi=D)
     out = _checks.out_array(out, "out", (T, N, lkv), np.float32)
+    if backend.name != "numpy" and (D > MAX_D or lkv > MAX_LKV):
+        raise ValueError(f"q: latent width {D} (Lkv {lkv}) exceeds the kernels' {MAX_D} ({MAX_LKV}); "
+                         f"use the numpy backend for wider models")
     return q, cache, lkv, out
 
 
-def launch_attention(q, cache, start, scale, lkv, out, paths=None, depths=None, max_keys=None, splits=None):
-    """Launch the attention kernel over each token's key list (causal, or tree when ``paths`` is given).
-
-    ``start``: an int, or a device int32 [1] array read by the kernel (``_checks.device_int``); the grid then
-    covers ``max_keys`` (default: every cache row) and splits past a token's last key contribute nothing."""
-    start0, start_dev = _checks.device_int(start, "start")
-    T, N, D = q.shape
-    if D > MAX_D or lkv > MAX_LKV:
-        raise ValueError(f"q: latent width {D} (Lkv {lkv}) exceeds the kernel's {MAX_D} ({MAX_LKV}); "
-                         f"use the numpy backend for wider models")
-    if T == 0:
-        return out
-    tree = paths is not None
-    if not tree:
-        paths = backend.zeros((1, 1), np.int32)
-        depths = backend.zeros((1,), np.int32)
-        max_keys = cache.shape[0] if hasattr(start, "shape") else start0 + T
-    groups = (N + HG - 1) // HG
+def plan_splits(blocks: int, max_keys: int, tile: int, min_len: int, splits: int | None) -> tuple[int, int]:
+    """(splits, split_len): each block's key list cut into ``splits`` runs of ``split_len`` keys (whole tiles).
+    On the GPU, enough splits for about SPLIT_TARGET blocks, each run at least ``min_len`` keys; ``splits`` forces
+    a count (tests). ``max_keys``: the longest list any block may have (the grid is fixed before the kernel
+    reads a device-side start)."""
     if splits is None:
         splits = 1
         if backend.name == "cuda":
-            splits = max(1, min(-(-264 // (T * groups)), -(-max_keys // (BK * 16))))
-    split_len = -(-max_keys // splits)
-    split_len = -(-split_len // BK) * BK
-    splits = -(-max_keys // split_len)
-    threads = backend.block_size(128, 32)            # a multiple of 32, at most 32 * MAX_SUBS
-    direct = splits == 1
-    if direct:                                         # unused placeholders
-        o_part = backend.zeros((1, 1, 1, 1), np.float32)
-        m_part = l_part = backend.zeros((1, 1, 1), np.float32)
-    else:
-        o_part = backend.empty((splits, T, N, lkv), np.float32)
-        m_part = backend.empty((splits, T, N), np.float32)
-        l_part = backend.empty((splits, T, N), np.float32)
-    backend.launch(_attention_kernel, (T, groups, splits), threads, q, cache, start0, start_dev, np.float32(scale),
-                   paths, depths, tree, int(split_len), direct, out, o_part, m_part, l_part)
+            splits = max(1, min(-(-SPLIT_TARGET // blocks), -(-max_keys // min_len)))
+    split_len = -(-max(max_keys, 1) // splits)
+    split_len = -(-split_len // tile) * tile
+    return -(-max(max_keys, 1) // split_len), split_len
+
+
+def _partials(splits: int, T: int, N: int, lkv: int):
+    """(direct, o_part [splits, T, N, Lkv], m_part, l_part [splits, T, N]); 1-element placeholders when direct."""
+    if splits == 1:
+        stats = backend.zeros((1, 1, 1), np.float32)
+        return True, backend.zeros((1, 1, 1, 1), np.float32), stats, stats
+    return (False, backend.empty((splits, T, N, lkv), np.float32), backend.empty((splits, T, N), np.float32),
+            backend.empty((splits, T, N), np.float32))
+
+
+def _combine(o_part, m_part, l_part, out):
+    n = out.size
+    threads = backend.block_size(256, 32)
+    backend.launch(_combine_kernel, (n + threads - 1) // threads, threads, o_part, m_part, l_part, out)
+
+
+def launch_v1(kernel, q, cache, start, scale, lkv, out, max_keys, splits, *extra):
+    """Launch a v1 kernel (``_attention_kernel`` or tree_verify's) on grid (T, ceil(N / HG), splits), then the
+    combine when there are several splits. ``extra``: the kernel's own arguments after the shared ones."""
+    start0, start_dev = _checks.device_int(start, "start")
+    T, N, D = q.shape
+    groups = (N + HG - 1) // HG
+    splits, split_len = plan_splits(T * groups, max_keys, BK, 16 * BK, splits)
+    direct, o_part, m_part, l_part = _partials(splits, T, N, lkv)
+    backend.launch(kernel, (T, groups, splits), backend.block_size(128, 32), q, cache, start0, start_dev,
+                   np.float32(scale), int(split_len), direct, out, o_part, m_part, l_part, *extra)
     if not direct:
-        n = T * N * lkv
-        t2 = backend.block_size(256, 32)
-        backend.launch(_combine_kernel, (n + t2 - 1) // t2, t2, o_part, m_part, l_part, out)
+        _combine(o_part, m_part, l_part, out)
     return out
 
 
-def mla_attention(q, cache, start, scale: float, lkv: int, out=None, splits: int | None = None):
+def v2_warps(lkv: int) -> int:
+    """Warps per v2 block: WARPS on the GPU; on the simulator the fewest (2, 4 or 8) whose column groups hold Lkv
+    in FRAGS fragments per warp (each warp pair adds 128 columns)."""
+    if backend.name == "cuda":
+        return WARPS
+    return next(w for w in (2, 4, 8) if lkv <= 8 * FRAGS * (w // MB))
+
+
+def launch_v2(kernel, q, cache, start, scale, lkv, out, max_keys, splits, *extra):
+    """Launch a v2 kernel (``_attention_v2_kernel`` or tree_verify's) on grid (ceil(T N / MT), splits) with the
+    rows flattened (views, no copies), then the combine when there are several splits."""
+    start0, start_dev = _checks.device_int(start, "start")
+    T, N, D = q.shape
+    rows = T * N
+    tiles = -(-rows // MT)
+    splits, split_len = plan_splits(tiles, max_keys, KT, 4 * KT, splits)      # decode: 64-row runs, ~all SMs
+    direct, o_part, m_part, l_part = _partials(splits, T, N, lkv)
+    flat = (o_part.reshape(splits, rows, lkv), m_part.reshape(splits, rows), l_part.reshape(splits, rows)) \
+        if not direct else (o_part.reshape(1, 1, 1), m_part.reshape(1, 1), l_part.reshape(1, 1))
+    backend.launch(kernel, (tiles, splits), 32 * v2_warps(lkv), q.reshape(rows, D), cache, start0, start_dev,
+                   np.float32(scale), N, int(split_len), direct, out.reshape(rows, lkv), *flat, *extra)
+    if not direct:
+        _combine(o_part, m_part, l_part, out)
+    return out
+
+
+def mla_attention(q, cache, start, scale: float, lkv: int, out=None, splits: int | None = None,
+                  variant: str | None = None):
     """Causal absorbed-MLA attention of ``q [T, N, D]`` over ``cache [C, D]`` rows ``0 .. start + T - 1``.
 
     ``lkv``: the latent width (values are ``cache[:, :lkv]``); ``splits`` forces the number of key splits (tests).
-    ``start``: an int, or a device int32 [1] array the kernel reads (graph replay: decode/replay.py).
+    ``start``: an int, or a device int32 [1] array the kernel reads (graph replay: decode/replay.py); the grid then
+    covers every cache row and splits past a token's last key contribute nothing.
+    ``variant``: "v1" | "v2" | None (``default_variant()``); the numpy backend runs the reference for any.
     """
-    q, cache, lkv, out = _check_qkv(q, cache, lkv, out)
+    variant = check_variant(variant)
+    q, cache, lkv, out = check_qkv(q, cache, lkv, out)
     T = q.shape[0]
     start0, _ = _checks.device_int(start, "start")
-    if not hasattr(start, "shape") and start0 + T > cache.shape[0]:
+    device_start = hasattr(start, "shape")
+    if not device_start and start0 + T > cache.shape[0]:
         raise ValueError(f"start: {start0} + {T} new rows exceed the cache's {cache.shape[0]} rows")
     scale = _checks.real(scale, "scale", lo=0.0, lo_open=True)
     if backend.name == "numpy":
@@ -273,5 +614,9 @@ def mla_attention(q, cache, start, scale: float, lkv: int, out=None, splits: int
         visible = np.arange(start + T)[None, :] <= start + np.arange(T)[:, None]      # [T, start+T]
         out[...] = masked_attention_fast(q, np.asarray(cache)[:start + T], visible, scale, lkv)
         return out
-    return launch_attention(q, cache, start, scale, lkv, out, splits=splits)
-
+    if T == 0:
+        return out
+    max_keys = cache.shape[0] if device_start else start0 + T
+    launch = launch_v1 if variant == "v1" else launch_v2
+    kernel = _attention_kernel if variant == "v1" else _attention_v2_kernel
+    return launch(kernel, q, cache, start, scale, lkv, out, max_keys, splits)

@@ -8,23 +8,40 @@ where ``path[i, d]`` is i's ancestor at depth d (path[i, 0] = 0 the root, path[i
 ``tree.ancestor_paths`` / ``Tree.paths``, on the device the tree build writes it). The tree block's latent rows
 are written into the cache after the committed ones before this runs (the model does it with
 ``LatentCache.write``), so the "mask" is never materialised: no (n+1) x (n+1) matrix and no dense float mask
-over the context - each node reads at most L + 1 tree rows, the ones it may see.
+over the context - each node reads at most L + 1 tree rows, the ones it may see. The test "tree row of node j,
+at depth d, is visible to token i" is one lookup: ``depth[i] >= d and path[i, d] == j``.
 
-Mapping: the same kernel as causal MLA (``mla_attention._attention_kernel`` in tree mode): grid (tree token, head
-group, key split), a block streams its token's key list through shared memory with an online softmax. Sharing the
-kernel means prefill, decode and verify run one attention code path, tested three ways.
-Shapes: q [n+1, N, D] float32, cache [C, D] float32, paths [n+1, L+1] int32, depths [n+1] int32
+This module owns the tree-mode kernels; ``mla_attention.py`` holds the machinery they share with causal MLA (its
+``_v1_*`` / ``_v2_*`` device functions, launchers, split combine) and the variants' description.
+  v1 ``_tree_attention_kernel``: grid (tree token, head group of 4, key split); a block streams its token's key
+     list above through shared memory in tiles of 8 rows (``_v1_tile``: scores, online softmax, accumulators).
+  v2 ``_tree_attention_v2_kernel``: a block takes 32 (token, head) query rows - tree tokens t_first .. t_last -
+     and streams, in tiles of 16 keys on tensor cores, the committed rows (every token sees them: the bulk of the
+     work, loaded once for all 32 rows) and then the tile's *path slots*: slot (u, d) for each token u of the tile
+     and depth d = 0 .. L is u's ancestor at depth d, cache row ``start + path[u, d]``. A slot is skipped (its
+     key row left zero and masked) when d > depth[u], or when an earlier token of the tile lists the same node
+     (``depth[u'] >= d and path[u', d] == node``), so each tree row enters the tile once; inside the tile, row
+     (i, h) sees the tree key of node j at depth d iff ``depth[i] >= d and path[i, d] == j`` (the mask is
+     computed per (query row, key) from the paths, never stored). With N >= 32 heads a tile holds one token:
+     its list is exactly its own path; with N = 16 two tokens share 2 (L + 1) slots.
+Shapes: q [n+1, N, D] float32, cache [C, D] float32, paths [n+1, >= L+1] int32, depths [n+1] int32
 -> out [n+1, N, Lkv] float32.
 Example: start 2, parents [-1, 0, 0, 1]: node 3 (depth 2) sees rows 0, 1 (committed), 2 (root), 3 (node 1), 5
-(itself); node 2 sees rows 0, 1, 2, 4.
+(itself); node 2 sees rows 0, 1, 2, 4. In v2 with N = 16 heads, tile 0 = tokens 0, 1 and its slots (width L+1 = 3)
+are (0, 0) -> row 2, (1, 0) the root again (skipped), (1, 1) -> row 3; tile 1 = tokens 2, 3: (2, 0) -> row 2,
+(2, 1) -> row 4, (3, 1) -> row 3, (3, 2) -> row 5; row 4 is masked for token 3, rows 3 and 5 for token 2.
 """
 from __future__ import annotations
 
 import numpy as np
+from numba import cuda, float32, int32
 
 from .. import backend
 from . import _checks
-from .mla_attention import launch_attention, masked_attention_fast, masked_attention_ref
+from .mla_attention import (ACC, BK, HG, KPARTS, KT, MAX_D, MAX_LKV, MAX_SUBS, MT, PAIRS, ROW, ROW_T,
+                            SCRATCH_SHAPE, V2_JIT, _v1_begin, _v1_end, _v1_tile, _v2_accumulate, _v2_begin, _v2_end,
+                            _v2_load_keys, _v2_score, _v2_scores, _v2_softmax, check_qkv, check_variant,
+                            launch_v1, launch_v2, masked_attention_fast, masked_attention_ref)
 
 
 def tree_attention_ref(q, cache, start: int, parents, scale: float, lkv: int):
@@ -38,24 +55,143 @@ def tree_attention_ref(q, cache, start: int, parents, scale: float, lkv: int):
     return masked_attention_ref(q, np.asarray(cache)[:start + n1], visible, scale, lkv)
 
 
-def tree_attention(q, cache, start: int, paths, depths, scale: float, lkv: int, max_depth: int | None = None,
-                   out=None, splits: int | None = None):
+# ------------------------------------------------------------------------------------------------ v1
+@cuda.jit
+def _tree_attention_kernel(q, cache, start0, start_dev, scale, split_len, direct, out, o_part, m_part, l_part,
+                           paths, depths):
+    t = cuda.blockIdx.x
+    h0 = cuda.blockIdx.y * HG
+    z = cuda.blockIdx.z
+    tid = cuda.threadIdx.x
+    hn = min(HG, q.shape[1] - h0)
+    lkv = out.shape[2]
+
+    qs = cuda.shared.array((HG, MAX_D), float32)
+    ks = cuda.shared.array((BK, ROW), float32)
+    sc = cuda.shared.array((HG, BK), float32)
+    o = cuda.shared.array((HG, MAX_LKV), float32)
+    red = cuda.shared.array((MAX_SUBS, PAIRS), float32)
+    m_run = cuda.shared.array(HG, float32)
+    l_run = cuda.shared.array(HG, float32)
+    alpha = cuda.shared.array(HG, float32)
+    rows = cuda.shared.array(BK, int32)
+    start = start0 + start_dev[0]                        # the host part + the device part (graph replay)
+
+    n_keys = start + depths[t] + 1                       # rows 0 .. start - 1, then t's root-to-t path
+    k_lo = z * split_len
+    k_hi = min(n_keys, k_lo + split_len)
+    _v1_begin(q, t, h0, hn, scale, lkv, qs, o, m_run, l_run)
+    for k0 in range(k_lo, k_hi, BK):
+        nk = min(BK, k_hi - k0)
+        if tid < nk:
+            kk = k0 + tid
+            rows[tid] = kk if kk < start else start + paths[t, kk - start]
+        cuda.syncthreads()
+        _v1_tile(cache, rows, nk, hn, lkv, qs, ks, sc, o, red, m_run, l_run, alpha)
+    _v1_end(t, h0, hn, z, lkv, direct, o, m_run, l_run, out, o_part, m_part, l_part)
+
+
+# ------------------------------------------------------------------------------------------------ v2
+@cuda.jit(device=True)
+def _tree_key(paths, depths, start, t_first, width, k, k_hi, j, rows, kdep, knode):
+    """Key k of a v2 tile's list -> rows[j] (its cache row, -1: none), kdep[j] (-1: a committed row, every token
+    sees it; else the tree depth d) and knode[j] (the tree node). Past ``start`` key k is the path slot
+    (u, d) = (t_first + (k - start) // width, (k - start) % width)."""
+    row = -1
+    d = -1
+    node = -1
+    if k < k_hi:
+        if k < start:
+            row = k
+        else:
+            u = t_first + (k - start) // width
+            d = (k - start) % width
+            if d <= depths[u]:
+                node = paths[u, d]
+                row = start + node
+                for u2 in range(t_first, u):               # listed already by an earlier token of the tile?
+                    if depths[u2] >= d and paths[u2, d] == node:
+                        row = -1
+    rows[j] = row
+    kdep[j] = d
+    knode[j] = node
+
+
+@cuda.jit(**V2_JIT)
+def _tree_attention_v2_kernel(q, cache, start0, start_dev, scale, n_heads, split_len, direct, out, o_part, m_part,
+                              l_part, paths, depths, width):
+    """Tree v2: q [(n+1)*N, D] (rows token-major), out [(n+1)*N, Lkv], partials as ``_attention_v2_kernel``;
+    ``width`` path slots per token (max_depth + 1)."""
+    ks = cuda.shared.array((KT, ROW_T), float32)         # the key tile
+    sp = cuda.shared.array((KPARTS, MT, KT), float32)    # partial scores; sp[0]: scores, then P
+    m_run = cuda.shared.array(MT, float32)
+    l_run = cuda.shared.array(MT, float32)
+    alpha = cuda.shared.array(MT, float32)
+    rows = cuda.shared.array(KT, int32)                  # the key tile's cache rows (-1: none)
+    kdep = cuda.shared.array(KT, int32)                  # -1: committed row; else the tree depth of the key
+    knode = cuda.shared.array(KT, int32)                 # the tree node of the key
+    scratch = cuda.shared.array(SCRATCH_SHAPE, float32)  # the simulator's MMA exchange (GPU: unused)
+    acc = cuda.local.array(ACC, float32)                 # this thread's output accumulators (registers)
+    tid = cuda.threadIdx.x
+    n_rows = q.shape[0]
+    D = q.shape[1]
+    r0 = cuda.blockIdx.x * MT
+    z = cuda.blockIdx.y
+    start = start0 + start_dev[0]                        # the host part + the device part (graph replay)
+
+    t_first = r0 // n_heads
+    t_last = (min(r0 + MT, n_rows) - 1) // n_heads
+    k_lo = z * split_len
+    k_hi = min(start + (t_last - t_first + 1) * width, k_lo + split_len)   # committed rows, then the path slots
+    _v2_begin(acc, ks, m_run, l_run, D)
+    for k0 in range(k_lo, k_hi, KT):
+        if tid < KT:
+            _tree_key(paths, depths, start, t_first, width, k0 + tid, k_hi, tid, rows, kdep, knode)
+        cuda.syncthreads()
+        _v2_load_keys(cache, rows, ks, D)
+        cuda.syncthreads()
+        _v2_scores(q, ks, sp, r0, D, scratch)
+        cuda.syncthreads()
+        for e in range(tid, MT * KT, cuda.blockDim.x):  # tree mask: a tree key is seen by the tokens on whose
+            r = e // KT                                  # path its node lies
+            j = e % KT
+            i = (r0 + r) // n_heads
+            d = kdep[j]
+            _v2_score(sp, r, j, scale, rows[j] >= 0 and r0 + r < n_rows
+                      and (d < 0 or (depths[i] >= d and paths[i, d] == knode[j])))
+        cuda.syncthreads()
+        _v2_softmax(sp, m_run, l_run, alpha)
+        cuda.syncthreads()
+        _v2_accumulate(sp, ks, acc, alpha, out.shape[1], scratch)
+        cuda.syncthreads()
+    _v2_end(acc, m_run, l_run, r0, z, direct, out, o_part, m_part, l_part)
+
+
+# ------------------------------------------------------------------------------------------------ launcher
+def tree_attention(q, cache, start, paths, depths, scale: float, lkv: int, max_depth: int | None = None,
+                   out=None, splits: int | None = None, variant: str | None = None):
     """Attention of the tree tokens ``q [n+1, N, D]`` over ``cache [C, D]``: committed rows ``0 .. start - 1`` and
-    each token's ancestors-or-self among the tree rows ``start .. start + n``."""
-    q = _checks.array(q, "q", dtype=np.float32, ndim=3)
+    each token's ancestors-or-self among the tree rows ``start .. start + n``.
+
+    ``start``: an int, or a device int32 [1] array read by the kernel (a round captured in a CUDA graph; nothing
+    is read on the host, the grid covers ``start <= C - (n+1)``). ``paths [n+1, >= L+1]`` / ``depths [n+1]``: each
+    node's root-to-node path (``tree.ancestor_paths``, or the device tree build's); ``max_depth``: L
+    (default: the paths' width - 1). ``splits`` forces the key splits (tests); ``variant`` as in
+    ``mla_attention`` ("v1" | "v2" | None)."""
+    variant = check_variant(variant)
+    q, cache, lkv, out = check_qkv(q, cache, lkv, out)
     n1, N, D = q.shape
-    cache = _checks.array(cache, "cache", dtype=np.float32, ndim=2, shape=(None, D))
     paths = _checks.array(paths, "paths", dtype=np.int32, ndim=2, shape=(n1, None))
     depths = _checks.array(depths, "depths", dtype=np.int32, shape=(n1,))
-    start = _checks.integer(start, "start", lo=0)
-    lkv = _checks.integer(lkv, "lkv", lo=1, hi=D)
+    start0, _ = _checks.device_int(start, "start")          # a device int32 [1]: read by the kernel, unchecked
+    device_start = hasattr(start, "shape")
     scale = _checks.real(scale, "scale", lo=0.0, lo_open=True)
-    if start + n1 > cache.shape[0]:
-        raise ValueError(f"start: {start} + {n1} tree rows exceed the cache's {cache.shape[0]} rows")
-    if max_depth is None:
-        max_depth = paths.shape[1] - 1
-    out = _checks.out_array(out, "out", (n1, N, lkv), np.float32)
+    if start0 + n1 > cache.shape[0]:
+        raise ValueError(f"start: {start0} + {n1} tree rows exceed the cache's {cache.shape[0]} rows")
+    max_depth = paths.shape[1] - 1 if max_depth is None else _checks.integer(max_depth, "max_depth", lo=0,
+                                                                             hi=paths.shape[1] - 1)
     if backend.name == "numpy":
+        start = _checks.host_int(start)
         visible = np.zeros((n1, start + n1), bool)                                 # [n+1, start+n+1]
         visible[:, :start] = True
         for d in range(paths.shape[1]):                                            # each node's path rows
@@ -63,5 +199,11 @@ def tree_attention(q, cache, start: int, paths, depths, scale: float, lkv: int, 
             visible[rows, start + np.asarray(paths)[rows, d]] = True
         out[...] = masked_attention_fast(q, cache[:start + n1], visible, scale, lkv)
         return out
-    return launch_attention(q, cache, start, scale, lkv, out, paths=paths, depths=depths,
-                            max_keys=start + max_depth + 1, splits=splits)
+    most_start = cache.shape[0] - n1 if device_start else start0
+    if variant == "v1":
+        return launch_v1(_tree_attention_kernel, q, cache, start, scale, lkv, out, most_start + max_depth + 1,
+                         splits, paths, depths)
+    r0 = np.arange(0, n1 * N, MT)                                                  # each tile's first row
+    tokens = int(((np.minimum(r0 + MT, n1 * N) - 1) // N - r0 // N).max()) + 1    # most tokens in a tile
+    return launch_v2(_tree_attention_v2_kernel, q, cache, start, scale, lkv, out,
+                     most_start + tokens * (max_depth + 1), splits, paths, depths, max_depth + 1)

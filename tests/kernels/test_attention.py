@@ -1,4 +1,6 @@
-"""Absorbed MLA attention (causal) and tree-verify attention (ancestor-only) against explicit references."""
+"""Absorbed MLA attention (causal) and tree-verify attention (ancestor-only) against explicit references, for every
+kernel variant (v1: per token and head group; v2: tiles of query rows on tensor cores, 3xTF32). Simulator cases
+are tiny (a few blocks); ``gpu`` cases run Kimi-sized shapes on a real GPU."""
 import numpy as np
 import pytest
 
@@ -9,40 +11,121 @@ from ..helpers import poisoned
 
 pytestmark = pytest.mark.usefixtures("kernel_backend")
 H = kd.backend.to_host
+TOL = dict(rtol=1e-4, atol=1e-4)          # 3xTF32 and fp32 both hold 1e-4 of the float64 reference
 
 
+def random_parents(n: int, rng, span: int = 4) -> np.ndarray:
+    """A random tree of n nodes under a root in pop order (every parent before its children)."""
+    return np.concatenate([[-1], [rng.integers(max(0, j - span), j) for j in range(1, n + 1)]]).astype(np.int64)
+
+
+@pytest.mark.parametrize("variant", mla.VARIANTS)
 @pytest.mark.parametrize("T,N,D,lkv,start,splits", [(3, 5, 13, 9, 6, None), (1, 2, 20, 16, 11, 3),
                                                     (4, 4, 9, 5, 0, 2), (2, 1, 7, 7, 17, None)])
-def test_causal_matches_reference(T, N, D, lkv, start, splits):
+def test_causal_matches_reference(T, N, D, lkv, start, splits, variant):
     rng = np.random.default_rng(T * 100 + D)
     q = rng.standard_normal((T, N, D)).astype(np.float32)
     cache = rng.standard_normal((start + T + 3, D)).astype(np.float32)
     out = poisoned((T, N, lkv))
-    mla.mla_attention(q, cache, start, 0.37, lkv, out=out, splits=splits)
-    np.testing.assert_allclose(H(out), mla.mla_attention_ref(q, cache, start, 0.37, lkv), rtol=1e-5, atol=1e-5)
+    mla.mla_attention(q, cache, start, 0.37, lkv, out=out, splits=splits, variant=variant)
+    np.testing.assert_allclose(H(out), mla.mla_attention_ref(q, cache, start, 0.37, lkv), **TOL)
+
+
+@pytest.mark.parametrize("T,N,D,lkv,start,splits", [
+    (3, 20, 24, 16, 9, None),     # 60 query rows: 2 tiles, tile 0 = token 0 + 12 heads of token 1 (masked keys)
+    (5, 3, 13, 9, 0, None),       # 15 rows, 5 tokens in one tile: the causal mask inside the tile
+    (2, 33, 16, 8, 4, 2),         # 66 rows: 3 tiles, the last with 2 rows; 2 key splits + combine
+    (1, 7, 20, 16, 40, 3),        # decode: one token, 3 splits of 16 rows
+    (2, 2, 140, 136, 5, None),    # Lkv > 128: 4 warps on the simulator (2 k-parts, 2 column groups)
+])
+def test_v2_causal_tiles(T, N, D, lkv, start, splits):
+    rng = np.random.default_rng(T + N + D)
+    q = (2 * rng.standard_normal((T, N, D))).astype(np.float32)
+    cache = rng.standard_normal((start + T + 2, D)).astype(np.float32)
+    out = poisoned((T, N, lkv))
+    mla.mla_attention(q, cache, start, 0.3, lkv, out=out, splits=splits, variant="v2")
+    want = mla.mla_attention_ref(q, cache, start, 0.3, lkv)
+    np.testing.assert_allclose(H(out), want, **TOL)
+    if T == 5:                        # rows token 0 must not see (its tile loads them for later tokens): masked
+        future = cache.copy()
+        future[start + 1:] = 1e6
+        got0 = H(mla.mla_attention(q, future, start, 0.3, lkv, splits=splits, variant="v2"))[0]
+        np.testing.assert_array_equal(got0, H(out)[0])
 
 
 def test_docstring_example():
     q = np.array([[[0.0, 0.0]], [[np.log(3.0), 0.0]]], np.float32)
     cache = np.array([[1.0, 0.0], [0.0, 1.0]], np.float32)
-    np.testing.assert_allclose(H(mla.mla_attention(q, cache, 0, 1.0, 1))[:, 0, 0], [1.0, 0.75], rtol=1e-6)
+    for variant in mla.VARIANTS:
+        np.testing.assert_allclose(H(mla.mla_attention(q, cache, 0, 1.0, 1, variant=variant))[:, 0, 0], [1.0, 0.75],
+                                   rtol=1e-6)
 
 
+@pytest.mark.parametrize("variant", mla.VARIANTS)
 @pytest.mark.parametrize("parents,start,splits", [([-1, 0, 0, 1, 3, 1, 0], 5, None), ([-1], 3, None),
                                                   ([-1, 0, 1, 2, 3], 0, None), ([-1, 0, 0, 2, 2, 4], 9, 2)])
-def test_tree_attention_sees_only_committed_rows_and_ancestors(parents, start, splits):
+def test_tree_attention_sees_only_committed_rows_and_ancestors(parents, start, splits, variant):
     rng = np.random.default_rng(len(parents) + start)
     n1, N, D, lkv = len(parents), 3, 11, 8
     q = rng.standard_normal((n1, N, D)).astype(np.float32)
     cache = rng.standard_normal((start + n1 + 2, D)).astype(np.float32)
     paths, depths = kt.ancestor_paths(np.array(parents))
     out = poisoned((n1, N, lkv))
-    tv.tree_attention(q, cache, start, paths, depths, 0.5, lkv, out=out, splits=splits)
+    tv.tree_attention(q, cache, start, paths, depths, 0.5, lkv, out=out, splits=splits, variant=variant)
     want = tv.tree_attention_ref(q, cache, start, np.array(parents), 0.5, lkv)
-    np.testing.assert_allclose(H(out), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(H(out), want, **TOL)
     # a chain is exactly causal attention
     if parents == [-1, 0, 1, 2, 3]:
-        np.testing.assert_allclose(H(out), mla.mla_attention_ref(q, cache, start, 0.5, lkv), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(H(out), mla.mla_attention_ref(q, cache, start, 0.5, lkv), **TOL)
+
+
+@pytest.mark.parametrize("n,N,start,splits,seed", [(9, 4, 6, None, 0),     # 40 rows: tiles of 8 and 2 tokens
+                                                  (6, 10, 3, 2, 1),       # tiles straddle tokens; 2 splits
+                                                  (5, 1, 0, None, 2)])    # 6 tokens in one tile, no committed rows
+def test_v2_tree_random_trees(n, N, start, splits, seed):
+    rng = np.random.default_rng(seed)
+    parents = random_parents(n, rng)
+    D, lkv = 12, 8
+    q = (2 * rng.standard_normal((n + 1, N, D))).astype(np.float32)
+    cache = rng.standard_normal((start + n + 3, D)).astype(np.float32)
+    paths, depths = kt.ancestor_paths(parents, max_depth=int(kt.ancestor_paths(parents)[1].max()) + 1)
+    out = poisoned((n + 1, N, lkv))
+    tv.tree_attention(q, cache, start, paths, depths, 0.4, lkv, out=out, splits=splits, variant="v2")
+    want = tv.tree_attention_ref(q, cache, start, parents, 0.4, lkv)
+    np.testing.assert_allclose(H(out), want, **TOL)
+    if seed:
+        return
+    # the last node ignores every tree row off its path: poisoning them leaves its output bit for bit unchanged
+    last = n
+    on_path = set(paths[last, :depths[last] + 1].tolist())
+    other = cache.copy()
+    other[[start + j for j in range(n + 1) if j not in on_path]] = 1e3
+    got = H(tv.tree_attention(q, other, start, paths, depths, 0.4, lkv, splits=splits, variant="v2"))
+    np.testing.assert_array_equal(got[last], H(out)[last])
+
+
+@pytest.mark.parametrize("variant", mla.VARIANTS)
+def test_device_side_start_equals_host_int(variant):
+    """start as a device int32 [1] (graph replay reads it in the kernel; the grid covers the whole cache)."""
+    rng = np.random.default_rng(5)
+    T, N, D, lkv, start = 2, 3, 12, 8, 6
+    q = rng.standard_normal((T, N, D)).astype(np.float32)
+    cache = rng.standard_normal((start + T + 9, D)).astype(np.float32)
+    dev = kd.backend.full((1,), start, np.int32)
+    got = H(mla.mla_attention(q, cache, dev, 0.3, lkv, variant=variant, splits=2))
+    np.testing.assert_allclose(got, mla.mla_attention_ref(q, cache, start, 0.3, lkv), **TOL)
+    parents = np.array([-1, 0, 0, 1])
+    paths, depths = kt.ancestor_paths(parents)
+    qt = rng.standard_normal((4, N, D)).astype(np.float32)
+    got = H(tv.tree_attention(qt, cache, dev, paths, depths, 0.3, lkv, variant=variant))
+    np.testing.assert_allclose(got, tv.tree_attention_ref(qt, cache, start, parents, 0.3, lkv), **TOL)
+
+
+def test_variant_selection():
+    assert mla.default_variant() == ("v2" if kd.backend.name == "cuda" else "v1")
+    assert mla.check_variant(None) == mla.default_variant()
+    with pytest.raises(ValueError, match="variant: expected one of 'v1', 'v2' or None, got 'v3'"):
+        mla.mla_attention(np.zeros((1, 1, 4), np.float32), np.zeros((2, 4), np.float32), 0, 1.0, 3, variant="v3")
 
 
 def test_ancestor_paths_example():
@@ -62,6 +145,14 @@ def test_ancestor_paths_example():
      "lkv: expected an integer <= 4"),
     (lambda: tv.tree_attention(np.zeros((2, 1, 4), np.float32), np.zeros((9, 4), np.float32), 0,
                                np.zeros((3, 2), np.int32), np.zeros(2, np.int32), 1.0, 3), r"paths: expected shape"),
+    (lambda: tv.tree_attention(np.zeros((2, 1, 4), np.float32), np.zeros((9, 4), np.float32), 8,
+                               np.zeros((2, 2), np.int32), np.zeros(2, np.int32), 1.0, 3), "start: 8 \\+ 2 tree rows"),
+    (lambda: tv.tree_attention(np.zeros((2, 1, 4), np.float32), np.zeros((9, 4), np.float32), 0,
+                               np.zeros((2, 2), np.int32), np.zeros(2, np.int32), 1.0, 3, max_depth=2),
+     "max_depth: expected an integer <= 1"),
+    (lambda: tv.tree_attention(np.zeros((2, 1, 4), np.float32), np.zeros((9, 4), np.float32), 0,
+                               np.zeros((2, 2), np.int32), np.zeros(2, np.int32), 1.0, 3, variant="fast"),
+     "variant: expected one of"),
 ])
 def test_bad_input(call, msg):
     with pytest.raises(ValueError, match=msg):
@@ -77,3 +168,35 @@ def test_numpy_backend_float32_path_matches_the_float64_reference(T, N, D, S, lk
     visible[:, 0] = True                                   # every row sees something
     np.testing.assert_allclose(mla.masked_attention_fast(q, keys, visible, 0.3, lkv),
                                mla.masked_attention_ref(q, keys, visible, 0.3, lkv), rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------ GPU, Kimi shapes
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", mla.VARIANTS)
+@pytest.mark.parametrize("T,N,start", [(1, 64, 4090), (3, 64, 4000), (100, 16, 300), (37, 20, 1000)])
+def test_gpu_causal_kimi_shapes(T, N, start, variant):
+    rng = np.random.default_rng(T + N)
+    q = rng.standard_normal((T, N, 576)).astype(np.float32)
+    cache = rng.standard_normal((start + T + 5, 576)).astype(np.float32)
+    got = H(mla.mla_attention(q, cache, start, 0.1307, 512, out=poisoned((T, N, 512)), variant=variant))
+    np.testing.assert_allclose(got, mla.mla_attention_ref(q, cache, start, 0.1307, 512), **TOL)
+    dev = kd.backend.full((1,), start, np.int32)         # device start: grid over the whole cache, splits past it
+    np.testing.assert_allclose(H(mla.mla_attention(q, cache, dev, 0.1307, 512, variant=variant)), got, **TOL)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", mla.VARIANTS)
+@pytest.mark.parametrize("n,N,start", [(200, 16, 1000), (64, 64, 3000), (16, 16, 20000)])
+def test_gpu_tree_kimi_shapes(n, N, start, variant):
+    rng = np.random.default_rng(n + N)
+    parents = random_parents(n, rng, span=8)
+    paths, depths = kt.ancestor_paths(parents)
+    q = rng.standard_normal((n + 1, N, 576)).astype(np.float32)
+    cache = rng.standard_normal((start + n + 1, 576)).astype(np.float32)
+    want = tv.tree_attention_ref(q, cache, start, parents, 0.13, 512)
+    got = H(tv.tree_attention(q, cache, start, paths, depths, 0.13, 512, out=poisoned((n + 1, N, 512)),
+                              variant=variant))
+    np.testing.assert_allclose(got, want, **TOL)
+    dev = kd.backend.full((1,), start, np.int32)
+    np.testing.assert_allclose(H(tv.tree_attention(q, cache, dev, paths, depths, 0.13, 512, variant=variant)), want,
+                               **TOL)

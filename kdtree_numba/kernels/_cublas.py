@@ -1,0 +1,133 @@
+"""fp32 GEMMs through cuBLAS that a CUDA graph can capture (cuda backend only).
+
+CuPy refuses every cuBLAS call while a stream is capturing ("calling cuBLAS API during stream capture is currently
+unsupported"), so a decode step whose projections went through ``cupy.matmul`` could not become a graph
+(decode/replay.py). cuBLAS itself supports capture when its handle has a fixed stream and a user workspace (no
+allocation inside the capture). This module calls ``cublasSgemm_v2`` / ``cublasSgemmStridedBatched`` through ctypes
+on the library CuPy already loaded, with one handle bound to the backend stream and a 32 MiB workspace, and is the
+one GEMM path of the cuda backend: captured and direct steps run the same cuBLAS calls, so they give the same bits.
+
+Row-major to cuBLAS's column-major: C = A @ B  <=>  C^T = B^T @ A^T, and a row-major C [M, N] is a column-major
+C^T [N, M] with ld = N. A row-major operand X [r, c] with element strides (s0, s1) is, read column-major,
+  X^T with ld = s0          when s1 == 1 (op N), or
+  X   with ld = s1, op T    when s0 == 1 (a transposed view, e.g. ``w.T`` of an HF weight [out, in]).
+Any other layout (or an ld cuBLAS would refuse) is copied contiguous first. Math: pure fp32 (the handle's default
+math mode, no TF32), so results agree with CuPy's own fp32 GEMMs to rounding.
+Example: gemm(a [2, 3], w.T) with w [4, 3] contiguous -> sgemm(op_a=T on w with ld 3, op_b=N on a with ld 3,
+m=4, n=2, k=3) writing C^T [4, 2] = C [2, 4] row-major.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+
+import numpy as np
+
+from .. import backend
+
+WORKSPACE_BYTES = 32 << 20          # cuBLAS's recommended workspace on Hopper
+_OP_N, _OP_T = 0, 1
+_state: dict = {}                   # the library, the handle, its stream and workspace (one per process)
+
+
+def _library() -> ctypes.CDLL:
+    """The libcublas CuPy loaded (so one copy of cuBLAS serves both), found in the process's memory map."""
+    backend.cp.cuda.device.get_cublas_handle()                 # makes CuPy load cuBLAS
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "libcublas.so" in line and "libcublasLt" not in line}
+    except OSError:
+        paths = set()
+    for path in sorted(paths):
+        if os.path.basename(path).startswith("libcublas.so"):
+            return ctypes.CDLL(path)
+    name = ctypes.util.find_library("cublas")
+    if name is None:
+        raise RuntimeError("cuBLAS: could not find libcublas (the one CuPy uses); is CuPy's CUDA runtime complete?")
+    return ctypes.CDLL(name)
+
+
+def _check(status: int, what: str) -> None:
+    if status != 0:
+        raise RuntimeError(f"cuBLAS: {what} failed with status {status}")
+
+
+def _handle():
+    """The process's handle, bound to the backend stream with a user workspace (set again if the stream changed)."""
+    st = _state
+    if "lib" not in st:
+        lib = _library()
+        lib.cublasSgemm_v2.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                       ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                       ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+        lib.cublasSgemmStridedBatched.argtypes = [
+            ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+            ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong,
+            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_int]
+        handle = ctypes.c_void_p()
+        _check(lib.cublasCreate_v2(ctypes.byref(handle)), "cublasCreate")
+        st.update(lib=lib, handle=handle, stream=None,
+                  workspace=backend.cp.cuda.alloc(WORKSPACE_BYTES),
+                  one=ctypes.c_float(1.0), zero=ctypes.c_float(0.0))
+    if st["stream"] != backend.stream.ptr:
+        # cublasSetStream resets the workspace to cuBLAS's own pool: set ours again after it
+        _check(st["lib"].cublasSetStream_v2(st["handle"], ctypes.c_void_p(backend.stream.ptr)), "cublasSetStream")
+        _check(st["lib"].cublasSetWorkspace_v2(st["handle"], ctypes.c_void_p(st["workspace"].ptr),
+                                               ctypes.c_size_t(WORKSPACE_BYTES)), "cublasSetWorkspace")
+        st["stream"] = backend.stream.ptr
+    return st
+
+
+def _operand(x, rows: int, cols: int):
+    """(array, op, ld) reading the row-major matrix ``x [..., rows, cols]`` as cuBLAS's op(X^T)."""
+    s0, s1 = (s // 4 for s in x.strides[-2:])
+    if x.strides[-1] % 4 == 0 and x.strides[-2] % 4 == 0:
+        if s1 == 1 and (s0 >= max(1, cols) or rows == 1):
+            return x, _OP_N, max(s0, cols, 1)
+        if s0 == 1 and (s1 >= max(1, rows) or cols == 1):
+            return x, _OP_T, max(s1, rows, 1)
+    x = backend.cp.ascontiguousarray(x)
+    return x, _OP_N, max(cols, 1)
+
+
+def gemm(a, b, out):
+    """``out [M, N] = a [M, K] @ b [K, N]`` (fp32; a, b any strided views; out C-contiguous)."""
+    M, K = a.shape
+    N = b.shape[1]
+    if M == 0 or N == 0:
+        return out
+    if K == 0:
+        out[...] = 0
+        return out
+    st = _handle()
+    b, op_b, ld_b = _operand(b, K, N)
+    a, op_a, ld_a = _operand(a, M, K)
+    target = out if out.flags.c_contiguous else backend.cp.empty((M, N), np.float32)
+    _check(st["lib"].cublasSgemm_v2(st["handle"], op_b, op_a, N, M, K, ctypes.byref(st["one"]), b.data.ptr, ld_b,
+                                    a.data.ptr, ld_a, ctypes.byref(st["zero"]), target.data.ptr, N), "cublasSgemm")
+    if target is not out:
+        out[...] = target
+    return out
+
+
+def gemm_batched(a, b, out):
+    """``out [B, M, N] = a [B, M, K] @ b [B, K, N]`` per batch (strided views allowed; out C-contiguous)."""
+    Bn, M, K = a.shape
+    N = b.shape[2]
+    if Bn == 0 or M == 0 or N == 0:
+        return out
+    if K == 0:
+        out[...] = 0
+        return out
+    st = _handle()
+    b, op_b, ld_b = _operand(b, K, N)
+    a, op_a, ld_a = _operand(a, M, K)
+    target = out if out.flags.c_contiguous else backend.cp.empty((Bn, M, N), np.float32)
+    _check(st["lib"].cublasSgemmStridedBatched(
+        st["handle"], op_b, op_a, N, M, K, ctypes.byref(st["one"]), b.data.ptr, ld_b, b.strides[0] // 4,
+        a.data.ptr, ld_a, a.strides[0] // 4, ctypes.byref(st["zero"]), target.data.ptr, N, M * N, Bn),
+        "cublasSgemmStridedBatched")
+    if target is not out:
+        out[...] = target
+    return out

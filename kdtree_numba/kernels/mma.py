@@ -1,0 +1,177 @@
+"""Tensor cores from numba: one warp-wide ``mma.sync.m16n8k8`` with TF32 inputs, and 3xTF32 for fp32 accuracy.
+
+numba-cuda has no tensor-core API. ``mma_m16n8k8_tf32`` is a ``numba.cuda.extending.intrinsic`` that emits the PTX
+instruction ``mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32`` through llvmlite's ``ir.InlineAsm`` (operands
+by the constraint string "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f": four f32 results, six b32 inputs, four f32
+accumulators). The 32 lanes of a warp together compute
+
+    D[16, 8] = A[16, 8] @ B[8, 8] + C[16, 8]        (TF32 products, fp32 accumulation)
+
+each lane holding a fixed part of every matrix in its registers (its "fragment"). With
+lane = 4 * g + t  (g = lane // 4 the group 0..7, t = lane % 4 the thread in the group):
+
+    operand  register  element          operand  register  element
+    A        a0        A[g    ][t    ]   B        b0        B[t    ][g]
+             a1        A[g + 8][t    ]            b1        B[t + 4][g]
+             a2        A[g    ][t + 4]   C, D     c0 / d0   C[g    ][2t    ]
+             a3        A[g + 8][t + 4]            c1 / d1   C[g    ][2t + 1]
+                                                  c2 / d2   C[g + 8][2t    ]
+                                                  c3 / d3   C[g + 8][2t + 1]
+
+(A is read row-major, B column-major: "row.col".) Every lane of the warp must make the call together
+(warp-uniform control flow); the operands are passed as float32 and handed to the instruction as their bit
+patterns. TF32 is fp32 with 10 instead of 23 mantissa bits (unit roundoff u = 2^-11 ~ 4.9e-4): ``to_tf32`` rounds
+(``cvt.rna.tf32.f32``: to nearest, ties away from zero); feed the MMA rounded values.
+
+3xTF32 (``split_tf32`` + ``mma_m16n8k8_3xtf32``): split each operand x = hi + lo with hi = tf32(x),
+lo = tf32(x - hi) (x - hi is exact in fp32 and |lo| <= u |x|), and accumulate three products into the fp32 C:
+
+    a * b = hi_a hi_b + hi_a lo_b + lo_a hi_b + lo_a lo_b,     the last term dropped: |lo_a lo_b| <= u^2 |a b|
+
+Each TF32 x TF32 product is exact in fp32 (11 x 11 significant bits <= 24), so a product carries a relative error
+of about u^2 (dropped term) + 2 u^2 (rounding of the two lo's) ~ 3 * 2^-22 ~ 7e-7, against u ~ 5e-4 for one plain
+TF32 product: a 576-long dot product of the attention comes out at fp32-like accuracy (~1e-6 relative to
+sum |a_k b_k|; the GPU test holds it to 1e-6 of float64), for three tensor-core MMAs instead of one. Order: the
+small products first (lo_a hi_b, hi_a lo_b), then hi_a hi_b, so the small terms are not lost against a large C.
+
+Example (one warp): A = eye(16)[:, :8] (rows 0..7 are e_0..e_7, rows 8..15 zero), B = ones((8, 8)), C = 0.
+Lane 4g + t passes a0 = [g == t], a1 = 0, a2 = [g == t + 4], a3 = 0, b0 = b1 = 1, c = 0 and gets back
+d0 = d1 = 1 (row g of A @ B is all ones) and d2 = d3 = 0 (row g + 8 is zero). A k-loop accumulates: pass the d's
+of one step as the c's of the next (tests/kernels/test_mma.py; gemm.matmul_mma is a whole GEMM on this).
+
+The simulator (``NUMBA_ENABLE_CUDASIM=1``) has no MMA. Its stand-ins keep the same fragment layout: every lane
+writes its fragments into ``scratch`` (a shared float32 array ``[warps, 32, 24]`` the caller declares as
+``cuda.shared.array(SCRATCH_SHAPE, float32)``; ``SCRATCH_SHAPE`` is ``(1, 1, 1)`` on the GPU, where it is not
+touched), one block barrier, and each lane reads the whole warp's A and B and computes its four outputs (TF32
+inputs, float64 sums rounded to fp32 after each MMA - what the tensor core does up to the order of its adds).
+Consequences on the simulator: blocks are 1-D, every warp of the block makes the same number of calls (the barrier
+is block-wide), and two scratch slots alternate per call (a per-thread call count on the simulator's thread) so a
+fast lane cannot overwrite fragments a slow lane is still reading.
+"""
+from __future__ import annotations
+
+import threading
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import cuda, float32, types
+from numba.cuda.extending import intrinsic
+
+SIM = bool(numba.config.ENABLE_CUDASIM)
+SIM_MAX_WARPS = 8                  # warps per block the simulator's scratch has room for
+SLOT = 12                          # floats per lane per call: 3xTF32 passes a hi, a lo (4 + 4), b hi, b lo (2 + 2)
+if SIM:
+    SCRATCH_SHAPE = (SIM_MAX_WARPS, 32, 2 * SLOT)
+else:
+    SCRATCH_SHAPE = (1, 1, 1)
+
+MMA_PTX = ("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+           "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};")
+
+if SIM:
+    def _tf32_host(x):
+        """Round a float32 to TF32 (nearest, ties away from zero: add half a TF32 ulp to the magnitude bits and
+        clear the 13 low mantissa bits), as ``cvt.rna.tf32.f32`` does."""
+        b = int(np.float32(x).view(np.uint32))
+        return np.uint32(((b + 0x1000) & 0xFFFFE000) & 0xFFFFFFFF).view(np.float32)
+
+    @cuda.jit(device=True)
+    def to_tf32(x):
+        return float32(_tf32_host(x))
+
+    def _exchange(vals, scratch):
+        """Every lane's fragments -> scratch (slot alternating per call), one barrier: the warp's [32, k] view."""
+        th = threading.current_thread()
+        n = getattr(th, "_mma_calls", 0)
+        th._mma_calls = n + 1
+        tid = cuda.threadIdx.x
+        buf = scratch[tid // 32, :, (n % 2) * SLOT:(n % 2) * SLOT + len(vals)]
+        buf[tid % 32, :] = vals
+        cuda.syncthreads()
+        return buf
+
+    def _unpack(buf, col):
+        """(A [16, 8], B [8, 8]) float64 from the fragments a0..a3 at columns col..col+3, b0, b1 at col2 (below)."""
+        a = np.empty((16, 8))
+        a[:8, :4] = buf[:, col].reshape(8, 4)               # lane 4g + t holds A[g][t] ...
+        a[8:, :4] = buf[:, col + 1].reshape(8, 4)
+        a[:8, 4:] = buf[:, col + 2].reshape(8, 4)
+        a[8:, 4:] = buf[:, col + 3].reshape(8, 4)
+        return a
+
+    def _unpack_b(buf, col):
+        b = np.empty((8, 8))
+        b[:4, :] = buf[:, col].reshape(8, 4).T              # lane 4g + t holds B[t][g] ...
+        b[4:, :] = buf[:, col + 1].reshape(8, 4).T
+        return b
+
+    def _lane_mma(a, b, c0, c1, c2, c3):
+        """This lane's four outputs of A @ B + C, rounded to fp32."""
+        lane = cuda.threadIdx.x % 32
+        g, t = lane // 4, lane % 4
+        return (float32(c0 + a[g] @ b[:, 2 * t]), float32(c1 + a[g] @ b[:, 2 * t + 1]),
+                float32(c2 + a[g + 8] @ b[:, 2 * t]), float32(c3 + a[g + 8] @ b[:, 2 * t + 1]))
+
+    @cuda.jit(device=True)
+    def mma_m16n8k8_tf32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, scratch):
+        buf = _exchange([_tf32_host(v) for v in (a0, a1, a2, a3, b0, b1)], scratch)
+        return _lane_mma(_unpack(buf, 0), _unpack_b(buf, 4), c0, c1, c2, c3)
+
+    @cuda.jit(device=True)
+    def mma_m16n8k8_3xtf32(ah0, ah1, ah2, ah3, al0, al1, al2, al3, bh0, bh1, bl0, bl1, c0, c1, c2, c3, scratch):
+        buf = _exchange([_tf32_host(v) for v in (ah0, ah1, ah2, ah3, al0, al1, al2, al3, bh0, bh1, bl0, bl1)],
+                        scratch)
+        ah, al, bh, bl = _unpack(buf, 0), _unpack(buf, 4), _unpack_b(buf, 8), _unpack_b(buf, 10)
+        d = _lane_mma(al, bh, c0, c1, c2, c3)               # the same three MMAs, in the same order, as the GPU
+        d = _lane_mma(ah, bl, *d)
+        return _lane_mma(ah, bh, *d)
+else:
+    @intrinsic
+    def _cvt_tf32(typingctx, x):
+        if x != types.float32:
+            return None
+
+        def codegen(context, builder, sig, args):
+            fnty = ir.FunctionType(ir.IntType(32), [ir.FloatType()])
+            bits = builder.call(ir.InlineAsm(fnty, "cvt.rna.tf32.f32 $0, $1;", "=r,f"), args)
+            return builder.bitcast(bits, ir.FloatType())
+        return types.float32(types.float32), codegen
+
+    @intrinsic
+    def _mma_tf32(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        operands = (a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
+        if any(op != types.float32 for op in operands):
+            return None
+
+        def codegen(context, builder, sig, args):
+            f32, i32 = ir.FloatType(), ir.IntType(32)
+            fnty = ir.FunctionType(ir.LiteralStructType([f32] * 4), [i32] * 6 + [f32] * 4)
+            asm = ir.InlineAsm(fnty, MMA_PTX, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", side_effect=True)
+            # convergent + side effect: LLVM may neither drop the warp-wide instruction nor move it into a branch
+            res = builder.call(asm, [builder.bitcast(a, i32) for a in args[:6]] + list(args[6:]),
+                               attrs=("convergent",))
+            return context.make_tuple(builder, sig.return_type, [builder.extract_value(res, i) for i in range(4)])
+        return types.UniTuple(types.float32, 4)(*operands), codegen
+
+    @cuda.jit(device=True)
+    def to_tf32(x):
+        return _cvt_tf32(float32(x))
+
+    @cuda.jit(device=True)
+    def mma_m16n8k8_tf32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, scratch):
+        return _mma_tf32(float32(a0), float32(a1), float32(a2), float32(a3), float32(b0), float32(b1),
+                         float32(c0), float32(c1), float32(c2), float32(c3))
+
+    @cuda.jit(device=True)
+    def mma_m16n8k8_3xtf32(ah0, ah1, ah2, ah3, al0, al1, al2, al3, bh0, bh1, bl0, bl1, c0, c1, c2, c3, scratch):
+        d0, d1, d2, d3 = _mma_tf32(al0, al1, al2, al3, bh0, bh1, c0, c1, c2, c3)          # lo_a hi_b
+        d0, d1, d2, d3 = _mma_tf32(ah0, ah1, ah2, ah3, bl0, bl1, d0, d1, d2, d3)          # hi_a lo_b
+        return _mma_tf32(ah0, ah1, ah2, ah3, bh0, bh1, d0, d1, d2, d3)                    # hi_a hi_b
+
+
+@cuda.jit(device=True)
+def split_tf32(x):
+    """(hi, lo): hi = tf32(x), lo = tf32(x - hi); x = hi + lo up to u^2 |x| (module docstring)."""
+    hi = to_tf32(x)
+    return hi, to_tf32(x - hi)

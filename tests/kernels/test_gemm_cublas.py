@@ -1,0 +1,63 @@
+"""The cuda backend's GEMM path (kernels/_cublas.py): cuBLAS through ctypes, every operand layout the model
+uses, equal to CuPy's own fp32 matmul, and capturable in a CUDA graph (which cupy.matmul is not)."""
+import numpy as np
+import pytest
+
+import kdtree_numba as kd
+from kdtree_numba.kernels import _cublas, gemm
+
+pytestmark = pytest.mark.gpu
+
+
+def _rand(rng, *shape):
+    return kd.backend.asarray(rng.standard_normal(shape).astype(np.float32))
+
+
+@pytest.mark.parametrize("layout", ["nn", "nt", "tn", "tt", "row", "col", "k0", "strided"])
+def test_gemm_layouts_match_cupy(layout):
+    cp = kd.backend.cp
+    rng = np.random.default_rng(0)
+    M, K, N = 37, 70, 19
+    if layout == "row":
+        M = 1
+    if layout == "col":
+        N = 1
+    if layout == "k0":
+        K = 0
+    a = _rand(rng, M, K) if layout[0] != "t" else _rand(rng, K, M).T
+    b = _rand(rng, K, N) if layout[-1] != "t" or layout in ("row", "col") else _rand(rng, N, K).T
+    if layout == "strided":
+        a = _rand(rng, M, 2 * K)[:, ::2]                       # neither stride 1: copied first
+    got = kd.backend.to_host(_cublas.gemm(a, b, kd.backend.empty((M, N), np.float32)))
+    want = kd.backend.to_host(cp.matmul(a, b))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_batched_transposed_views_match_cupy():
+    cp = kd.backend.cp
+    rng = np.random.default_rng(1)
+    q = _rand(rng, 5, 8, 24)                                    # [T, N, P]
+    w = _rand(rng, 8, 24, 40)                                   # [N, P, Lkv]
+    got = kd.backend.to_host(gemm.bmm(q.transpose(1, 0, 2), w))
+    want = kd.backend.to_host(cp.matmul(q.transpose(1, 0, 2), w))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    wt = _rand(rng, 8, 40, 24).transpose(0, 2, 1)               # a transposed batch operand
+    np.testing.assert_allclose(kd.backend.to_host(gemm.bmm(q.transpose(1, 0, 2), wt)),
+                               kd.backend.to_host(cp.matmul(q.transpose(1, 0, 2), wt)), rtol=1e-5, atol=1e-5)
+
+
+def test_linear_is_captured_in_a_cuda_graph_and_replays_new_inputs():
+    cp = kd.backend.cp
+    rng = np.random.default_rng(2)
+    x, w = _rand(rng, 3, 64), _rand(rng, 48, 64)
+    out = kd.backend.empty((3, 48), np.float32)
+    gemm.linear(x, w, out=out)                                  # direct once (handle, workspace)
+    stream = kd.backend.stream
+    stream.begin_capture()
+    gemm.linear(x, w, out=out)
+    graph = stream.end_capture()
+    x[...] = _rand(rng, 3, 64)
+    graph.launch(stream)
+    np.testing.assert_array_equal(kd.backend.to_host(out), kd.backend.to_host(gemm.linear(x, w)))
+    np.testing.assert_allclose(kd.backend.to_host(out), kd.backend.to_host(cp.matmul(x, w.T)), rtol=1e-5,
+                               atol=1e-5)
