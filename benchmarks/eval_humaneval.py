@@ -23,7 +23,8 @@ never runs while the worker processes of the acceptance part are alive):
    the first ``--speed-subset`` (8) prompts (task ids named in the output). Per method one untimed warm-up
    generation on the first subset prompt, then one generation per prompt timed by wall clock around
    ``kd.generate`` (prefill included); tokens/s = total new tokens / total wall seconds. The backend and device
-   name are reported.
+   name are reported. ``--replay`` adds the same three methods with ``replay=True`` (graph-replayed steps and
+   rounds), timed in the same run.
 
 Usage::
 
@@ -96,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-bpb", action="store_true")
     p.add_argument("--skip-tau", action="store_true")
     p.add_argument("--skip-speed", action="store_true")
+    p.add_argument("--replay", action="store_true", help="speed part: also time each method with replay=True "
+                   "(decode step / DDTree round captured as CUDA graphs on cuda), in the same run")
     p.add_argument("--prompts-file", default=PROMPTS_FILE, help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help="write everything as JSON to this file")
     return p
@@ -312,17 +315,19 @@ def _loadavg():
         return None
 
 
-def run_speed(kd, target, drafter, prompts: list, max_new_tokens: int, budget: int) -> dict:
+def run_speed(kd, target, drafter, prompts: list, max_new_tokens: int, budget: int, replay: bool = False) -> dict:
     import numpy as np
 
     methods = {"autoregressive": dict(), "chain": dict(drafter=drafter, chain=True),
                f"ddtree@{budget}": dict(drafter=drafter, budget=budget)}
+    if replay:                   # the same three with their step / round replayed from CUDA graphs (same tokens)
+        methods.update({f"{name} (replay)": dict(kw, replay=True) for name, kw in list(methods.items())})
     ids = [np.asarray(target.tokenizer.encode(p["prompt"]), np.int32) for p in prompts]
     load_before = _loadavg()
     out = {}
     for name, kw in methods.items():
         kd.generate(target, ids[0], max_new_tokens, **kw)                           # warm-up, untimed
-        secs, toks, post = [], [], []
+        secs, toks, post, texts = [], [], [], []
         for x in ids:
             kd.backend.synchronize()
             t = time.perf_counter()
@@ -331,7 +336,10 @@ def run_speed(kd, target, drafter, prompts: list, max_new_tokens: int, budget: i
             secs.append(time.perf_counter() - t)
             toks.append(len(g.tokens))
             post.append(g.tokens_per_second)
-        out[name] = {"tokens_per_second": sum(toks) / sum(secs), "seconds": secs, "tokens": toks,
+            texts.append(g.tokens)
+        same = out["autoregressive"]["outputs"] if out else texts
+        out[name] = {"tokens_per_second": sum(toks) / sum(secs), "seconds": secs, "tokens": toks, "outputs": texts,
+                     "mismatches_vs_autoregressive": sum(u != v for u, v in zip(texts, same)),
                      "median_generation_seconds": float(np.median(secs)),
                      "tokens_per_second_after_prefill_mean": float(np.mean(post))}
         _log(f"[speed] {name}: {out[name]['tokens_per_second']:.1f} tokens/s "
@@ -339,6 +347,7 @@ def run_speed(kd, target, drafter, prompts: list, max_new_tokens: int, budget: i
     ar = out["autoregressive"]["tokens_per_second"]
     for v in out.values():
         v["speedup_vs_autoregressive"] = v["tokens_per_second"] / ar
+        del v["outputs"]
     return {"definition": "per method: one untimed warm-up generation on the first subset prompt, then one "
                           "generation per subset prompt timed by wall clock around kd.generate (prefill included); "
                           "tokens_per_second = total new tokens / total seconds",
@@ -411,7 +420,8 @@ def main(argv=None) -> int:
     if not a.skip_tau:
         res["tau"] = run_tau(prompts, a.budgets, a.max_new_tokens, workers, a.blas_threads)
     if not a.skip_speed:
-        res["speed"] = run_speed(kd, target, drafter, prompts[:a.speed_subset], a.max_new_tokens, a.speed_budget)
+        res["speed"] = run_speed(kd, target, drafter, prompts[:a.speed_subset], a.max_new_tokens, a.speed_budget,
+                                 a.replay)
     res["seconds"] = time.perf_counter() - t_all
     res["markdown"] = markdown(res)
     if a.out:

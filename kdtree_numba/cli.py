@@ -318,7 +318,7 @@ def cmd_generate(args) -> int:
         stop = (eos,)
     res = kd.generate(target, prompt, args.max_new_tokens, drafter=drafter,
                       budget=64 if args.budget is None else args.budget, temperature=args.temperature,
-                      seed=args.seed, stop_tokens=stop, chain=args.chain,
+                      seed=args.seed, stop_tokens=stop, chain=args.chain, replay=args.replay,
                       progress=_progress("generate") if drafter is not None else None)
     shown = res.tokens[:-1] if stop and res.tokens and res.tokens[-1] in stop else res.tokens
     if args.ids is None and (tok is not None or target.config.vocab_size == 256):
@@ -524,6 +524,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--temperature", type=_temperature, default=0.0, help="0 = greedy (default)")
     g.add_argument("--stop-at-eos", action="store_true", help=f"stop after the tokenizer's {EOS} token")
     g.add_argument("--trace", metavar="FILE", help="write the generation trace (JSON) here")
+    g.add_argument("--replay", action="store_true", help="keep the step / round state on the device and replay it "
+                   "from CUDA graphs on a GPU (same tokens; --drafter dflash or none)")
     g.set_defaults(func=cmd_generate)
 
     t = sub.add_parser("trees", help="tree figures and the HTML viewer from a saved trace",
@@ -555,7 +557,9 @@ def build_parser() -> argparse.ArgumentParser:
     u.set_defaults(func=cmd_tour)
 
     b = sub.add_parser("bench", help="GPU benchmarks (source checkout)")
-    b.add_argument("which", nargs="?", default="all", help="kernels, tree, verify, model, e2e or all")
+    b.add_argument("which", nargs="?", default="all",
+                   help="a benchmark (benchmarks/bench_<name>.py: kernels, tree, verify, model, e2e, moe, replay, "
+                        "round) or all")
     b.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     b.set_defaults(func=cmd_bench)
     return p

@@ -2,7 +2,7 @@
 
 One round, with ``start`` committed tokens and the root (the last bonus token) at position ``start``:
   1. draft:   the drafter's logits for depths 1..L                                 [L, V]
-  2. build:   top-K log-probs per depth, then the best-first tree of ``budget`` nodes  (on the device)
+  2. topk, build: top-K log-probs per depth, then the best-first tree of ``budget`` nodes  (on the device)
   3. verify:  one target forward over [root, node_1 .. node_n] at positions start + depth, each node attending
               to the committed cache and its ancestors only                         [n+1, V]
   4. accept:  the target's token at every node, walk from the root while it matches a child
@@ -11,6 +11,7 @@ One round, with ``start`` committed tokens and the root (the last bonus token) a
               (DFlash) gets the accepted nodes' rows of the verify forward's hidden states as its next context.
 Everything stays on the device except the packed accepted tokens, read once per round; the trees, accepted node
 indices and stage times of all rounds are copied to the host once, at the end, for the RoundTraces.
+``ddtree_replay.py`` runs the same round with its state on the device, captured as CUDA graphs.
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ def ddtree(target, prompt: np.ndarray, max_new_tokens: int, drafter, budget: int
         draft = _check_draft(drafter.draft(np.concatenate([prompt, out[:-1]]), root), L, V)     # 1. draft
         marks.append(backend.mark())
         lp, ids = logprobs.topk_logprobs(draft, K, out=(s.lp, s.ids))                         # 2. build
+        marks.append(backend.mark())
         tree = s.builder.build(lp[None], ids[None]) if budget else s.empty_tree
         marks.append(backend.mark())
         s.verify_ids[0] = root                                                                 # 3. verify
@@ -67,7 +69,8 @@ def ddtree(target, prompt: np.ndarray, max_new_tokens: int, drafter, budget: int
             raise nan_error()
         if feats:                                  # the accepted path's features: the drafter's next context rows
             drafter.observe(backend.xp.take(concat_features(hid, feats), s.acceptor.accepted[:m], axis=0), start)
-        s.record(tree, lp, ids, start, root, marks)
+        s.record(tree, lp, ids, len(s.rounds))
+        s.rounds.append((start, root, marks))
         emitted = [int(x) for x in result[1:m + 1]]                 # accepted drafts, then the bonus
         out += emitted
         start, root = start + m, int(result[m])
@@ -123,16 +126,18 @@ class _RoundState:
                     "n": e((max_rounds,), np.int32), "accepted": e((max_rounds, L + 1), np.int32),
                     "n_acc": e((max_rounds,), np.int32), "result": e((max_rounds, L + 2), np.int32),
                     "draft_lp": e((max_rounds, L), np.float32)}
+        self.draft_lp = e((L,), np.float32)
         self.rounds: list[tuple] = []
 
-    def record(self, tree, lp, ids, start, root, marks) -> None:
-        i, r = len(self.rounds), self.rec
-        r["tokens"][i], r["depth"][i], r["parent"][i] = tree.tokens[0], tree.depth[0], tree.parent[0]
-        r["logw"][i], r["n"][i] = tree.logw[0], tree.n[0]
+    def record(self, tree, lp, ids, i) -> None:
+        """Copy round i's tree and accept outputs into the records, on the device. ``i``: an int, or a device int32
+        [1] array (a captured round: decode/ddtree_replay.py)."""
+        r, at = self.rec, (slice(i, i + 1) if isinstance(i, int) else i)       # rows [1, ...] either way
+        r["tokens"][at], r["depth"][at], r["parent"][at] = tree.tokens[0], tree.depth[0], tree.parent[0]
+        r["logw"][at], r["n"][at] = tree.logw[0], tree.n[:1]
         a = self.acceptor
-        r["accepted"][i], r["n_acc"][i], r["result"][i] = a.accepted, a.n_acc[0], a.result
-        tree_accept.path_draft_logprobs(a, lp, ids, r["draft_lp"][i])
-        self.rounds.append((start, root, marks))
+        r["accepted"][at], r["n_acc"][at], r["result"][at] = a.accepted, a.n_acc, a.result
+        r["draft_lp"][at] = tree_accept.path_draft_logprobs(a, lp, ids, self.draft_lp)
 
     def traces(self) -> list[RoundTrace]:
         """Copy the device records to the host (once) and assemble the RoundTraces."""

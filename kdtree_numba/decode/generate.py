@@ -10,6 +10,7 @@ from ..kernels.tree_build import MAX_BUDGET
 from ..model.drafters import Drafter
 from .autoregressive import autoregressive
 from .ddtree import ddtree
+from .ddtree_replay import ddtree_replay, require_device_drafter
 from .replay import autoregressive_replay
 from .trace import Generation
 
@@ -24,8 +25,9 @@ def generate(target, prompt_ids, max_new_tokens: int, drafter: Drafter | None = 
     ``seed``. Generation stops early after a token in ``stop_tokens``. ``chain=True`` drafts a single chain
     instead of a tree (the drafter's top-1 token per depth, DFlash-style; ``budget`` is then the drafter's depth),
     the baseline a tree is compared with. ``progress(done, total)`` is called after every DDTree round.
-    ``replay=True`` (plain decoding only, so far): the decode step keeps its state on the device and, on the cuda
-    backend, is captured once as a CUDA graph and replayed (decode/replay.py); same tokens as ``replay=False``.
+    ``replay=True``: the decode step (plain decoding) or the DDTree round keeps its state on the device and, on
+    the cuda backend, is captured once as CUDA graphs and replayed (decode/replay.py, decode/ddtree_replay.py;
+    DDTree needs a device-side drafter: DFlash); same tokens as ``replay=False``.
     Bad arguments raise ValueError before any work is done."""
     from ..model.target import Target
 
@@ -53,9 +55,6 @@ def _generate(target, prompt_ids, max_new_tokens, drafter, budget, temperature, 
                          f"(max_position_embeddings)")
     if not isinstance(replay, bool):
         raise ValueError(f"replay: expected True or False, got {replay!r}")
-    if replay and drafter is not None:
-        raise ValueError("replay: graph-replayed rounds exist for plain decoding only so far (drafter=None); "
-                         "DDTree and the chain run their rounds directly")
     if drafter is None:
         run = autoregressive_replay if replay else autoregressive
         return run(target, prompt, max_new_tokens, temperature, seed, stop)
@@ -74,7 +73,10 @@ def _generate(target, prompt_ids, max_new_tokens, drafter, budget, temperature, 
         raise ValueError(f"drafter: prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) + draft depth "
                          f"({depth}) = {len(prompt) + max_new_tokens + depth} exceeds the context limit of {limit} "
                          f"(max_position_embeddings)")
+    if replay:
+        require_device_drafter(drafter)
+    run = ddtree_replay if replay else ddtree
     if chain:
-        return ddtree(target, prompt, max_new_tokens, drafter, depth, temperature, seed, stop, top_k=1,
-                      progress=progress)
-    return ddtree(target, prompt, max_new_tokens, drafter, budget, temperature, seed, stop, progress=progress)
+        return run(target, prompt, max_new_tokens, drafter, depth, temperature, seed, stop, top_k=1,
+                   progress=progress)
+    return run(target, prompt, max_new_tokens, drafter, budget, temperature, seed, stop, progress=progress)

@@ -19,8 +19,11 @@ plain decoding's (``autoregressive.py``), stop token included. The capture: the 
 backend stream with an allocator that keeps each block it hands out alive for the graph's lifetime (the graph
 replays those addresses; nothing else may reuse them), then replayed.
 
-On the NumPy and simulator backends there is no graph: the same ``step`` runs directly, so the device-side
-bookkeeping is the same code there and the tests of those backends test it.
+The captured program - cache, state arrays, graphs - is kept between generations (``program``): a later
+generation with the same settings reuses it (prefill, then replays from its first step), as a server captures its
+graphs once at start-up. It is rebuilt when a weight array it captured has been replaced.
+On the NumPy and simulator backends there is no graph: the same ``step`` runs directly (and the program is kept
+the same way), so the device-side bookkeeping is the same code there and the tests of those backends test it.
 Example: prompt [5, 9], greedy, n = 3 -> out = [a, b, c] with a = argmax(prefill logits), b from
 forward(a at pos 2), c from forward(b at pos 3) - the same three tokens ``autoregressive`` emits.
 """
@@ -37,9 +40,10 @@ from .trace import Generation
 
 
 class CapturedStep:
-    """``fn`` captured once as a CUDA graph on the backend stream; ``replay()`` launches it (cuda only)."""
+    """``fn`` captured once as a CUDA graph on the backend stream; ``replay()`` launches it (cuda only).
+    ``what`` names the captured work in the error a failed capture raises."""
 
-    def __init__(self, fn):
+    def __init__(self, fn, what: str = "the decode step"):
         cp = backend.cp
         pool = cp.get_default_memory_pool()
         self._blocks = []                       # every block the capture allocated: alive as long as the graph
@@ -58,43 +62,123 @@ class CapturedStep:
                 finally:
                     graph = stream.end_capture()
         except Exception as e:
-            raise RuntimeError(f"replay: capturing the decode step as a CUDA graph failed ({type(e).__name__}: "
-                               f"{e}); generate with replay=False") from e
+            raise RuntimeError(f"replay: capturing {what} as a CUDA graph failed ({type(e).__name__}: {e}); "
+                               f"generate with replay=False") from e
         self.graph = graph
 
     def replay(self) -> None:
         self.graph.launch(backend.stream)
 
 
+# ------------------------------------------------------------------------------------------------ programs
+KEEP = 4                                   # programs kept per model object (the most recently used)
+
+
+def capacity_for(rows: int) -> int:
+    """Cache rows of a kept program: a power of two >= rows (>= 256), so nearby lengths share one program."""
+    cap = 256
+    while cap < rows:
+        cap *= 2
+    return cap
+
+
+def weight_arrays(*models) -> list:
+    """Every array a model object holds directly or in a dict / list of dicts attribute (what a captured graph
+    reads by address)."""
+    out = []
+    for m in models:
+        for v in vars(m).values():
+            items = v.values() if isinstance(v, dict) else v if isinstance(v, list) else [v]
+            for x in items:
+                for y in (x.values() if isinstance(x, dict) else [x]):
+                    if hasattr(y, "shape") and hasattr(y, "dtype"):
+                        out.append(y)
+    return out
+
+
+class Program:
+    """Buffers and captured graphs of one decode configuration, reused by later generations. ``valid()``: every
+    array it captured (``held``, taken by ``hold()`` once the buffers exist, and kept alive here) is still the one
+    its model holds."""
+
+    def __init__(self, *models):
+        self.models = models
+        self.held: list = []
+
+    def hold(self) -> None:
+        self.held = weight_arrays(*self.models)
+
+    def valid(self) -> bool:
+        now = weight_arrays(*self.models)
+        return len(now) == len(self.held) and all(a is b for a, b in zip(now, self.held))
+
+
+def program(owner, key, make):
+    """The program ``make()`` built for ``owner`` under ``key``, kept between generations (the last KEEP per
+    owner, in the owner's ``_programs``: they live and go with the model object); built again when its captured
+    arrays were replaced."""
+    progs = vars(owner).setdefault("_programs", {})
+    p = progs.pop(key, None)
+    if p is None or not p.valid():
+        p = make()
+    progs[key] = p                                                     # most recently used last
+    while len(progs) > KEEP:
+        progs.pop(next(iter(progs)))
+    return p
+
+
+# ------------------------------------------------------------------------------------------------ plain decoding
+class _StepProgram(Program):
+    """One decode step over device-side state (module docstring), for prompts + tokens <= ``capacity``."""
+
+    def __init__(self, target, capacity: int, temperature: float, seed: int):
+        super().__init__(target)
+        self.target, self.temperature, self.seed = target, temperature, seed
+        self.cache = target.new_cache(capacity)
+        self.out = backend.full((capacity,), -1, np.int32)                   # [capacity] emitted tokens
+        self.choice = backend.empty((1,), np.int32)
+        self.tok = backend.empty((1,), np.int32)                             # state [1] each
+        self.pos = backend.empty((1,), np.int32)
+        self.step = backend.empty((1,), np.int32)
+        self.run = self._step
+        self.hold()
+
+    def begin(self, prompt) -> None:
+        """Prefill (direct) and the first token: out[0], then tok, pos = len(prompt), step = 1."""
+        logits, _ = self.target.forward(prompt, self.cache, 0, check_ids=False)
+        sampling.choose_tokens(logits[-1:], self.temperature, self.seed, 0, out=self.choice)
+        self.out[:1] = self.choice
+        backend.xp.maximum(self.choice, 0, out=self.tok)
+        self.pos[...] = len(prompt)
+        self.step[...] = 1
+
+    def _step(self) -> None:
+        lg, _ = self.target.forward(self.tok, self.cache, self.pos, check_ids=False)          # [1, V]
+        sampling.choose_tokens(lg, self.temperature, self.seed, self.step, out=self.choice)
+        self.out[self.step] = self.choice
+        backend.xp.maximum(self.choice, 0, out=self.tok)
+        self.pos[...] += 1
+        self.step[...] += 1
+
+    def advance(self) -> None:
+        """One step: direct the first time, then (cuda) captured once and replayed."""
+        self.run()
+        if self.run == self._step and backend.name == "cuda":
+            self.run = CapturedStep(self._step).replay
+
+
 def autoregressive_replay(target, prompt: np.ndarray, max_new_tokens: int, temperature: float, seed: int,
                           stop_tokens=(), sync_every: int = 16) -> Generation:
     """Plain decoding with the step's state on the device (captured and replayed on cuda); same tokens as
     ``autoregressive``."""
-    xp = backend.xp
     n = max_new_tokens
-    cache = target.new_cache(len(prompt) + n)
-    logits, _ = target.forward(prompt, cache, 0, check_ids=False)                 # prefill (direct)
+    cap = capacity_for(len(prompt) + n)
+    p = program(target, ("step", temperature, seed, cap), lambda: _StepProgram(target, cap, temperature, seed))
+    p.begin(prompt)
     t0 = time.perf_counter()
-    out = backend.full((n,), -1, np.int32)                                         # [n] emitted tokens
-    choice = backend.empty((1,), np.int32)
-    sampling.choose_tokens(logits[-1:], temperature, seed, 0, out=choice)
-    out[:1] = choice
-    tok = xp.maximum(choice, 0)                                                    # [1] state
-    pos = backend.full((1,), len(prompt), np.int32)
-    step = backend.full((1,), 1, np.int32)
-
-    def one_step():
-        lg, _ = target.forward(tok, cache, pos, check_ids=False)                   # [1, V]
-        sampling.choose_tokens(lg, temperature, seed, step, out=choice)
-        out[step] = choice
-        xp.maximum(choice, 0, out=tok)
-        pos[...] += 1
-        step[...] += 1
-
-    run = one_step
     done, tokens = 1, []
     while True:
-        for t in backend.to_host(out[len(tokens):done]).tolist():                  # one host read per chunk
+        for t in backend.to_host(p.out[len(tokens):done]).tolist():                # one host read per chunk
             if t < 0:
                 raise nan_error()
             tokens.append(t)
@@ -103,10 +187,8 @@ def autoregressive_replay(target, prompt: np.ndarray, max_new_tokens: int, tempe
         if done >= n:
             return _result(prompt, tokens, t0, temperature, seed, sync_every)
         for _ in range(min(sync_every, n - done)):
-            run()
+            p.advance()
             done += 1
-            if run is one_step and backend.name == "cuda":
-                run = CapturedStep(one_step).replay                                # after one direct step
 
 
 def _result(prompt, tokens, t0, temperature, seed, sync_every) -> Generation:

@@ -13,7 +13,7 @@ import numpy as np
 from ..config import is_int, is_num, short_repr
 from ..kernels.tree import Tree
 
-STAGES = ("draft", "build", "verify", "accept", "compact")
+STAGES = ("draft", "topk", "build", "verify", "accept", "compact")
 
 
 class TraceError(ValueError):
@@ -30,7 +30,7 @@ class RoundTrace:
     bonus: the target's token after the last accepted node; draft_probs[d-1]: the draft's probability of the token
     the target chose at depth d = 1 .. min(len(accepted), the draft's depth) (NaN when that token was outside the
     drafter's top-K);
-    times: milliseconds per stage (draft / build / verify / accept / compact)."""
+    times: milliseconds per stage (``STAGES``: draft / topk / build / verify / accept / compact)."""
     start: int
     root: int
     tree: Tree

@@ -31,7 +31,8 @@ def compact_ref(cache: np.ndarray, start: int, accepted: np.ndarray) -> None:
 
 
 @cuda.jit
-def _compact_kernel(cache, start, accepted, n_accepted):
+def _compact_kernel(cache, start0, start_dev, accepted, n_accepted):
+    start = start0 + start_dev[0]                          # the host part + the device part (graph replay)
     layer = cuda.blockIdx.x
     c0 = cuda.blockIdx.y * CHUNK
     tid = cuda.threadIdx.x
@@ -56,10 +57,17 @@ def compact(cache, start: int, accepted, n_accepted=None):
     """Move rows ``start + accepted[j]`` to ``start + j`` in every layer of ``cache [layers, capacity, W]``.
 
     ``n_accepted``: a 1-element int32 device array holding n (the decode loop's path length, never read on the
-    host); default ``len(accepted)``."""
+    host); default ``len(accepted)``. ``start``: an int, or a device int32 [1] array the kernel reads (a captured
+    DDTree round: decode/ddtree_replay.py), then unchecked against the capacity."""
     cache = _checks.array(cache, "cache", dtype=np.float32, ndim=3)
     accepted = _checks.array(accepted, "accepted", dtype=np.int32, ndim=1)
-    start = _checks.integer(start, "start", lo=0)
+    start0, start_dev = _checks.device_int(start, "start")
+    if hasattr(start, "shape") and backend.name != "numpy":
+        if n_accepted is None:
+            raise ValueError("n_accepted: required with a device-side start (the count must live on the device too)")
+        n_accepted = _checks.array(n_accepted, "n_accepted", dtype=np.int32, shape=(1,))
+        return _launch(cache, start0, start_dev, accepted, n_accepted)
+    start = _checks.host_int(start)
     if n_accepted is None:
         if start + accepted.shape[0] > cache.shape[1]:
             raise ValueError(f"accepted: {accepted.shape[0]} rows from start {start} exceed the cache's "
@@ -76,7 +84,11 @@ def compact(cache, start: int, accepted, n_accepted=None):
             raise ValueError(f"accepted: expected ascending node indices starting with the root 0, got {acc}")
         compact_ref(cache, start, acc)
         return cache
+    return _launch(cache, start0, start_dev, accepted, n_accepted)
+
+
+def _launch(cache, start0, start_dev, accepted, n_accepted):
     threads = backend.block_size(256, 32)
     grid = (cache.shape[0], -(-cache.shape[2] // CHUNK))
-    backend.launch(_compact_kernel, grid, threads, cache, start, accepted, n_accepted)
+    backend.launch(_compact_kernel, grid, threads, cache, start0, start_dev, accepted, n_accepted)
     return cache

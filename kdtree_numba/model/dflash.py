@@ -213,6 +213,7 @@ class DFlashDrafter(Drafter):
                     "down": dev(f32(m + "down_proj.weight"))})
             self.inv_freq = dev(inv_freq)
         self._k = self._v = None
+        self._block_ids = None               # [B] device: root + MASKs of the captured draft (reserve)
         self.length = 0                      # committed context rows in the draft cache
 
     @classmethod
@@ -281,15 +282,28 @@ class DFlashDrafter(Drafter):
             v[:, :self.length] = self._v[:, :self.length]
         self._k, self._v = k, v                                      # [layers, capacity, Nkv, D] each
 
-    def _kv(self, i: int, L: dict, x, positions, start: int) -> None:
+    def reserve(self, rows: int) -> None:
+        """Room for ``rows`` cache rows, allocated now: a captured round (decode/ddtree_replay.py) must never see
+        the cache move."""
+        with backend.use(self.target.backend):
+            self._reserve(rows)
+            if self._block_ids is None:
+                self._block_ids = backend.full((self.config.block_size,), self.config.mask_token_id, np.int32)
+
+    def _kv(self, i: int, L: dict, x, positions, start) -> None:
         """Rows ``start .. start + T - 1`` of layer i's cache from inputs ``x [T, H]``: k = RoPE(k_norm(k_proj x)),
-        v = v_proj x."""
+        v = v_proj x. ``start`` may be a device int32 [1] (then ``positions`` are the rows, scattered)."""
         c = self.config
         T = x.shape[0]
         k = gemm.linear(x, L["k"]).reshape(T * c.num_key_value_heads, c.head_dim)        # [T*Nkv, D]
         k = rmsnorm.rmsnorm(k, L["k_norm"], c.rms_norm_eps).reshape(T, c.num_key_value_heads, c.head_dim)
+        v = gemm.linear(x, L["v"]).reshape(T, c.num_key_value_heads, c.head_dim)          # [T, Nkv, D]
+        if hasattr(start, "shape"):
+            self._k[i][positions] = rope.apply_rope(k, positions, self.inv_freq, self.rope_amp)
+            self._v[i][positions] = v
+            return
         rope.apply_rope(k, positions, self.inv_freq, self.rope_amp, out=self._k[i, start:start + T])
-        self._v[i, start:start + T] = gemm.linear(x, L["v"]).reshape(T, c.num_key_value_heads, c.head_dim)
+        self._v[i, start:start + T] = v
 
     def observe(self, features, start: int) -> None:
         """Append the context rows of positions ``start .. start + T - 1`` from target features ``[T, n_feat*H]``."""
@@ -303,12 +317,23 @@ class DFlashDrafter(Drafter):
             if T == 0:
                 return
             self._reserve(start + T + c.block_size)
-            ctx = rmsnorm.rmsnorm(gemm.linear(feats, self.w["fc.weight"]), self.w["hidden_norm.weight"],
-                                  c.rms_norm_eps)                                           # [T, H]
-            positions = backend.asarray(np.arange(start, start + T, dtype=np.int32))
-            for i, L in enumerate(self.layers):
-                self._kv(i, L, ctx, positions, start)
+            self._context_rows(feats, start, backend.asarray(np.arange(start, start + T, dtype=np.int32)))
             self.length = start + T
+
+    def observe_at(self, features, start) -> None:
+        """``observe`` with ``start`` a device int32 [1] (no host read: a captured round). All rows of
+        ``features [M, n_feat*H]`` are written from start; rows past the accepted ones are overwritten by the next
+        round's (the caller keeps the true length). Call ``reserve`` first; ``length`` is not updated."""
+        with backend.use(self.target.backend):
+            positions = start + backend.xp.arange(features.shape[0], dtype=np.int32)       # [M] on the device
+            self._context_rows(features, start, positions)
+
+    def _context_rows(self, feats, start, positions) -> None:
+        c = self.config
+        ctx = rmsnorm.rmsnorm(gemm.linear(feats, self.w["fc.weight"]), self.w["hidden_norm.weight"],
+                              c.rms_norm_eps)                                               # [T, H]
+        for i, L in enumerate(self.layers):
+            self._kv(i, L, ctx, positions, start)
 
     # ------------------------------------------------------------------------------------------ the draft
     def draft(self, context, root: int):
@@ -322,20 +347,34 @@ class DFlashDrafter(Drafter):
             self._reserve(start + B)
             ids = np.full(B, c.mask_token_id, np.int32)
             ids[0] = root
-            h = embedding.embed(self.target.w["embed"], backend.asarray(ids), check=False)    # [B, H]
             positions = backend.asarray(np.arange(start, start + B, dtype=np.int32))
-            Nq, D = c.num_attention_heads, c.head_dim
-            for i, L in enumerate(self.layers):
-                x = rmsnorm.rmsnorm(h, L["in_norm"], c.rms_norm_eps)
-                q = rmsnorm.rmsnorm(gemm.linear(x, L["q"]).reshape(B * Nq, D), L["q_norm"], c.rms_norm_eps)
-                q = rope.apply_rope(q.reshape(B, Nq, D), positions, self.inv_freq, self.rope_amp)   # [B, Nq, D]
-                self._kv(i, L, x, positions, start)            # the block's rows, after the context (uncommitted)
-                o = block_attention.block_attention(q, self._k[i], self._v[i], start + B, self.scale)
-                h += gemm.linear(o.reshape(B, Nq * D), L["o"])
-                y = rmsnorm.rmsnorm(h, L["post_norm"], c.rms_norm_eps)
-                h += gemm.linear(swiglu.swiglu(gemm.linear(y, L["gu"])), L["down"])
-            out = rmsnorm.rmsnorm(backend.xp.ascontiguousarray(h[1:]), self.w["norm.weight"], c.rms_norm_eps)
-            return gemm.linear(out, self.target.w["lm_head"])                                    # [L, V]
+            return self._block(backend.asarray(ids), positions, start, start + B)
+
+    def draft_at(self, root, start):
+        """``draft`` with the root token and the context length as device int32 [1] arrays (no host read: a
+        captured round, decode/ddtree_replay.py). Call ``reserve`` first."""
+        with backend.use(self.target.backend):
+            ids = self._block_ids                                                            # [B] root, MASK..
+            ids[:1] = root
+            positions = start + backend.xp.arange(self.config.block_size, dtype=np.int32)   # [B]
+            return self._block(ids, positions, start, start + self.config.block_size)
+
+    def _block(self, ids, positions, start, n_keys):
+        """The block's forward: ids [B] (device) at ``positions`` attending to ``n_keys`` cache rows."""
+        c = self.config
+        B, Nq, D = c.block_size, c.num_attention_heads, c.head_dim
+        h = embedding.embed(self.target.w["embed"], ids, check=False)                        # [B, H]
+        for i, L in enumerate(self.layers):
+            x = rmsnorm.rmsnorm(h, L["in_norm"], c.rms_norm_eps)
+            q = rmsnorm.rmsnorm(gemm.linear(x, L["q"]).reshape(B * Nq, D), L["q_norm"], c.rms_norm_eps)
+            q = rope.apply_rope(q.reshape(B, Nq, D), positions, self.inv_freq, self.rope_amp)   # [B, Nq, D]
+            self._kv(i, L, x, positions, start)                # the block's rows, after the context (uncommitted)
+            o = block_attention.block_attention(q, self._k[i], self._v[i], n_keys, self.scale)
+            h += gemm.linear(o.reshape(B, Nq * D), L["o"])
+            y = rmsnorm.rmsnorm(h, L["post_norm"], c.rms_norm_eps)
+            h += gemm.linear(swiglu.swiglu(gemm.linear(y, L["gu"])), L["down"])
+        out = rmsnorm.rmsnorm(backend.xp.ascontiguousarray(h[1:]), self.w["norm.weight"], c.rms_norm_eps)
+        return gemm.linear(out, self.target.w["lm_head"])                                    # [L, V]
 
 
 def read_config(path: str) -> DFlashConfig:

@@ -145,8 +145,9 @@ class Target:
     def forward(self, ids, cache: LatentCache, start: int, tree: TreeInput | None = None,
                 hidden_layers=(), check_ids: bool = True):
         """Run T tokens whose cache rows go to ``start .. start + T - 1``; returns (logits [T, V], hiddens).
-        ``start`` is an int, or a device int32 [1] array (a causal step whose position lives on the device, so
-        that a captured CUDA graph can be replayed step after step: decode/replay.py).
+        ``start`` is an int, or a device int32 [1] array (a step or a tree verify whose position lives on the
+        device, so that a captured CUDA graph can be replayed round after round: decode/replay.py,
+        decode/ddtree_replay.py).
 
         Causal (prefill chunk or decode step): token t sits at position start + t and sees rows 0 .. start + t.
         Tree (verify): token i sits at ``tree.positions[i]`` and sees rows 0 .. start - 1 plus its path.
@@ -158,9 +159,7 @@ class Target:
         if T == 0:
             raise ValueError("ids: expected at least one token, got an empty sequence")
         if hasattr(start, "shape"):              # device-side start [1] (graph replay): nothing read on the host
-            if tree is not None:
-                raise ValueError("start: a device-side start serves causal steps only, not a tree verify")
-            positions = start + backend.xp.arange(T, dtype=np.int32)                 # [T]
+            positions = tree.positions if tree is not None else start + backend.xp.arange(T, dtype=np.int32)
         elif start + T > cache.capacity:
             raise ValueError(f"ids: {T} tokens from position {start} exceed the cache capacity of {cache.capacity}")
         else:

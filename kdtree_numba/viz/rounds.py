@@ -30,7 +30,7 @@ from .trees import ACCENT, GRID, MUTED_TEXT, save
 TREE_COLOUR = "#2767b0"     # DDTree (the blue of the tree pictures)
 CHAIN_COLOUR = ACCENT       # the single chain baseline
 SERIES = [TREE_COLOUR, ACCENT, "#2b9348", "#7b2cbf", "#c9184a", "#6c757d"]
-STAGE_COLOURS = {"draft": "#4c8bd6", "build": "#9b6fc4", "verify": "#f08c3a", "accept": "#2b9348",
+STAGE_COLOURS = {"draft": "#4c8bd6", "topk": "#c7a4e8", "build": "#9b6fc4", "verify": "#f08c3a", "accept": "#2b9348",
                  "compact": "#e6b800"}
 
 

@@ -46,8 +46,10 @@ def test_replay_raises_on_nan_logits(tiny, numpy_backend):
 def test_replay_arguments_are_validated(tiny, numpy_backend):
     with pytest.raises(ValueError, match="replay: expected True or False, got 1"):
         kd.generate(tiny, PROMPT, 4, replay=1)
-    with pytest.raises(ValueError, match="replay: graph-replayed rounds exist for plain decoding only"):
+    with pytest.raises(ValueError, match="replay: the random drafter reads the host context"):
         kd.generate(tiny, PROMPT, 4, drafter=kd.RandomDrafter(tiny.config.vocab_size, 3, 0), replay=True)
+    with pytest.raises(ValueError, match="replay: the oracle drafter reads the host context"):
+        kd.generate(tiny, PROMPT, 4, drafter=kd.OracleDrafter(tiny, depth=3), replay=True)
 
 
 def test_device_side_start_and_stream_equal_host_ints(kernel_backend):

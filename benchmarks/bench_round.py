@@ -1,0 +1,46 @@
+"""Where a DDTree round goes: per-stage device time of a graph-replayed round, and the round's wall time against
+the sum of its stages' device times (how much host time is left between the graphs).
+
+The trained default pair (target + DFlash drafter) on a held-out-style prompt, greedy. Per configuration two
+replayed generations of n and 2n tokens; the steady-state wall time of a round is their difference divided by
+their difference in rounds (prefill, the first direct round and the capture cancel out). Device time per stage:
+the mean over rounds 2.. of the CUDA events the loop records between the stage graphs (``RoundTrace.times``).
+Direct (un-captured) rounds of the same configuration are timed the same way, in the same run.
+
+    PYTHONPATH=$PWD KDTREE_BACKEND=cuda python3 benchmarks/bench_round.py
+"""
+import numpy as np
+
+from _common import args, kd, save, table
+
+from kdtree_numba.decode.trace import STAGES  # noqa: E402
+
+a = args(__doc__)
+n = 128 if not a.quick else 6
+target, drafter = kd.load_default()
+prompt = target.tokenizer.encode('def running_mean(xs):\n    """Return the running mean of a list of numbers."""\n')
+
+
+def steady(replay: bool, **kw):
+    """(wall ms per round in steady state, mean device ms per stage, tau)."""
+    kd.generate(target, prompt, 8, drafter=drafter, replay=replay, **kw)               # warm-up: compile
+    g1 = kd.generate(target, prompt, n, drafter=drafter, replay=replay, **kw)
+    g2 = kd.generate(target, prompt, 2 * n, drafter=drafter, replay=replay, **kw)
+    assert g2.tokens[:n] == g1.tokens
+    wall = 1e3 * (g2.seconds - g1.seconds) / max(1, len(g2.rounds) - len(g1.rounds))
+    stages = {s: float(np.mean([r.times[s] for r in g2.rounds[1:]])) for s in STAGES}
+    return wall, stages, g2.acceptance_length
+
+
+rows = []
+for label, kw in [("DDTree, budget 16", dict(budget=16)), ("DDTree, budget 64", dict(budget=64)),
+                  ("DDTree, budget 256", dict(budget=256)), ("DFlash chain", dict(chain=True))]:
+    for replay in (False, True):
+        wall, st, tau = steady(replay, **kw)
+        dev = sum(st.values())
+        rows.append([label, "replayed" if replay else "direct", f"{tau:.2f}", f"{wall:.3f}", f"{dev:.3f}",
+                     f"{wall / dev:.2f}"] + [f"{st[s]:.3f}" for s in STAGES])
+table(f"One DDTree round of the trained pair ({kd.backend.name}), greedy, steady state ({n} -> {2 * n} tokens)",
+      ["method", "rounds", "tau", "wall ms/round", "stage sum ms", "wall / stage sum"] +
+      [f"{s} ms" for s in STAGES], rows)
+save("bench_round")

@@ -1,0 +1,185 @@
+"""Graph-replayed DDTree rounds: the round of ``ddtree.py`` with its state on the device, each stage captured once
+as a CUDA graph and replayed, so a round costs its kernels' device time plus one small host read.
+
+The round's inputs live in three device int32 [1] arrays (the *state*), never in launch arguments:
+
+    start  the committed length = the root's position (its cache row)
+    root   the root token (the last bonus token)
+    round  the round number, from 1 = the sampler's RNG stream for the accept stage (as ``ddtree.py`` numbers it)
+
+    draft    logits = drafter.draft_at(root, start)                               [L, V]  (DFlash: device-side)
+    topk     lp, ids = top-K of log_softmax(logits)                                [L, K]
+    build    tree = best-first tree of ``budget`` nodes (always budget + 1 verify rows: fixed shapes)
+    verify   logits, hidden = target.forward([root, tree tokens], start, tree)     [budget + 1, V]
+    accept   accepted [L + 1], n_acc [1], result = [m, tokens.., bonus]
+    compact  cache rows start + accepted[j] -> start + j; the drafter observes the accepted rows' features
+    (then)   records for the traces at row round - 1;  start += n_acc;  root = result[m];  round += 1
+
+The host reads ``result`` (L + 2 int32) once per round to emit tokens and test stop tokens, NaN and the token
+limit; nothing else leaves the device until the traces are assembled at the end. The drafter observes all L + 1
+rows of a padded path; rows past the accepted ones are overwritten by the next round's block before anything
+reads them. Stage times are CUDA events recorded between the stage graphs (the trace's ``times``).
+
+On cuda the first round runs directly (numba compiles every kernel, CuPy's pool gets every block), then each stage
+is captured (``replay.CapturedStep``) and every later round replays the seven graphs. The program (caches, state,
+tree buffers, graphs) is kept between generations with the same settings (``replay.program``): a later
+generation prefills and replays from its first round. On the NumPy and simulator backends the same stage functions
+run directly, so their tests test the device-side bookkeeping (and its reuse).
+Needs a drafter that drafts from device-side state (``draft_at`` / ``observe_at`` / ``reserve``: the DFlash
+drafter); the oracle and random drafters read the host context and run with ``replay=False``.
+Example: prompt [5, 9], greedy, budget 4: round 1 drafts after root r (start 2), accepts m = 3 (root + 2 nodes),
+emits [a, b, bonus]; the state becomes start 4, root = bonus, round 2 - the tokens ``ddtree`` emits.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .. import backend
+from ..kernels import logprobs, sampling
+from ..model.drafters import concat_features
+from ..model.target import TreeInput
+from .autoregressive import nan_error
+from .ddtree import _first_stop, _RoundState
+from .replay import CapturedStep, Program, capacity_for, program
+from .trace import STAGES, Generation
+
+
+def require_device_drafter(drafter) -> None:
+    """Refuse a drafter that cannot draft from device-side state (``draft_at``, ``observe_at``, ``reserve``)."""
+    if not all(callable(getattr(drafter, f, None)) for f in ("draft_at", "observe_at", "reserve")):
+        raise ValueError(f"replay: the {getattr(drafter, 'name', type(drafter).__name__)} drafter reads the host "
+                         f"context; graph-replayed rounds need a device-side drafter (DFlash) - use replay=False")
+
+
+class _RoundProgram(Program):
+    """The round's buffers, device state and stage functions (module docstring) for one configuration; ``rows``:
+    the target cache's capacity (prompt + tokens + one tree block fit)."""
+
+    def __init__(self, target, drafter, budget: int, K: int, temperature: float, seed: int, rows: int):
+        super().__init__(target, drafter)
+        L = drafter.depth
+        self.target, self.drafter, self.budget, self.L = target, drafter, budget, L
+        self.temperature, self.seed = temperature, seed
+        self.cache = target.new_cache(rows)
+        drafter.reserve(rows + L + 1)                                       # + the padded path's rows
+        self.s = _RoundState(L, K, budget, rows)
+        self.start = backend.empty((1,), np.int32)                          # state [1] each
+        self.root = backend.empty((1,), np.int32)
+        self.round = backend.empty((1,), np.int32)
+        self.r: dict = {}                                                   # arrays passed from stage to stage
+        self.stages = [("draft", self._draft), ("topk", self._topk), ("build", self._build),
+                       ("verify", self._verify), ("accept", self._accept), ("compact", self._compact),
+                       ("advance", self._advance)]
+        assert [n for n, _ in self.stages[:len(STAGES)]] == list(STAGES)
+        self.run = [fn for _, fn in self.stages]
+        self.hold()
+
+    def begin(self, prompt) -> int:
+        """Prefill (direct), the drafter's context, the first root; the state for round 1. Returns the root."""
+        feats, d = self.drafter.feature_layers, self.drafter
+        d.reset()
+        logits, hid = self.target.forward(prompt, self.cache, 0, hidden_layers=feats, check_ids=False)
+        if feats:
+            d.observe(concat_features(hid, feats), 0)
+        sampling.choose_tokens(logits[-1:], self.temperature, self.seed, 0, out=self.root)
+        root = int(backend.to_host(self.root)[0])
+        backend.xp.maximum(self.root, 0, out=self.root)
+        self.start[...] = len(prompt)
+        self.round[...] = 1
+        self.s.rounds = []
+        return root
+
+    def rounds(self):
+        """Run rounds forever, yielding each round's stage marks (the caller reads the result and stops)."""
+        while True:
+            marks = [backend.mark()]
+            for fn in self.run[:len(STAGES)]:
+                fn()
+                marks.append(backend.mark())
+            self.run[-1]()
+            yield marks
+            if backend.name == "cuda" and self.run[0] == self._draft:      # after one direct round: capture
+                self.run = [CapturedStep(fn, f"the DDTree round's {name} stage").replay for name, fn in self.stages]
+
+    # the stages: device state in, device state out
+    def _draft(self):
+        self.r["draft"] = self.drafter.draft_at(self.root, self.start)                         # [L, V]
+
+    def _topk(self):
+        logprobs.topk_logprobs(self.r["draft"], self.s.lp.shape[1], out=(self.s.lp, self.s.ids))   # [L, K]
+
+    def _build(self):
+        s = self.s
+        self.r["tree"] = s.builder.build(s.lp[None], s.ids[None]) if self.budget else s.empty_tree
+
+    def _verify(self):
+        tree, s, B = self.r["tree"], self.s, self.budget
+        s.verify_ids[:1] = self.root
+        s.verify_ids[1:] = tree.tokens[0, :B]
+        depth = tree.path_depth[0, :B + 1]                                                       # [B + 1]
+        self.r["logits"], self.r["hid"] = self.target.forward(
+            s.verify_ids, self.cache, self.start, check_ids=False, hidden_layers=self.drafter.feature_layers,
+            tree=TreeInput(self.start + depth, tree.paths[0, :B + 1], depth, self.L))
+
+    def _accept(self):
+        tree = self.r["tree"]
+        self.s.acceptor.run(self.r["logits"], tree.tokens[0], tree.parent[0], tree.n[:1], self.temperature,
+                            self.seed, self.round)
+
+    def _compact(self):
+        a, feats, xp = self.s.acceptor, self.drafter.feature_layers, backend.xp
+        self.cache.compact(self.start, a.accepted, a.n_acc)
+        if feats:                                     # the padded path's features: rows past n_acc are scratch
+            path = xp.maximum(a.accepted, 0)                                                    # [L + 1]
+            self.drafter.observe_at(xp.take(concat_features(self.r["hid"], feats), path, axis=0), self.start)
+
+    def _advance(self):
+        a, xp = self.s.acceptor, backend.xp
+        self.s.record(self.r["tree"], self.s.lp, self.s.ids, self.round - 1)
+        self.start[...] += a.n_acc
+        xp.take(a.result, xp.maximum(a.result[:1], 0), out=self.root)                          # result[m]
+        xp.maximum(self.root, 0, out=self.root)
+        self.round[...] += 1
+
+
+def ddtree_replay(target, prompt: np.ndarray, max_new_tokens: int, drafter, budget: int, temperature: float,
+                  seed: int, stop_tokens=(), top_k: int | None = None, progress=None) -> Generation:
+    """DDTree decoding (``top_k=1``, ``budget = depth``: the chain) with device-side state; same tokens and traces
+    as ``ddtree``."""
+    require_device_drafter(drafter)
+    L, V = drafter.depth, target.config.vocab_size
+    K = max(1, min(budget, V) if top_k is None else top_k)
+    rows = capacity_for(len(prompt) + max_new_tokens + budget + 1)          # + one tree block
+    p = program(drafter, ("round", id(target), budget, K, temperature, seed, rows),
+                lambda: _RoundProgram(target, drafter, budget, K, temperature, seed, rows))
+    root = p.begin(prompt)
+    if root < 0:
+        raise nan_error()
+    s = p.s
+    start, out, t0 = len(prompt), [root], time.perf_counter()
+    rounds = p.rounds()
+    while len(out) < max_new_tokens and root not in stop_tokens:
+        marks = next(rounds)
+        result = backend.to_host(s.acceptor.result)                          # the round's one host read
+        m = int(result[0])
+        if m < 0:
+            raise nan_error()
+        s.rounds.append((start, root, marks))
+        emitted = [int(x) for x in result[1:m + 1]]                          # accepted drafts, then the bonus
+        out += emitted
+        start, root = start + m, int(result[m])
+        if progress is not None:
+            progress(min(len(out), max_new_tokens), max_new_tokens)
+        cut = _first_stop(emitted, stop_tokens)
+        if cut is not None:
+            del out[len(out) - len(emitted) + cut + 1:]
+            break
+    p.cache.length = start
+    drafter.length = start
+    settings = {"method": "chain" if top_k == 1 else "ddtree", "budget": budget, "temperature": temperature,
+                "seed": seed, "drafter": getattr(drafter, "name", "drafter"), "depth": L,
+                "replay": "cuda graphs" if backend.name == "cuda" else "direct (device-side state)"}
+    return Generation([int(x) for x in prompt], out[:max_new_tokens], s.traces(), 1 + len(s.rounds),
+                      time.perf_counter() - t0, settings)

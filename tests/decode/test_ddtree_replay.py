@@ -1,0 +1,100 @@
+"""Graph-replayed DDTree rounds (decode/ddtree_replay.py): the round's state lives on the device, and tokens and
+traces equal the direct loop's (decode/ddtree.py) - tree, chain, sampled, stop tokens inside an accepted path,
+the token limit - on the NumPy references, the simulated kernels and (gpu) the captured graphs."""
+import numpy as np
+import pytest
+
+import kdtree_numba as kd
+from kdtree_numba.decode.trace import STAGES
+from kdtree_numba.model import dflash
+
+
+@pytest.fixture(scope="module")
+def pair():
+    with kd.backend.use("numpy"):
+        target, drafter = kd.load_default()
+    return target, drafter, target.tokenizer.encode("def add(a, b):\n    return")
+
+
+def _same_rounds(a, b):
+    """Same rounds; weights to rounding: the drafter observes a padded path of L + 1 rows where the direct loop
+    observes the m accepted ones, and a BLAS GEMM's rounding may depend on the row count."""
+    assert len(a.rounds) == len(b.rounds)
+    for x, y in zip(a.rounds, b.rounds):
+        assert (x.start, x.root, x.accepted, x.bonus) == (y.start, y.root, y.accepted, y.bonus)
+        assert x.tree.tokens.tolist() == y.tree.tokens.tolist() and x.tree.parents.tolist() == y.tree.parents.tolist()
+        np.testing.assert_allclose(x.tree.logw, y.tree.logw, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(x.draft_probs, y.draft_probs, rtol=1e-4, atol=1e-6)
+        assert set(y.times) == set(STAGES)
+
+
+@pytest.mark.parametrize("budget, chain, temperature, n", [(16, False, 0.0, 40), (64, False, 0.0, 17),
+                                                           (0, False, 0.0, 5), (8, True, 0.0, 30),
+                                                           (16, False, 0.9, 30)])
+def test_replayed_rounds_equal_direct_rounds(pair, budget, chain, temperature, n, numpy_backend):
+    target, drafter, ids = pair
+    kw = dict(drafter=drafter, budget=budget, chain=chain, temperature=temperature, seed=3)
+    want = kd.generate(target, ids, n, **kw)
+    got = kd.generate(target, ids, n, replay=True, **kw)
+    assert got.tokens == want.tokens and len(got.tokens) == n
+    assert got.settings["replay"] == "direct (device-side state)"
+    _same_rounds(want, got)
+
+
+def test_replay_stops_inside_an_accepted_path(pair, numpy_backend):
+    target, drafter, ids = pair
+    full = kd.generate(target, ids, 40, drafter=drafter, budget=32)
+    r = next(r for r in full.rounds if len(r.accepted) >= 3)          # a round that accepted >= 2 drafts
+    stop = full.tokens[r.start - len(ids) + 1]                         # its first accepted draft token
+    want = kd.generate(target, ids, 40, stop_tokens=[stop]).tokens    # plain decoding
+    got = kd.generate(target, ids, 40, drafter=drafter, budget=32, stop_tokens=[stop], replay=True).tokens
+    assert got == want and got[-1] == stop
+
+
+def test_replay_on_simulated_kernels(kernel_backend):
+    """The device-side round on the process backend's kernels (the simulator: a 1-layer tiny target, a random
+    DFlash drafter of depth 2, budget 3, one round)."""
+    target = kd.tiny_target(0, num_hidden_layers=1) if kd.backend.name == "sim" else kd.tiny_target(0)
+    drafter = dflash.random_drafter(target, block_size=3)
+    n = 2 if kd.backend.name == "sim" else 40
+    want = kd.generate(target, [3, 17, 99, 5], n, drafter=drafter, budget=3)
+    got = kd.generate(target, [3, 17, 99, 5], n, drafter=drafter, budget=3, replay=True)
+    assert got.tokens == want.tokens
+    _same_rounds(want, got)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_captured_rounds_equal_direct_rounds_on_the_gpu(temperature):
+    """On cuda every stage is captured after one direct round and replayed: same tokens and trees as direct
+    launches, across many rounds, with the default pair."""
+    target, drafter = kd.load_default()
+    ids = target.tokenizer.encode("def fib(n):")
+    for budget, chain in [(64, False), (16, True)]:
+        kw = dict(drafter=drafter, budget=budget, chain=chain, temperature=temperature, seed=4)
+        want = kd.generate(target, ids, 96, **kw)
+        got = kd.generate(target, ids, 96, replay=True, **kw)
+        assert got.settings["replay"] == "cuda graphs"
+        assert got.tokens == want.tokens
+        _same_rounds(want, got)
+
+
+def test_programs_are_kept_between_generations_and_rebuilt_when_weights_change(numpy_backend):
+    """A second generation with the same settings reuses the kept program (its buffers and, on cuda, graphs) and
+    gives the same tokens from a fresh start; replacing a weight array the program captured builds a new one."""
+    target = kd.tiny_target(0)
+    drafter = dflash.random_drafter(target, block_size=4)
+    prompt = [3, 17, 99, 5, 42]
+    first = kd.generate(target, prompt, 12, drafter=drafter, budget=4, replay=True)
+    kept = dict(drafter._programs)
+    again = kd.generate(target, prompt, 12, drafter=drafter, budget=4, replay=True)
+    assert again.tokens == first.tokens and len(again.rounds) == len(first.rounds)
+    assert drafter._programs == kept and len(kept) == 1
+    other = kd.generate(target, prompt[:3], 9, drafter=drafter, budget=4, replay=True)     # another prompt
+    assert other.tokens == kd.generate(target, prompt[:3], 9, drafter=drafter, budget=4).tokens
+    target.w["lm_head"] = target.w["lm_head"].copy()                 # a new array: the old program is stale
+    kd.generate(target, prompt, 12, drafter=drafter, budget=4, replay=True)
+    (key, prog), = drafter._programs.items()
+    assert prog is not kept[key]
+    ar = kd.generate(target, prompt, 10, replay=True)
+    assert kd.generate(target, prompt, 10, replay=True).tokens == ar.tokens and len(target._programs) == 1
