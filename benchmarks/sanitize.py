@@ -4,9 +4,12 @@
     compute-sanitizer --tool racecheck --report-api-errors no python3 benchmarks/sanitize.py -m gpu tests/kernels
     compute-sanitizer --tool memcheck  --report-api-errors no python3 benchmarks/sanitize.py --generate
 
-CuPy's memory pool is switched off first, so every array is its own cudaMalloc and an access past an array's end
-is caught there (the pool carves arrays out of large chunks, where a small overrun lands in a neighbour and
-memcheck cannot see it). ``--generate``: greedy DDTree on the tiny target with a random DFlash drafter, budget
+CuPy's memory pool is replaced first by the driver's stream-ordered allocator (cudaMallocAsync), so every array is
+its own allocation and an access past an array's end is caught there (CuPy's pool carves arrays out of large
+chunks, where a small overrun lands in a neighbour and memcheck cannot see it). Stream-ordered frees matter: with
+plain cudaMalloc/cudaFree (``set_allocator(None)``) a temporary freed right after an asynchronous launch on the
+backend's non-blocking stream was reported as an out-of-bounds read (2026-12-01, test_mma) - the harness, not the
+kernel. ``--generate``: greedy DDTree on the tiny target with a random DFlash drafter, budget
 16, 24 tokens, direct and graph-replayed, checked against plain decoding. Arguments otherwise go to pytest.
 (Run from the repository root with PYTHONPATH=$PWD KDTREE_BACKEND=cuda.)
 """
@@ -14,7 +17,7 @@ import sys
 
 import cupy
 
-cupy.cuda.set_allocator(None)
+cupy.cuda.set_allocator(cupy.cuda.MemoryAsyncPool().malloc)
 
 if sys.argv[1:] == ["--generate"]:
     import kdtree_numba as kd

@@ -116,10 +116,10 @@ def test_generate_default_pair_text_and_trace(default_trace, tmp_path):
     assert r.returncode == 0 and len(r.stdout.split()) == 5 and all(t.isdigit() for t in r.stdout.split())
 
 
-def test_generate_replay_same_text_and_refuses_a_host_drafter(capsys):
-    r = inproc(capsys, "generate", "--prompt", "def add(a, b):", "--max-new-tokens", "8")
-    rr = inproc(capsys, "generate", "--prompt", "def add(a, b):", "--max-new-tokens", "8", "--replay")
-    assert rr.returncode == 0 and "[ddtree: 8 tokens" in rr.stderr and rr.stdout == r.stdout, rr.stderr
+def test_generate_replay_same_text_and_refuses_a_host_drafter(default_trace, capsys):
+    _, r = default_trace                                               # generate --max-new-tokens 16
+    rr = cli("generate", "--max-new-tokens", "16", "--budget", "16", "--replay")
+    assert rr.returncode == 0 and "[ddtree: 16 tokens" in rr.stderr and rr.stdout == r.stdout, rr.stderr
     r = inproc(capsys, "generate", "--ids", "5,6,7", "--max-new-tokens", "5", "--drafter", "oracle", "--replay")
     assert r.returncode == 2 and "replay: the oracle drafter reads the host context" in r.stderr
 

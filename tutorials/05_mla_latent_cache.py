@@ -105,7 +105,9 @@ check_true("Kimi: 64 x (192 + 128) / 576 = 35.6x smaller", abs(64 * 320 / 576 - 
 #
 # The reference `mla_attention_ref` is a float64 softmax over each token's key list.
 #
-# Below: the kernel on the page (printed from the package), then which block reads which cache row for a chunk of
+# Below: the kernel on the page (printed from the package: v1, the readable variant - the kernel and its per-tile
+# device function; v2, the tensor-core variant the GPU runs, is described in the module's docstring), then which
+# block reads which cache row for a chunk of
 # 3 tokens after 6 committed rows with 2 key splits: split length = ceil(9 / 2) = 5 rounded up to a whole tile of
 # BK = 8 rows, so split 0 reads rows 0-7 of every token's list and split 1 row 8 (only token 2's list is that
 # long); cells past a token's last row (causal) are blank. Every head group of the token repeats the same picture.
@@ -113,6 +115,7 @@ check_true("Kimi: 64 x (192 + 128) / 576 = 35.6x smaller", abs(64 * 320 / 576 - 
 # %%
 section("the kernel on the page")
 show_kernel(mla._attention_kernel)
+show_kernel(mla._v1_tile)                                       # one key tile: load, scores, softmax, accumulate
 check_true("the text's constants match the code (HG = 4 heads per block, BK = 8 rows per tile, rows up to 576)",
            mla.HG == 4 and mla.BK == 8 and mla.MAX_D == 576)
 n_keys = 6 + np.arange(3) + 1                                  # token t sees rows 0 .. 6 + t

@@ -30,8 +30,8 @@ Run:  KDTREE_BACKEND=sim python tutorials/08_draft_tree.py [--size small|large] 
 # %%
 import numpy as np
 
-from _common import (banner, check, check_true, finish, heldout_prompts, host, load_pair, parse_args, rng,
-                     save_figure, section, show_text, stopwatch, table, token_texts)
+from _common import (banner, check, check_true, draw_owners, finish, heldout_prompts, host, load_pair, parse_args,
+                     rng, save_figure, section, show_kernel, show_text, stopwatch, table, token_texts)
 
 import kdtree_numba as kd
 from kdtree_numba.kernels import logprobs, topk_block as tb, topk_split as ts, tree_build
@@ -185,8 +185,9 @@ check_true("prefix-closed: a node never outweighs its parent",
 # %% [markdown]
 # ## The GPU formulation on one page: a teaching version
 #
-# The kernel (`_build_kernel`, ~360 lines) spends most of its code on doing this fast and on the ulp-level tie
-# rules. Without those, its level-by-level idea fits in a dozen lines of NumPy: at depth d every kept node of
+# The kernel (`_build_kernel`: a loop over depths calling named device functions - `_choose_floor`,
+# `_write_children`, `_walk_chains`, the sorts, `_merge`, `_rewrite_table`, `_write_outputs`; printed below the
+# teaching version) spends most of its code on doing this fast and on the ulp-level tie rules. Without those, its level-by-level idea fits in a dozen lines of NumPy: at depth d every kept node of
 # depth d-1 is a parent; its candidate children are its parent's weight plus each of the top-K log-probs of depth
 # d (one *chain* per parent, non-increasing, so at most `budget` of each can matter); the candidates are merged
 # with the kept list in pop order (weight descending, rank tuple ascending on ties) and the first `budget` stay.
@@ -236,6 +237,59 @@ if not LARGE:      # (at Kimi's size ulp-close weights appear, whose heap order 
 #
 # `q` = the draft probability of the node's token at its depth (`exp(lp)`), `w` = `exp(logw)`, the product of the
 # q's along the path (the surrogate weight). Children are listed in pop order.
+
+# %% [markdown]
+# ## The kernel on the page
+#
+# The real kernel's body, printed from the package: per depth, (1) expand - the floor below which no chain can
+# reach the top `budget` and each chain's length (one thread per parent, binary search, a block scan into slots),
+# the children written (one thread per candidate), or the chains walked in order when a telescoped step is
+# inexact; (2) sort the candidates in shared memory (rank sort when few, bitonic above); (3) merge them into the
+# top list and rewrite the node table in pop order. The device functions it calls sit above it in
+# `kernels/tree_build.py`, each with its spec.
+
+# %%
+section("the tree-build kernel on the page")
+show_kernel(tree_build._build_kernel)
+
+# %% [markdown]
+# ### Which thread writes which candidate: the expansion of level 2 (a made-up draft, K = 8, budget 8)
+#
+# Step 1 of a level: one thread per parent finds how many of its children reach the level's floor (a binary
+# search down its chain, whose weights never rise), a block scan turns those lengths into first slots, and thread
+# `slot` writes candidate `slot` (`_write_children`: its parent is the last whose first slot is <= slot, its rank
+# is slot - that first slot). After depth 1 the kept list G holds budget = 8 depth-1 nodes, so the floor is G's
+# lightest weight (minus a rounding margin): a child lighter than 8 nodes we already have can never be among the
+# best 8. Blank cells are children below the floor - never written, never sorted. (On the GPU the block has 256
+# threads, so for up to 256 candidates the thread is the slot.)
+
+# %%
+section("thread-to-data: the expansion of level 2")
+logits_m = np.array([[3.0, 2.2, 1.5, 1.0, 0.4, 0.0, -0.5, -1.0], [2.5, 2.4, 0.3, 0.2, 0.0, -0.3, -1.0, -2.0]])
+lp_m = (logits_m - np.log(np.exp(logits_m).sum(axis=1, keepdims=True))).astype(np.float32)   # [2, 8] sorted
+ids_m = np.tile(np.arange(8, dtype=np.int32), (2, 1))                 # token = rank, so tokens show rank tuples
+B_m = 8
+top = tree_build.build_tree_ref(lp_m[:1], ids_m[:1], B_m)             # G after depth 1, in pop order
+par_w = top.logw[top.depths == 1]                                      # the level-2 parents' weights
+floor = tree_build.level_counts_ref(lp_m, B_m).floors[1]
+child_w = par_w[:, None] + lp_m[1].astype(np.float64)[None, :]         # [parents, ranks] candidate weights
+lengths = (child_w >= floor).sum(axis=1)                               # each chain: a prefix of its ranks
+first = np.concatenate([[0], np.cumsum(lengths)[:-1]])                 # the block scan: first slots
+owner = np.full(child_w.shape, -1)
+for p_, (f_, n_) in enumerate(zip(first, lengths)):
+    owner[p_, :n_] = f_ + np.arange(n_)                                # thread = slot
+check_true("the chain lengths add up to the kernel spec's level-2 candidate count",
+           int(lengths.sum()) == int(tree_build.level_counts_ref(lp_m, B_m).candidates[1]),
+           f"{int(lengths.sum())} of {child_w.size} children are written")
+tree_m = kd.build_tree(lp_m, ids_m, B_m)
+row_of = {int(r): i for i, r in enumerate(top.tokens)}                 # depth-1 rank -> its row (pop order)
+deep = [(int(tree_m.tokens[tree_m.parents[n + 1] - 1]), int(tree_m.tokens[n])) for n in range(tree_m.n)
+        if tree_m.depths[n] == 2]
+check_true("every depth-2 node of the final tree was a written candidate",
+           all(owner[row_of[r1], r2] >= 0 for r1, r2 in deep), f"depth-2 nodes (rank tuples): {deep}")
+save_figure(draw_owners(owner, "tree build, level 2: the thread that writes candidate (parent, rank); blank = "
+                        "below the floor", "rank of the child at depth 2", "parent (its depth-1 rank, pop order)",
+                        row_names=[f"({int(r)})" for r in top.tokens]), args, "08_expand_threads.png")
 
 # %%
 section("the tree")
