@@ -5,8 +5,9 @@ from those files (or computed from them: parameter counts from the safetensors h
     python -m kdtree_numba.train.card [--model-dir DIR] [--eval FILE] [--gpu-eval FILE] [--out FILE]
 
 ``--eval`` defaults to ``DIR/eval_humaneval.json`` (``benchmarks/eval_humaneval.py --out ...``); ``--gpu-eval``
-is a second JSON of the same script run on the GPU (``KDTREE_BACKEND=cuda ... --skip-tau``): its speed part fills
-the card's "H200 tokens/s" section (left marked as not measured without it). The hash table covers every file
+(default ``DIR/eval_humaneval_h200.json`` if present) is a second JSON of the same script run on the GPU
+(``KDTREE_BACKEND=cuda ... --skip-tau``): its speed part fills the card's "H200 tokens/s" section (left marked as
+not measured without it). The hash table covers every file
 under DIR except the card itself (hidden files and ``__pycache__`` skipped); ``parse_hash_table`` reads it back
 (tests compare it with the files). Standard library only (no torch, no NumPy).
 """
@@ -24,6 +25,7 @@ import sys
 DEFAULT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "default_model")
 CARD = "MODEL_CARD.md"
 EVAL = "eval_humaneval.json"
+GPU_EVAL = "eval_humaneval_h200.json"      # the same script on the GPU (--skip-tau): the H200 tokens/s
 FIGURE = "training_curves.png"
 HASH_HEADING = "## Files and sha256"
 GPU_HEADING = "### H200 tokens/s"
@@ -447,8 +449,8 @@ def _evaluation(ev, gpu, val_loss=None, corpus_bpt=None) -> list:
                       f"Bits per byte on the same backend: {gb['bits_per_byte']:.4f}.", ""]
     else:
         lines += ["_Not yet measured. On the GPU machine: `KDTREE_BACKEND=cuda python3 benchmarks/eval_humaneval.py "
-                  "--skip-tau --speed-subset 8 --out gpu_eval.json`, then `python -m kdtree_numba.train.card "
-                  "--gpu-eval gpu_eval.json`._", ""]
+                  f"--skip-tau --skip-bpb --speed-subset 8 --replay --out {GPU_EVAL}`; copy it into the model "
+                  "directory and run `python -m kdtree_numba.train.card` again._", ""]
     return lines
 
 
@@ -652,6 +654,8 @@ def write_card(model_dir=DEFAULT_DIR, eval_path=None, gpu_eval_path=None, out=No
     """Write the card (default ``model_dir/MODEL_CARD.md``) and return its path."""
     if eval_path is None and os.path.exists(os.path.join(model_dir, EVAL)):
         eval_path = os.path.join(model_dir, EVAL)
+    if gpu_eval_path is None and os.path.exists(os.path.join(model_dir, GPU_EVAL)):
+        gpu_eval_path = os.path.join(model_dir, GPU_EVAL)
     ev = _load(eval_path) if eval_path else None
     gpu = _load(gpu_eval_path) if gpu_eval_path else None
     if not os.path.exists(os.path.join(model_dir, FIGURE)):
@@ -667,7 +671,8 @@ def write_card(model_dir=DEFAULT_DIR, eval_path=None, gpu_eval_path=None, out=No
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-dir", default=DEFAULT_DIR, help="the default_model directory (default: the package's)")
     p.add_argument("--eval", default=None, help=f"eval_humaneval.py JSON (default MODEL_DIR/{EVAL} if present)")
-    p.add_argument("--gpu-eval", default=None, help="eval_humaneval.py JSON from the GPU: fills 'H200 tokens/s'")
+    p.add_argument("--gpu-eval", default=None, help=f"eval_humaneval.py JSON from the GPU: fills 'H200 tokens/s' "
+                   f"(default MODEL_DIR/{GPU_EVAL} if present)")
     p.add_argument("--out", default=None, help=f"output path (default MODEL_DIR/{CARD})")
 
 
