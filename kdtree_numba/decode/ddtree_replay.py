@@ -159,7 +159,7 @@ def ddtree_replay(target, prompt: np.ndarray, max_new_tokens: int, drafter, budg
         raise nan_error()
     s = p.s
     start, out, t0 = len(prompt), [root], time.perf_counter()
-    rounds = p.rounds()
+    rounds, results = p.rounds(), []
     while len(out) < max_new_tokens and root not in stop_tokens:
         marks = next(rounds)
         result = backend.to_host(s.acceptor.result)                          # the round's one host read
@@ -167,6 +167,7 @@ def ddtree_replay(target, prompt: np.ndarray, max_new_tokens: int, drafter, budg
         if m < 0:
             raise nan_error()
         s.rounds.append((start, root, marks))
+        results.append(np.array(result))                                     # a copy (numpy: the same buffer)
         emitted = [int(x) for x in result[1:m + 1]]                          # accepted drafts, then the bonus
         out += emitted
         start, root = start + m, int(result[m])
@@ -181,5 +182,18 @@ def ddtree_replay(target, prompt: np.ndarray, max_new_tokens: int, drafter, budg
     settings = {"method": "chain" if top_k == 1 else "ddtree", "budget": budget, "temperature": temperature,
                 "seed": seed, "drafter": getattr(drafter, "name", "drafter"), "depth": L,
                 "replay": "cuda graphs" if backend.name == "cuda" else "direct (device-side state)"}
+    _check_records(s, results)
     return Generation([int(x) for x in prompt], out[:max_new_tokens], s.traces(), 1 + len(s.rounds),
                       time.perf_counter() - t0, settings)
+
+
+def _check_records(s: _RoundState, results: list) -> None:
+    """The device records must hold what each round returned to the host: a replayed graph that wrote elsewhere
+    (a replay bug, not bad input) is an error, never a garbage trace."""
+    if not results:
+        return
+    rec = backend.to_host(s.rec["result"][:len(results)])                     # [rounds, L + 2]
+    for i, want in enumerate(results):
+        if not np.array_equal(rec[i], want):
+            raise RuntimeError(f"replay: the device records of round {i + 1} ({rec[i].tolist()}) differ from what the "
+                               f"round returned ({want.tolist()}); generate with replay=False and report this")

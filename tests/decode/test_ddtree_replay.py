@@ -98,3 +98,20 @@ def test_programs_are_kept_between_generations_and_rebuilt_when_weights_change(n
     assert prog is not kept[key]
     ar = kd.generate(target, prompt, 10, replay=True)
     assert kd.generate(target, prompt, 10, replay=True).tokens == ar.tokens and len(target._programs) == 1
+
+
+def test_records_that_disagree_with_the_rounds_are_an_error(monkeypatch, numpy_backend):
+    """A replayed graph that wrote its trace records elsewhere is refused by name, never a garbage trace."""
+    from kdtree_numba.decode import ddtree_replay
+
+    target = kd.tiny_target(0)
+    drafter = dflash.random_drafter(target, block_size=4)
+    record = ddtree_replay._RoundState.record
+
+    def misplaced(self, tree, lp, ids, i):
+        record(self, tree, lp, ids, i)
+        self.rec["result"][1] = 12345                                  # round 2's row overwritten
+
+    monkeypatch.setattr(ddtree_replay._RoundState, "record", misplaced)
+    with pytest.raises(RuntimeError, match="replay: the device records of round 2"):
+        kd.generate(target, [3, 17, 99, 5], 10, drafter=drafter, budget=4, replay=True)
