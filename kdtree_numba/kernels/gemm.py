@@ -77,6 +77,12 @@ def _matmul_tiled_kernel(a, b, c):
 
 def matmul_tiled(a, b, out=None):
     """``a @ b`` with the educational shared-memory tiled kernel (sim or cuda)."""
+    return _launch_tiles(_matmul_tiled_kernel, TILE, TILE, (TILE, TILE), a, b, out)
+
+
+def _launch_tiles(kernel, tile_m: int, tile_n: int, block, a, b, out):
+    """Check ``a [M, K] @ b [K, N]``, then one block of ``block`` threads per tile_m x tile_n tile of C (the NumPy
+    reference on the numpy backend)."""
     a = _checks.array(a, "a", dtype=np.float32, ndim=2)
     b = _checks.array(b, "b", dtype=np.float32, ndim=2, shape=(a.shape[1], None))
     M, N = a.shape[0], b.shape[1]
@@ -85,8 +91,7 @@ def matmul_tiled(a, b, out=None):
         out[...] = matmul_ref(a, b)
         return out
     if M and N:
-        grid = ((N + TILE - 1) // TILE, (M + TILE - 1) // TILE)
-        backend.launch(_matmul_tiled_kernel, grid, (TILE, TILE), a, b, out)
+        backend.launch(kernel, ((N + tile_n - 1) // tile_n, (M + tile_m - 1) // tile_m), block, a, b, out)
     return out
 
 
@@ -165,14 +170,4 @@ def _matmul_mma_kernel(a, b, c):
 def matmul_mma(a, b, out=None):
     """``a @ b`` with the educational tensor-core kernel (3xTF32, fp32-grade; sim or cuda): 4 warps per 32 x 16
     tile of C."""
-    a = _checks.array(a, "a", dtype=np.float32, ndim=2)
-    b = _checks.array(b, "b", dtype=np.float32, ndim=2, shape=(a.shape[1], None))
-    M, N = a.shape[0], b.shape[1]
-    out = _checks.out_array(out, "out", (M, N), np.float32)
-    if backend.name == "numpy":
-        out[...] = matmul_ref(a, b)
-        return out
-    if M and N:
-        grid = ((N + MMA_TN - 1) // MMA_TN, (M + MMA_TM - 1) // MMA_TM)
-        backend.launch(_matmul_mma_kernel, grid, 128, a, b, out)
-    return out
+    return _launch_tiles(_matmul_mma_kernel, MMA_TM, MMA_TN, 128, a, b, out)
