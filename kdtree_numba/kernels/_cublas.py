@@ -93,7 +93,21 @@ def _operand(x, rows: int, cols: int):
 
 def gemm(a, b, out):
     """``out [M, N] = a [M, K] @ b [K, N]`` (fp32; a, b any strided views; out C-contiguous)."""
-    gemm_batched(a[None], b[None], out[None])
+    M, K = a.shape
+    N = b.shape[1]
+    if M == 0 or N == 0:
+        return out
+    if K == 0:
+        out[...] = 0
+        return out
+    st = _handle()
+    b, op_b, ld_b = _operand(b, K, N)
+    a, op_a, ld_a = _operand(a, M, K)
+    target = out if out.flags.c_contiguous else backend.cp.empty((M, N), np.float32)
+    _check(st["lib"].cublasSgemm_v2(st["handle"], op_b, op_a, N, M, K, ctypes.byref(st["one"]), b.data.ptr, ld_b,
+                                    a.data.ptr, ld_a, ctypes.byref(st["zero"]), target.data.ptr, N), "cublasSgemm")
+    if target is not out:
+        out[...] = target
     return out
 
 
@@ -110,15 +124,10 @@ def gemm_batched(a, b, out):
     b, op_b, ld_b = _operand(b, K, N)
     a, op_a, ld_a = _operand(a, M, K)
     target = out if out.flags.c_contiguous else backend.cp.empty((Bn, M, N), np.float32)
-    if Bn == 1:                                        # one product: plain sgemm
-        _check(st["lib"].cublasSgemm_v2(st["handle"], op_b, op_a, N, M, K, ctypes.byref(st["one"]), b.data.ptr,
-                                        ld_b, a.data.ptr, ld_a, ctypes.byref(st["zero"]), target.data.ptr, N),
-               "cublasSgemm")
-    else:
-        _check(st["lib"].cublasSgemmStridedBatched(
-            st["handle"], op_b, op_a, N, M, K, ctypes.byref(st["one"]), b.data.ptr, ld_b, b.strides[0] // 4,
-            a.data.ptr, ld_a, a.strides[0] // 4, ctypes.byref(st["zero"]), target.data.ptr, N, M * N, Bn),
-            "cublasSgemmStridedBatched")
+    _check(st["lib"].cublasSgemmStridedBatched(
+        st["handle"], op_b, op_a, N, M, K, ctypes.byref(st["one"]), b.data.ptr, ld_b, b.strides[0] // 4,
+        a.data.ptr, ld_a, a.strides[0] // 4, ctypes.byref(st["zero"]), target.data.ptr, N, M * N, Bn),
+        "cublasSgemmStridedBatched")
     if target is not out:
         out[...] = target
     return out
