@@ -64,35 +64,41 @@ def ddtree(target, prompt: np.ndarray, max_new_tokens: int, drafter, budget: int
         marks.append(backend.mark())
         cache.compact(start, s.acceptor.accepted, s.acceptor.n_acc)                           # 5. commit
         marks.append(backend.mark())
-        m = int(result[0])
-        if m < 0:
-            raise nan_error()
+        m, stopped = emit(result, out, stop_tokens)
         if feats:                                  # the accepted path's features: the drafter's next context rows
             drafter.observe(backend.xp.take(concat_features(hid, feats), s.acceptor.accepted[:m], axis=0), start)
         s.record(tree, lp, ids, len(s.rounds))
         s.rounds.append((start, root, marks))
-        emitted = [int(x) for x in result[1:m + 1]]                 # accepted drafts, then the bonus
-        out += emitted
         start, root = start + m, int(result[m])
         cache.length = start
         if progress is not None:
             progress(min(len(out), max_new_tokens), max_new_tokens)
-        cut = _first_stop(emitted, stop_tokens)
-        if cut is not None:                        # a stop token inside the accepted path ends generation there,
-            del out[len(out) - len(emitted) + cut + 1:]   # exactly where plain decoding would have stopped
+        if stopped:
             break
-    settings = {"method": "chain" if top_k == 1 else "ddtree", "budget": budget, "temperature": temperature,
-                "seed": seed, "drafter": getattr(drafter, "name", "drafter"), "depth": L}
     return Generation([int(x) for x in prompt], out[:max_new_tokens], s.traces(), 1 + len(s.rounds),
-                      time.perf_counter() - t0, settings)
+                      time.perf_counter() - t0, settings(drafter, budget, temperature, seed, top_k))
 
 
-def _first_stop(tokens: list[int], stop_tokens) -> int | None:
-    """Index of the first stop token in ``tokens`` (None if there is none)."""
-    for i, t in enumerate(tokens):
+def emit(result, out: list, stop_tokens) -> tuple[int, bool]:
+    """Append a round's packed ``result = [m, accepted drafts .., bonus]`` to ``out``; returns (m, stopped). A stop
+    token inside the accepted path ends generation there - ``out`` is cut right after it, exactly where plain
+    decoding would have stopped. m < 0 (NaN logits where the walk looked) raises."""
+    m = int(result[0])
+    if m < 0:
+        raise nan_error()
+    emitted = [int(x) for x in result[1:m + 1]]
+    out += emitted
+    for i, t in enumerate(emitted):
         if t in stop_tokens:
-            return i
-    return None
+            del out[len(out) - len(emitted) + i + 1:]
+            return m, True
+    return m, False
+
+
+def settings(drafter, budget: int, temperature: float, seed: int, top_k, **extra) -> dict:
+    """A DDTree generation's settings record (the trace's ``settings``)."""
+    return {"method": "chain" if top_k == 1 else "ddtree", "budget": budget, "temperature": temperature,
+            "seed": seed, "drafter": getattr(drafter, "name", "drafter"), "depth": drafter.depth, **extra}
 
 
 def _check_draft(draft, L: int, V: int):

@@ -41,7 +41,7 @@ from ..kernels import logprobs, sampling
 from ..model.drafters import concat_features
 from ..model.target import TreeInput
 from .autoregressive import nan_error
-from .ddtree import _first_stop, _RoundState
+from .ddtree import _RoundState, emit, settings
 from .replay import CapturedStep, Program, capacity_for, program
 from .trace import STAGES, Generation
 
@@ -149,7 +149,7 @@ def ddtree_replay(target, prompt: np.ndarray, max_new_tokens: int, drafter, budg
     """DDTree decoding (``top_k=1``, ``budget = depth``: the chain) with device-side state; same tokens and traces
     as ``ddtree``."""
     require_device_drafter(drafter)
-    L, V = drafter.depth, target.config.vocab_size
+    V = target.config.vocab_size
     K = max(1, min(budget, V) if top_k is None else top_k)
     rows = capacity_for(len(prompt) + max_new_tokens + budget + 1)          # + one tree block
     p = program(drafter, ("round", id(target), budget, K, temperature, seed, rows),
@@ -162,29 +162,21 @@ def ddtree_replay(target, prompt: np.ndarray, max_new_tokens: int, drafter, budg
     rounds, results = p.rounds(), []
     while len(out) < max_new_tokens and root not in stop_tokens:
         marks = next(rounds)
-        result = backend.to_host(s.acceptor.result)                          # the round's one host read
-        m = int(result[0])
-        if m < 0:
-            raise nan_error()
+        result = np.array(backend.to_host(s.acceptor.result))               # the round's one host read (a copy)
+        m, stopped = emit(result, out, stop_tokens)
         s.rounds.append((start, root, marks))
-        results.append(np.array(result))                                     # a copy (numpy: the same buffer)
-        emitted = [int(x) for x in result[1:m + 1]]                          # accepted drafts, then the bonus
-        out += emitted
+        results.append(result)
         start, root = start + m, int(result[m])
         if progress is not None:
             progress(min(len(out), max_new_tokens), max_new_tokens)
-        cut = _first_stop(emitted, stop_tokens)
-        if cut is not None:
-            del out[len(out) - len(emitted) + cut + 1:]
+        if stopped:
             break
     p.cache.length = start
     drafter.length = start
-    settings = {"method": "chain" if top_k == 1 else "ddtree", "budget": budget, "temperature": temperature,
-                "seed": seed, "drafter": getattr(drafter, "name", "drafter"), "depth": L,
-                "replay": "cuda graphs" if backend.name == "cuda" else "direct (device-side state)"}
     _check_records(s, results)
     return Generation([int(x) for x in prompt], out[:max_new_tokens], s.traces(), 1 + len(s.rounds),
-                      time.perf_counter() - t0, settings)
+                      time.perf_counter() - t0, settings(drafter, budget, temperature, seed, top_k, replay=(
+                          "cuda graphs" if backend.name == "cuda" else "direct (device-side state)")))
 
 
 def _check_records(s: _RoundState, results: list) -> None:
