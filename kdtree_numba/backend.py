@@ -110,6 +110,7 @@ def use(backend: str):
     if backend not in (process_name, "numpy"):
         raise ValueError(f"backend: {backend!r} cannot be used in a process started as {process_name!r} "
                          f"(expected {process_name!r} or 'numpy'; set KDTREE_BACKEND before starting Python)")
+    bind_stream()
     old = getattr(_local, "name", None)
     _local.name = backend
     try:
@@ -122,40 +123,58 @@ def use(backend: str):
 
 
 # ---------------------------------------------------------------------------------------------------- arrays
+def bind_stream() -> None:
+    """Make ``stream`` this thread's current CuPy stream (cuda; a no-op elsewhere). Called by every helper here.
+
+    CuPy runs each array operation on the thread's *current* stream, the kernels run on ``stream``: the two must
+    be one, or CuPy's work races the kernels (``stream`` is non-blocking, so nothing orders it against the legacy
+    default stream) and falls outside a graph capture. Two things reset the current stream to the default one: a
+    new thread starts there, and CuPy's own ``with stream:`` blocks (``ndarray.get`` of a non-contiguous array,
+    e.g.) restore the default stream on exit whatever ``stream.use()`` had set - which once made every later
+    replayed decode step of a process read half-written arrays (tests/test_backend_threads.py)."""
+    if stream is not None and cp.cuda.get_current_stream().ptr != stream.ptr:
+        stream.use()
+
+
 def is_device(a) -> bool:
     return cp is not None and isinstance(a, cp.ndarray)
 
 
 def asarray(a, dtype=None):
     """``a`` as a C-contiguous array of the current backend (a copy only when needed)."""
+    bind_stream()
     if _name() == "cuda":
         return cp.ascontiguousarray(cp.asarray(a, dtype=dtype))
-    if is_device(a):
-        a = cp.asnumpy(a)
-    return np.ascontiguousarray(a, dtype=dtype)
+    return np.ascontiguousarray(to_host(a), dtype=dtype)
 
 
 def to_host(a) -> np.ndarray:
-    """NumPy copy (device arrays) or the array itself (host arrays)."""
+    """NumPy copy (device arrays) or the array itself (host arrays). A non-contiguous device array is made
+    contiguous on ``stream`` first (CuPy's own path for it leaves the thread on the default stream: bind_stream)."""
     if is_device(a):
-        return cp.asnumpy(a, stream=stream)
+        bind_stream()
+        return cp.ascontiguousarray(a).get(stream=stream)
     return np.asarray(a)
 
 
 def empty(shape, dtype=np.float32):
+    bind_stream()
     return _xp().empty(shape, dtype=dtype)
 
 
 def zeros(shape, dtype=np.float32):
+    bind_stream()
     return _xp().zeros(shape, dtype=dtype)
 
 
 def full(shape, value, dtype=np.float32):
+    bind_stream()
     return _xp().full(shape, value, dtype=dtype)
 
 
 def synchronize() -> None:
     if _name() == "cuda":
+        bind_stream()
         stream.synchronize()
 
 
@@ -196,6 +215,7 @@ def launch(kernel, grid, block, *args, shared: int = 0) -> None:
     if _name() != "cuda":
         kernel[grid, block, 0, shared](*args)
         return
+    bind_stream()
     if _nb_stream is None:
         _nb_stream = cuda.external_stream(stream.ptr)
     configured = kernel[grid, block, _nb_stream, shared]

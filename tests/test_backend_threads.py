@@ -63,3 +63,49 @@ def test_xp_follows_the_thread_backend():
         assert isinstance(kd.backend.zeros((2,)), np.ndarray)
     with pytest.raises(AttributeError):
         kd.backend.no_such_attribute
+
+
+@pytest.mark.gpu
+def test_cupy_work_stays_on_the_backend_stream():
+    """CuPy runs array work on the thread's current stream, the kernels on ``backend.stream``. CuPy's own copy of a
+    non-contiguous array to the host leaves the thread on the default stream, and a new thread starts there; every
+    backend helper binds the stream again. (Before: one such read - a tree build of several requests reading its
+    per-level counts - made every later replayed decode step of the process race its own state updates.)"""
+    cp = backend.cp
+
+    def current():
+        return cp.cuda.get_current_stream().ptr
+
+    a = backend.zeros((3, 5), np.int32)[:, 1:4]                 # not contiguous
+    assert backend.to_host(a).shape == (3, 3) and current() == backend.stream.ptr
+    cp.asnumpy(a, stream=backend.stream)                          # CuPy's path: back on the default stream
+    assert current() != backend.stream.ptr
+    backend.empty((2,))
+    assert current() == backend.stream.ptr
+    seen = {}
+
+    def other():
+        seen["fresh"] = current()
+        backend.zeros((2,))
+        seen["bound"] = current()
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert seen == {"fresh": cp.cuda.Stream.null.ptr, "bound": backend.stream.ptr}
+
+
+@pytest.mark.gpu
+def test_replay_after_a_multi_request_tree_build():
+    """The sequence that exposed it: a tree build of several requests (its counts read back as a strided view),
+    then a graph-replayed generation - same tokens as direct launches."""
+    from kdtree_numba.kernels import tree_build
+
+    rng = np.random.default_rng(0)
+    lp = -np.sort(rng.random((3, 2, 4), dtype=np.float32), axis=-1) - 0.1       # [R, L, K] rows sorted desc
+    builder = tree_build.TreeBuilder(3, 2, 4, 4)
+    builder.build(backend.asarray(lp), backend.asarray(np.tile(np.arange(4, dtype=np.int32), (3, 2, 1))))
+    backend.to_host(builder.candidates)
+    target = kd.tiny_target(0)
+    want = kd.generate(target, [3, 17, 99, 5], 24).tokens
+    assert kd.generate(target, [3, 17, 99, 5], 24, replay=True).tokens == want

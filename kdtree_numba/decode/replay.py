@@ -55,12 +55,15 @@ class CapturedStep:
 
         stream = backend.stream
         try:
+            backend.bind_stream()
             with cp.cuda.using_allocator(keep):
                 stream.begin_capture()
                 try:
                     fn()
                 finally:
                     graph = stream.end_capture()
+            if cp.cuda.get_current_stream().ptr != stream.ptr:      # CuPy work went elsewhere: not in the graph
+                raise RuntimeError("the thread's current CuPy stream changed during the capture")
         except Exception as e:
             raise RuntimeError(f"replay: capturing {what} as a CUDA graph failed ({type(e).__name__}: {e}); "
                                f"generate with replay=False") from e
