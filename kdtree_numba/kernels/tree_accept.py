@@ -81,9 +81,11 @@ class Acceptor:
     def __init__(self, L: int, budget: int):
         self.L = L
         self.chosen = backend.empty((budget + 1,), np.int32)
-        self.accepted = backend.empty((L + 1,), np.int32)
+        # the walk writes only the accepted prefix of these two; the rest is -1 (never read uninitialised when a
+        # whole row is copied into the trace records or to the host)
+        self.accepted = backend.full((L + 1,), -1, np.int32)
         self.n_acc = backend.empty((1,), np.int32)
-        self.result = backend.empty((L + 2,), np.int32)
+        self.result = backend.full((L + 2,), -1, np.int32)
 
     def run(self, logits, tokens, parents, n_nodes, temperature: float, seed: int, stream: int):
         """Choose at every node of ``logits [B+1, V]`` and walk; fills accepted / n_acc / result (no host sync)."""

@@ -56,8 +56,8 @@ def _round_kernel(x, hi, lo, rounded):
 
 def product(a, b, c, three: bool):
     d = poisoned((16, 8))
-    kd.backend.launch(_product_kernel, 1, 32, kd.backend.asarray(a), kd.backend.asarray(b), kd.backend.asarray(c),
-                      d, three)
+    args = [kd.backend.asarray(x) for x in (a, b, c)]            # held until the result is read
+    kd.backend.launch(_product_kernel, 1, 32, *args, d, three)
     return H(d)
 
 
