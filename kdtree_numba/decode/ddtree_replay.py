@@ -16,7 +16,11 @@ The round's inputs live in three device int32 [1] arrays (the *state*), never in
     (then)   records for the traces at row round - 1;  start += n_acc;  root = result[m];  round += 1
 
 The host reads ``result`` (L + 2 int32) once per round to emit tokens and test stop tokens, NaN and the token
-limit; nothing else leaves the device until the traces are assembled at the end. The drafter observes all L + 1
+limit; nothing else leaves the device until the traces are assembled at the end. The read is pipelined: round
+i + 1 is launched before round i's result is read (from its trace record, on a second stream that waits only for
+round i's end event), so the GPU runs the next round while the host emits tokens and launches graphs. Launched
+ahead only while round i cannot reach the token limit (more than L + 1 tokens to go); a stop token inside round i
+makes round i + 1 wasted work, which the next generation's prefill overwrites. The drafter observes all L + 1
 rows of a padded path; rows past the accepted ones are overwritten by the next round's block before anything
 reads them. Stage times are CUDA events recorded between the stage graphs (the trace's ``times``).
 
@@ -99,6 +103,7 @@ class _RoundProgram(Program):
                 fn()
                 marks.append(backend.mark())
             self.run[-1]()
+            marks.append(backend.mark())                                       # the round's end (the reader waits on it)
             yield marks
             if backend.name == "cuda" and self.run[0] == self._draft:      # after one direct round: capture
                 self.run = [CapturedStep(fn, f"the DDTree round's {name} stage").replay for name, fn in self.stages]
@@ -159,18 +164,23 @@ def ddtree_replay(target, prompt: np.ndarray, max_new_tokens: int, drafter, budg
         raise nan_error()
     s = p.s
     start, out, t0 = len(prompt), [root], time.perf_counter()
-    rounds, results = p.rounds(), []
-    while len(out) < max_new_tokens and root not in stop_tokens:
-        marks = next(rounds)
-        result = np.array(backend.to_host(s.acceptor.result))               # the round's one host read (a copy)
+    rounds, results, read = p.rounds(), [], _ResultReader()
+    ahead = next(rounds) if len(out) < max_new_tokens and root not in stop_tokens else None
+    while ahead is not None:
+        marks = ahead                                                          # round i: launched, maybe running
+        ahead = next(rounds) if max_new_tokens - len(out) > p.L + 1 else None  # round i + 1 (module docstring)
+        result = read(s.rec["result"][len(s.rounds)], marks[-1])              # the round's one host read
+        _check_result(result, p.L, V, len(s.rounds) + 1)
         m, stopped = emit(result, out, stop_tokens)
         s.rounds.append((start, root, marks))
         results.append(result)
         start, root = start + m, int(result[m])
         if progress is not None:
             progress(min(len(out), max_new_tokens), max_new_tokens)
-        if stopped:
+        if stopped or len(out) >= max_new_tokens:
             break
+        if ahead is None:                                                      # near the limit: one at a time
+            ahead = next(rounds)
     p.cache.length = start
     drafter.length = start
     _check_records(s, results)
@@ -179,13 +189,39 @@ def ddtree_replay(target, prompt: np.ndarray, max_new_tokens: int, drafter, budg
                           "cuda graphs" if backend.name == "cuda" else "direct (device-side state)")))
 
 
+class _ResultReader:
+    """``read(row, end)``: a host copy of a device record row once the event ``end`` has passed. On cuda the copy
+    runs on a stream of its own that waits for ``end`` only, so the round launched after it keeps running while
+    the host waits; on the host backends the row is simply copied."""
+
+    def __init__(self):
+        self.stream = backend.cp.cuda.Stream(non_blocking=True) if backend.name == "cuda" else None
+
+    def __call__(self, row, end) -> np.ndarray:
+        if self.stream is None:
+            return np.array(backend.to_host(row))
+        self.stream.wait_event(end)
+        return row.get(stream=self.stream)                 # contiguous row: CuPy's copy, then this stream's sync
+
+
+def _check_result(result: np.ndarray, L: int, V: int, i: int) -> None:
+    """Round i's result as read from its device record: m <= L + 1 accepted tokens, each in the vocabulary (m < 0,
+    NaN logits, is ``emit``'s error). A graph that wrote elsewhere is a named error, never garbage tokens."""
+    m = int(result[0])
+    if m > L + 1 or (m > 0 and not ((result[1:m + 1] >= 0) & (result[1:m + 1] < V)).all()):
+        raise RuntimeError(f"replay: the device records of round {i} hold an impossible result {result.tolist()} "
+                           f"(expected [m <= {L + 1}, m tokens < {V}, ..]); generate with replay=False and report "
+                           f"this")
+
+
 def _check_records(s: _RoundState, results: list) -> None:
-    """The device records must hold what each round returned to the host: a replayed graph that wrote elsewhere
-    (a replay bug, not bad input) is an error, never a garbage trace."""
+    """The rounds' other records must agree with the results the host read (the accepted count n_acc = m): a
+    replayed graph that wrote one of them elsewhere (a replay bug, not bad input) is an error, never a garbage
+    trace."""
     if not results:
         return
-    rec = backend.to_host(s.rec["result"][:len(results)])                     # [rounds, L + 2]
+    n_acc = backend.to_host(s.rec["n_acc"][:len(results)])                   # [rounds]
     for i, want in enumerate(results):
-        if not np.array_equal(rec[i], want):
-            raise RuntimeError(f"replay: the device records of round {i + 1} ({rec[i].tolist()}) differ from what the "
-                               f"round returned ({want.tolist()}); generate with replay=False and report this")
+        if int(n_acc[i]) != int(want[0]):
+            raise RuntimeError(f"replay: the device records of round {i + 1} disagree (n_acc {int(n_acc[i])}, the "
+                               f"result {want.tolist()}); generate with replay=False and report this")

@@ -49,6 +49,8 @@ def test_replay_stops_inside_an_accepted_path(pair, numpy_backend):
     want = kd.generate(target, ids, 40, stop_tokens=[stop]).tokens    # plain decoding
     got = kd.generate(target, ids, 40, drafter=drafter, budget=32, stop_tokens=[stop], replay=True).tokens
     assert got == want and got[-1] == stop
+    # the round launched ahead of the stop was wasted work; the kept program's next generation is not affected
+    assert kd.generate(target, ids, 40, drafter=drafter, budget=32, replay=True).tokens == full.tokens
 
 
 def test_replay_on_simulated_kernels(kernel_backend):
@@ -115,3 +117,41 @@ def test_records_that_disagree_with_the_rounds_are_an_error(monkeypatch, numpy_b
     monkeypatch.setattr(ddtree_replay._RoundState, "record", misplaced)
     with pytest.raises(RuntimeError, match="replay: the device records of round 2"):
         kd.generate(target, [3, 17, 99, 5], 10, drafter=drafter, budget=4, replay=True)
+
+
+def test_records_that_disagree_with_each_other_are_an_error(monkeypatch, numpy_backend):
+    """The host reads each round's result from its record; the accepted count recorded beside it must agree."""
+    from kdtree_numba.decode import ddtree_replay
+
+    target = kd.tiny_target(0)
+    drafter = dflash.random_drafter(target, block_size=4)
+    record = ddtree_replay._RoundState.record
+
+    def miscounted(self, tree, lp, ids, i):
+        record(self, tree, lp, ids, i)
+        self.rec["n_acc"][0] = 99                                      # round 1's count overwritten
+
+    monkeypatch.setattr(ddtree_replay._RoundState, "record", miscounted)
+    with pytest.raises(RuntimeError, match="replay: the device records of round 1 disagree"):
+        kd.generate(target, [3, 17, 99, 5], 10, drafter=drafter, budget=4, replay=True)
+
+
+def test_rounds_are_launched_one_ahead_only_away_from_the_limit(monkeypatch, numpy_backend):
+    """Round i + 1 is launched before round i's result is read, unless round i could reach the token limit: with
+    no stop token, every round launched is a round of the generation (no wasted work at the end)."""
+    from kdtree_numba.decode import ddtree_replay
+
+    target = kd.tiny_target(0)
+    drafter = dflash.random_drafter(target, block_size=4)
+    launched = []
+    rounds = ddtree_replay._RoundProgram.rounds
+
+    def counted(self):
+        for marks in rounds(self):
+            launched.append(len(marks))
+            yield marks
+
+    monkeypatch.setattr(ddtree_replay._RoundProgram, "rounds", counted)
+    got = kd.generate(target, [3, 17, 99, 5], 30, drafter=drafter, budget=4, replay=True)
+    assert got.tokens == kd.generate(target, [3, 17, 99, 5], 30, drafter=drafter, budget=4).tokens
+    assert len(launched) == len(got.rounds) > 3
