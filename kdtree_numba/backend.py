@@ -145,16 +145,19 @@ def asarray(a, dtype=None):
     bind_stream()
     if _name() == "cuda":
         return cp.ascontiguousarray(cp.asarray(a, dtype=dtype))
-    return np.ascontiguousarray(to_host(a), dtype=dtype)
+    return np.ascontiguousarray(_device_to_host(a) if is_device(a) else a, dtype=dtype)
 
 
 def to_host(a) -> np.ndarray:
-    """NumPy copy (device arrays) or the array itself (host arrays). A non-contiguous device array is made
-    contiguous on ``stream`` first (CuPy's own path for it leaves the thread on the default stream: bind_stream)."""
-    if is_device(a):
-        bind_stream()
-        return cp.ascontiguousarray(a).get(stream=stream)
-    return np.asarray(a)
+    """NumPy copy (device arrays) or the array itself (host arrays)."""
+    return _device_to_host(a) if is_device(a) else np.asarray(a)
+
+
+def _device_to_host(a) -> np.ndarray:
+    """A device array's host copy, made on ``stream``; a non-contiguous one is made contiguous there first (CuPy's
+    own path for it leaves the thread on the default stream: bind_stream)."""
+    bind_stream()
+    return cp.ascontiguousarray(a).get(stream=stream)
 
 
 def empty(shape, dtype=np.float32):
