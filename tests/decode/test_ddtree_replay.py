@@ -102,8 +102,13 @@ def test_programs_are_kept_between_generations_and_rebuilt_when_weights_change(n
     assert kd.generate(target, prompt, 10, replay=True).tokens == ar.tokens and len(target._programs) == 1
 
 
-def test_records_that_disagree_with_the_rounds_are_an_error(monkeypatch, numpy_backend):
-    """A replayed graph that wrote its trace records elsewhere is refused by name, never a garbage trace."""
+@pytest.mark.parametrize("field, row, value, message", [
+    ("result", 1, 12345, "replay: the device records of round 2 hold an impossible result"),   # tokens past V
+    ("n_acc", 0, 99, "replay: the device records of round 1 disagree"),       # a count the result contradicts
+])
+def test_records_written_elsewhere_are_an_error(monkeypatch, numpy_backend, field, row, value, message):
+    """The host reads each round's result from its device record; a replayed graph that wrote a record elsewhere
+    (simulated: a row overwritten after the round) is refused by name, never garbage tokens or a garbage trace."""
     from kdtree_numba.decode import ddtree_replay
 
     target = kd.tiny_target(0)
@@ -112,27 +117,10 @@ def test_records_that_disagree_with_the_rounds_are_an_error(monkeypatch, numpy_b
 
     def misplaced(self, tree, lp, ids, i):
         record(self, tree, lp, ids, i)
-        self.rec["result"][1] = 12345                                  # round 2's row overwritten
+        self.rec[field][row] = value
 
     monkeypatch.setattr(ddtree_replay._RoundState, "record", misplaced)
-    with pytest.raises(RuntimeError, match="replay: the device records of round 2"):
-        kd.generate(target, [3, 17, 99, 5], 10, drafter=drafter, budget=4, replay=True)
-
-
-def test_records_that_disagree_with_each_other_are_an_error(monkeypatch, numpy_backend):
-    """The host reads each round's result from its record; the accepted count recorded beside it must agree."""
-    from kdtree_numba.decode import ddtree_replay
-
-    target = kd.tiny_target(0)
-    drafter = dflash.random_drafter(target, block_size=4)
-    record = ddtree_replay._RoundState.record
-
-    def miscounted(self, tree, lp, ids, i):
-        record(self, tree, lp, ids, i)
-        self.rec["n_acc"][0] = 99                                      # round 1's count overwritten
-
-    monkeypatch.setattr(ddtree_replay._RoundState, "record", miscounted)
-    with pytest.raises(RuntimeError, match="replay: the device records of round 1 disagree"):
+    with pytest.raises(RuntimeError, match=message):
         kd.generate(target, [3, 17, 99, 5], 10, drafter=drafter, budget=4, replay=True)
 
 
