@@ -61,11 +61,11 @@ class _RoundProgram(Program):
     """The round's buffers, device state and stage functions (module docstring) for one configuration; ``rows``:
     the target cache's capacity (prompt + tokens + one tree block fit)."""
 
-    def __init__(self, target, drafter, budget: int, K: int, temperature: float, seed: int, rows: int):
+    def __init__(self, target, drafter, budget: int, K: int, rows: int):
         super().__init__(target, drafter)
         L = drafter.depth
         self.target, self.drafter, self.budget, self.L = target, drafter, budget, L
-        self.temperature, self.seed = temperature, seed
+        self.sampler = sampling.settings(0.0, 0)                            # (T [1], seed [2]): set by begin
         self.cache = target.new_cache(rows)
         drafter.reserve(rows + L + 1)                                       # + the padded path's rows
         self.s = _RoundState(L, K, budget, rows)
@@ -80,14 +80,16 @@ class _RoundProgram(Program):
         self.run = [fn for _, fn in self.stages]
         self.hold()
 
-    def begin(self, prompt) -> int:
-        """Prefill (direct), the drafter's context, the first root; the state for round 1. Returns the root."""
+    def begin(self, prompt, temperature: float, seed: int) -> int:
+        """The sampler's settings; prefill (direct), the drafter's context, the first root; the state for round 1.
+        Returns the root."""
+        sampling.settings(temperature, seed, out=self.sampler)
         feats, d = self.drafter.feature_layers, self.drafter
         d.reset()
         logits, hid = self.target.forward(prompt, self.cache, 0, hidden_layers=feats, check_ids=False)
         if feats:
             d.observe(concat_features(hid, feats), 0)
-        sampling.choose_tokens(logits[-1:], self.temperature, self.seed, 0, out=self.root)
+        sampling.choose_tokens(logits[-1:], *self.sampler, 0, out=self.root)
         root = int(backend.to_host(self.root)[0])
         backend.xp.maximum(self.root, 0, out=self.root)
         self.start[...] = len(prompt)
@@ -130,8 +132,8 @@ class _RoundProgram(Program):
 
     def _accept(self):
         tree = self.r["tree"]
-        self.s.acceptor.run(self.r["logits"], tree.tokens[0], tree.parent[0], tree.n[:1], self.temperature,
-                            self.seed, self.round)
+        self.s.acceptor.run(self.r["logits"], tree.tokens[0], tree.parent[0], tree.n[:1], *self.sampler,
+                            self.round)
 
     def _compact(self):
         a, feats, xp = self.s.acceptor, self.drafter.feature_layers, backend.xp
@@ -157,9 +159,9 @@ def ddtree_replay(target, prompt: np.ndarray, max_new_tokens: int, drafter, budg
     V = target.config.vocab_size
     K = max(1, min(budget, V) if top_k is None else top_k)
     rows = capacity_for(len(prompt) + max_new_tokens + budget + 1)          # + one tree block
-    p = program(drafter, ("round", id(target), budget, K, temperature, seed, rows),
-                lambda: _RoundProgram(target, drafter, budget, K, temperature, seed, rows))
-    root = p.begin(prompt)
+    p = program(drafter, ("round", id(target), budget, K, rows),
+                lambda: _RoundProgram(target, drafter, budget, K, rows))
+    root = p.begin(prompt, temperature, seed)
     if root < 0:
         raise nan_error()
     s = p.s

@@ -7,6 +7,7 @@ A decode step's only inputs live in four device int32 arrays (the *state*), neve
     pos  [1]   its position = the cache row it writes (prompt length + tokens emitted - 1)
     step [1]   tokens emitted so far = the RNG stream of the next choice (as plain decoding numbers them)
     out  [n]   the emitted tokens (-1 where a row of logits held NaN)
+    T, seed    the sampler's settings (sampling.settings: float64 [1], uint32 [2]), set by each generation
 
     step():  logits = target.forward(tok, cache, start=pos)       # [1, V]; kernels read pos on the device
              choice = choose_tokens(logits, T, seed, stream=step)   # argmax or seeded Gumbel-max
@@ -20,8 +21,8 @@ backend stream with an allocator that keeps each block it hands out alive for th
 replays those addresses; nothing else may reuse them), then replayed.
 
 The captured program - cache, state arrays, graphs - is kept between generations (``program``): a later
-generation with the same settings reuses it (prefill, then replays from its first step), as a server captures its
-graphs once at start-up. It is rebuilt when a weight array it captured has been replaced.
+generation of the same capacity reuses it (prefill, then replays from its first step) whatever its temperature and
+seed, as a server captures its graphs once at start-up. It is rebuilt when a weight array it captured has been replaced.
 On the NumPy and simulator backends there is no graph: the same ``step`` runs directly (and the program is kept
 the same way), so the device-side bookkeeping is the same code there and the tests of those backends test it.
 Example: prompt [5, 9], greedy, n = 3 -> out = [a, b, c] with a = argmax(prefill logits), b from
@@ -134,9 +135,10 @@ def program(owner, key, make):
 class _StepProgram(Program):
     """One decode step over device-side state (module docstring), for prompts + tokens <= ``capacity``."""
 
-    def __init__(self, target, capacity: int, temperature: float, seed: int):
+    def __init__(self, target, capacity: int):
         super().__init__(target)
-        self.target, self.temperature, self.seed = target, temperature, seed
+        self.target = target
+        self.sampler = sampling.settings(0.0, 0)                            # (T [1], seed [2]): set by begin
         self.cache = target.new_cache(capacity)
         self.out = backend.full((capacity,), -1, np.int32)                   # [capacity] emitted tokens
         self.choice = backend.empty((1,), np.int32)
@@ -146,10 +148,12 @@ class _StepProgram(Program):
         self.run = self._step
         self.hold()
 
-    def begin(self, prompt) -> None:
-        """Prefill (direct) and the first token: out[0], then tok, pos = len(prompt), step = 1."""
+    def begin(self, prompt, temperature: float, seed: int) -> None:
+        """The sampler's settings; prefill (direct) and the first token: out[0], then tok, pos = len(prompt),
+        step = 1."""
+        sampling.settings(temperature, seed, out=self.sampler)
         logits, _ = self.target.forward(prompt, self.cache, 0, check_ids=False)
-        sampling.choose_tokens(logits[-1:], self.temperature, self.seed, 0, out=self.choice)
+        sampling.choose_tokens(logits[-1:], *self.sampler, 0, out=self.choice)
         self.out[:1] = self.choice
         backend.xp.maximum(self.choice, 0, out=self.tok)
         self.pos[...] = len(prompt)
@@ -157,7 +161,7 @@ class _StepProgram(Program):
 
     def _step(self) -> None:
         lg, _ = self.target.forward(self.tok, self.cache, self.pos, check_ids=False)          # [1, V]
-        sampling.choose_tokens(lg, self.temperature, self.seed, self.step, out=self.choice)
+        sampling.choose_tokens(lg, *self.sampler, self.step, out=self.choice)
         self.out[self.step] = self.choice
         backend.xp.maximum(self.choice, 0, out=self.tok)
         self.pos[...] += 1
@@ -176,8 +180,8 @@ def autoregressive_replay(target, prompt: np.ndarray, max_new_tokens: int, tempe
     ``autoregressive``."""
     n = max_new_tokens
     cap = capacity_for(len(prompt) + n)
-    p = program(target, ("step", temperature, seed, cap), lambda: _StepProgram(target, cap, temperature, seed))
-    p.begin(prompt)
+    p = program(target, ("step", cap), lambda: _StepProgram(target, cap))
+    p.begin(prompt, temperature, seed)
     t0 = time.perf_counter()
     done, tokens = 1, []
     while True:

@@ -11,7 +11,9 @@ Mapping: one block per row (``_choose_kernel``); threads stride over the vocabul
 index) - at T > 0 after a strided max and a block max (primitives.smem_max) for the row max - then a block
 arg-max of the (value, index) pairs (primitives.smem_argmax: lower index on ties). Blocks of a power of two.
 Shapes: logits [M, V] float32 -> tokens [M] int32; seed < 2^64, stream <= 2^32 - 1 (an int, or a device int32 [1]
-array for CUDA-graph replay).
+array for CUDA-graph replay). For a captured program that serves any request, temperature and seed may live on the
+device too (``settings(T, seed)``: float64 [1] and uint32 [2] = (low, high) words), so one graph serves every
+temperature and seed; the kernel computes the same bits either way (T = T_host + T_dev[0], key = host ^ device).
 Example: choose_tokens([[0, 2, 2, -1]], 0.0) -> [1];  at T > 0 the kernel's token equals choose_tokens_ref's.
 """
 from __future__ import annotations
@@ -97,7 +99,7 @@ def _philox_u(v, row, stream, k0, k1):
 
 # ------------------------------------------------------------------------------------------------ kernels
 @cuda.jit
-def _choose_kernel(x, temperature, seed_lo, seed_hi, stream0, stream_dev, out):
+def _choose_kernel(x, temperature0, temperature_dev, seed_lo, seed_hi, seed_dev, stream0, stream_dev, out):
     row = cuda.blockIdx.x
     tid = cuda.threadIdx.x
     nthreads = cuda.blockDim.x
@@ -108,9 +110,10 @@ def _choose_kernel(x, temperature, seed_lo, seed_hi, stream0, stream_dev, out):
     if tid == 0:
         nan_flag[0] = 0
     cuda.syncthreads()
-    k0 = uint64(seed_lo)
-    k1 = uint64(seed_hi)
-    stream = stream0 + stream_dev[0]                       # host part + device part (graph replay)
+    temperature = temperature0 + temperature_dev[0]        # host part + device part (graph replay)
+    k0 = uint64(seed_lo) ^ uint64(seed_dev[0])
+    k1 = uint64(seed_hi) ^ uint64(seed_dev[1])
+    stream = stream0 + stream_dev[0]
     top = float64(0.0)
     if temperature > 0:                           # the row max: scores (x - top) / T stay in [-inf, 0]
         m = -math.inf
@@ -138,23 +141,59 @@ def _choose_kernel(x, temperature, seed_lo, seed_hi, stream0, stream_dev, out):
 
 
 # ------------------------------------------------------------------------------------------------ launchers
+_ZEROS: dict = {}      # backend name -> (float64 [1], uint32 [2]) zeros: the device parts of host settings
+
+
+def settings(temperature: float, seed: int, out=None) -> tuple:
+    """Device-side (temperature float64 [1], seed uint32 [2] = low, high words) for ``choose_tokens``, validated
+    like its host arguments; ``out``: the pair to overwrite (a captured program's, so its graph sees the new values).
+    Example: settings(0.8, 2**32 + 5) -> ([0.8], [5, 1])."""
+    temperature = _checks.real(temperature, "temperature", lo=0.0)
+    seed = _checks.integer(seed, "seed", lo=0, hi=2 ** 64 - 1)
+    t = backend.empty((1,), np.float64) if out is None else out[0]
+    s = backend.empty((2,), np.uint32) if out is None else out[1]
+    t[...] = temperature
+    s[...] = backend.asarray(np.array([seed & M32, seed >> 32], np.uint32))
+    return t, s
+
+
+def _host_and_device(temperature, seed) -> tuple:
+    """(T_host, T_dev, seed_lo, seed_hi, seed_dev): host values with zero device parts, or device ``settings``
+    arrays (unchecked: a host read; their producer validated them) with zero host parts."""
+    name = backend.name
+    if name not in _ZEROS:
+        _ZEROS[name] = (backend.zeros((1,), np.float64), backend.zeros((2,), np.uint32))
+    t_zero, s_zero = _ZEROS[name]
+    if hasattr(temperature, "shape"):
+        t_host, t_dev = 0.0, _checks.array(temperature, "temperature", dtype=np.float64, shape=(1,))
+    else:
+        t_host, t_dev = _checks.real(temperature, "temperature", lo=0.0), t_zero
+    if hasattr(seed, "shape"):
+        lo, hi, s_dev = 0, 0, _checks.array(seed, "seed", dtype=np.uint32, shape=(2,))
+    else:
+        seed = _checks.integer(seed, "seed", lo=0, hi=2 ** 64 - 1)
+        lo, hi, s_dev = seed & M32, seed >> 32, s_zero
+    return t_host, t_dev, lo, hi, s_dev
+
+
 def choose_tokens(logits, temperature: float = 0.0, seed: int = 0, stream: int = 0, out=None):
     """One token per row of ``logits [M, V]``: argmax (T = 0) or a seeded Gumbel-max sample (T > 0).
 
     ``stream`` separates the random draws of different calls (the decode step or DDTree round); rows are the
-    nodes. Rows with NaN give -1. ``stream`` may be a device int32 [1] array (graph replay: decode/replay.py)."""
+    nodes. Rows with NaN give -1. ``stream`` may be a device int32 [1] array, ``temperature`` and ``seed`` the
+    device arrays of ``settings`` (graph replay: decode/replay.py) - the same tokens as the host values."""
     x = _checks.array(logits, "logits", dtype=np.float32, ndim=2)
-    temperature = _checks.real(temperature, "temperature", lo=0.0)
-    seed = _checks.integer(seed, "seed", lo=0, hi=2 ** 64 - 1)
+    t_host, t_dev, lo, hi, s_dev = _host_and_device(temperature, seed)
     stream0, stream_dev = _checks.device_int(stream, "stream")
     if stream0 > M32:
         raise ValueError(f"stream: expected an integer <= {M32}, got {stream0}")
     out = _checks.out_array(out, "out", (x.shape[0],), np.int32)
     if backend.name == "numpy":
-        out[...] = choose_tokens_ref(x, temperature, seed, _checks.host_int(stream))
+        t = t_host + float(t_dev[0])
+        out[...] = choose_tokens_ref(x, t, (lo ^ int(s_dev[0])) | (hi ^ int(s_dev[1])) << 32, _checks.host_int(stream))
         return out
     if x.shape[0]:
         threads = backend.block_size(256, 32)
-        backend.launch(_choose_kernel, x.shape[0], threads, x, float(temperature), seed & M32, (seed >> 32) & M32,
-                       stream0, stream_dev, out)
+        backend.launch(_choose_kernel, x.shape[0], threads, x, t_host, t_dev, lo, hi, s_dev, stream0, stream_dev,
+                       out)
     return out

@@ -88,7 +88,8 @@ class Acceptor:
         self.result = backend.full((L + 2,), -1, np.int32)
 
     def run(self, logits, tokens, parents, n_nodes, temperature: float, seed: int, stream: int):
-        """Choose at every node of ``logits [B+1, V]`` and walk; fills accepted / n_acc / result (no host sync)."""
+        """Choose at every node of ``logits [B+1, V]`` and walk; fills accepted / n_acc / result (no host sync).
+        ``temperature``, ``seed``, ``stream``: host values or device arrays, as ``sampling.choose_tokens`` takes."""
         rows = logits.shape[0]
         chosen = self.chosen[:rows]
         sampling.choose_tokens(logits, temperature, seed, stream, out=chosen)

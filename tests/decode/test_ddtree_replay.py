@@ -94,6 +94,11 @@ def test_programs_are_kept_between_generations_and_rebuilt_when_weights_change(n
     assert drafter._programs == kept and len(kept) == 1
     other = kd.generate(target, prompt[:3], 9, drafter=drafter, budget=4, replay=True)     # another prompt
     assert other.tokens == kd.generate(target, prompt[:3], 9, drafter=drafter, budget=4).tokens
+    for temperature, seed in [(0.9, 3), (0.9, 2 ** 40 + 7), (0.0, 5)]:     # any sampler settings: the same program
+        kw = dict(drafter=drafter, budget=4, temperature=temperature, seed=seed)
+        assert kd.generate(target, prompt, 12, replay=True, **kw).tokens == kd.generate(target, prompt, 12,
+                                                                                       **kw).tokens
+    assert drafter._programs == kept
     target.w["lm_head"] = target.w["lm_head"].copy()                 # a new array: the old program is stale
     kd.generate(target, prompt, 12, drafter=drafter, budget=4, replay=True)
     (key, prog), = drafter._programs.items()

@@ -36,6 +36,16 @@ def test_replay_stops_at_a_stop_token_inside_a_chunk(tiny, sync_every, numpy_bac
     assert got.tokens == want and got.tokens[-1] == stop and len(got.tokens) <= 7
 
 
+def test_one_program_serves_every_temperature_and_seed(numpy_backend):
+    """The sampler's settings live on the device: a kept program (on cuda: its graph) serves any temperature and
+    seed, each generation equal to direct decoding."""
+    target = kd.tiny_target(0)
+    for temperature, seed in [(0.0, 0), (0.8, 1), (0.8, 2), (1.3, 2 ** 50)]:
+        want = kd.generate(target, PROMPT, 12, temperature=temperature, seed=seed).tokens
+        assert kd.generate(target, PROMPT, 12, temperature=temperature, seed=seed, replay=True).tokens == want
+    assert len(target._programs) == 1
+
+
 def test_replay_raises_on_nan_logits(tiny, numpy_backend):
     broken = kd.tiny_target(0)
     broken.w["lm_head"][3] = np.nan                       # every logit row gets one NaN
@@ -64,9 +74,27 @@ def test_device_side_start_and_stream_equal_host_ints(kernel_backend):
     got = backend.to_host(mla_attention.mla_attention(q, cache, backend.full((1,), start, np.int32), 0.3, lkv))
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
     x = backend.asarray(rng.standard_normal((3, 50), dtype=np.float32))
-    a = backend.to_host(sampling.choose_tokens(x, 0.7, 11, 9))
-    b = backend.to_host(sampling.choose_tokens(x, 0.7, 11, backend.full((1,), 9, np.int32)))
-    assert (a == b).all()
+    seed = 2 ** 33 + 11                                                  # both words of the key matter
+    a = backend.to_host(sampling.choose_tokens(x, 0.7, seed, 9))
+    b = backend.to_host(sampling.choose_tokens(x, 0.7, seed, backend.full((1,), 9, np.int32)))
+    c = backend.to_host(sampling.choose_tokens(x, *sampling.settings(0.7, seed), backend.full((1,), 9, np.int32)))
+    assert (a == b).all() and (a == c).all()
+    assert (backend.to_host(sampling.choose_tokens(x, 0.7, 11, 9)) != a).any()
+    t, s = sampling.settings(0.0, 0)
+    sampling.settings(0.7, seed, out=(t, s))                             # overwritten in place (a kept program)
+    assert (backend.to_host(sampling.choose_tokens(x, t, s, 9)) == a).all()
+
+
+def test_sampler_settings_are_validated():
+    with pytest.raises(ValueError, match="temperature: expected a number >= 0.0, got -1.0"):
+        sampling.settings(-1.0, 0)
+    with pytest.raises(ValueError, match="seed: expected an integer <= 18446744073709551615"):
+        sampling.settings(0.5, 2 ** 64)
+    x = backend.zeros((1, 4), np.float32)
+    with pytest.raises(ValueError, match="seed: expected dtype uint32, got int32"):
+        sampling.choose_tokens(x, 0.5, backend.zeros((2,), np.int32))
+    with pytest.raises(ValueError, match=r"temperature: expected shape \(1\), got \(2,\)"):
+        sampling.choose_tokens(x, backend.zeros((2,), np.float64), 0)
 
 
 def test_replay_on_simulated_kernels(tiny, kernel_backend):
@@ -86,6 +114,10 @@ def test_captured_graph_equals_direct_launches_on_the_gpu(temperature):
     want = kd.generate(target, PROMPT, 70, temperature=temperature, seed=2).tokens
     got = kd.generate(target, PROMPT, 70, temperature=temperature, seed=2, replay=True)
     assert got.tokens == want and got.settings["replay"] == "cuda graph"
+    other = dict(temperature=temperature + 0.5, seed=3)                  # the same graph, other sampler settings
+    assert kd.generate(target, PROMPT, 70, replay=True, **other).tokens == kd.generate(target, PROMPT, 70,
+                                                                                      **other).tokens
+    assert len(target._programs) == 1
     pair, _ = kd.load_default()
     ids = pair.tokenizer.encode("def add(a, b):")
     assert kd.generate(pair, ids, 50, replay=True).tokens == kd.generate(pair, ids, 50).tokens
