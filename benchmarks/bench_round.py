@@ -3,8 +3,12 @@ the sum of its stages' device times (how much host time is left between the grap
 
 The trained default pair (target + DFlash drafter) on a held-out-style prompt, greedy. Per configuration two
 replayed generations of n and 2n tokens; the steady-state wall time of a round is their difference divided by
-their difference in rounds (prefill, the first direct round and the capture cancel out). Device time per stage:
-the mean over rounds 2.. of the CUDA events the loop records between the stage graphs (``RoundTrace.times``).
+their difference in rounds (prefill and the first direct round cancel out; both lengths ran once untimed before,
+so neither pays a capture: the two lengths need cache capacities of their own, hence programs of their own; the
+longer runs first, because a program that grows the drafter's shared cache invalidates the programs captured on
+the old one, which then capture again).
+Device time per stage: the mean over rounds 2.. of the CUDA events the loop records between the stage graphs
+(``RoundTrace.times``).
 Direct (un-captured) rounds of the same configuration are timed the same way, in the same run.
 
     PYTHONPATH=$PWD KDTREE_BACKEND=cuda python3 benchmarks/bench_round.py
@@ -23,7 +27,8 @@ prompt = target.tokenizer.encode('def running_mean(xs):\n    """Return the runni
 
 def steady(replay: bool, **kw):
     """(wall ms per round in steady state, mean device ms per stage, tau)."""
-    kd.generate(target, prompt, 8, drafter=drafter, replay=replay, **kw)               # warm-up: compile
+    for m in (2 * n, n):        # warm-up: compile, and capture the programs of both lengths' cache capacities
+        kd.generate(target, prompt, m, drafter=drafter, replay=replay, **kw)   # (longest first: see the docstring)
     g1 = kd.generate(target, prompt, n, drafter=drafter, replay=replay, **kw)
     g2 = kd.generate(target, prompt, 2 * n, drafter=drafter, replay=replay, **kw)
     assert g2.tokens[:n] == g1.tokens
