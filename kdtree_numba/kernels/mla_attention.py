@@ -93,6 +93,8 @@ ACC = 64          # FRAGS * 4 accumulators per thread
 WARPS = 8         # warps per block on the GPU (MB * KPARTS)
 assert MT == 16 * MB and ACC == 4 * FRAGS and WARPS == MB * KPARTS and KT == 16 and ROW_T >= MAX_D
 SPLIT_TARGET = 264  # blocks the key splits aim for: two per SM of the H200's 132
+LOADS = 8          # global loads a thread keeps in flight while filling a key tile (_v2_load_keys)
+MIN_SPLIT_TILES = 1  # v2 key splits down to one tile: a small decode's few blocks each wait for one tile, not four
 # Launch bounds (256 threads, V2_MIN_BLOCKS blocks per SM) for ptxas. With 1 (sm_90, CUDA 13.0): 181 registers,
 # no spills -> one block of 8 warps per SM. With 2: capped at 128 registers for 2 blocks (16 warps) per SM, and
 # 188 B of spill stores / 392 B of spill loads in the code - the trade to measure (benchmarks/bench_verify.py).
@@ -282,12 +284,27 @@ def _v2_begin(acc, ks, m_run, l_run, D):
 
 @cuda.jit(device=True)
 def _v2_load_keys(cache, rows, ks, D):
-    """The key tile: ks[j, :D] = cache[rows[j], :D], zeros where rows[j] < 0 (past the list, or a skipped slot)."""
+    """The key tile: ks[j, :D] = cache[rows[j], :D], zeros where rows[j] < 0 (past the list, or a skipped slot).
+    Element i = j * D + d of the tile goes to thread i % threads; a thread issues LOADS of its loads before it
+    stores any (a store to shared memory may alias a later global load for the compiler, so load-store pairs
+    would each wait a full memory latency: 16 of them per tile when D <= threads - the tiny model's decode)."""
     tid = cuda.threadIdx.x
-    for j in range(KT):
-        row = rows[j]
-        for d in range(tid, D, cuda.blockDim.x):
-            ks[j, d] = cache[row, d] if row >= 0 else float32(0.0)
+    nt = cuda.blockDim.x
+    n = KT * D
+    buf = cuda.local.array(LOADS, float32)               # registers: the loop below unrolls
+    for base in range(0, n, LOADS * nt):
+        for u in range(LOADS):
+            i = base + u * nt + tid
+            v = float32(0.0)
+            if i < n:
+                row = rows[i // D]
+                if row >= 0:
+                    v = cache[row, i % D]
+            buf[u] = v
+        for u in range(LOADS):
+            i = base + u * nt + tid
+            if i < n:
+                ks[i // D, i % D] = buf[u]
 
 
 @cuda.jit(device=True)
@@ -581,7 +598,7 @@ def launch_v2(kernel, q, cache, start, scale, lkv, out, max_keys, splits, *extra
     T, N, D = q.shape
     rows = T * N
     tiles = -(-rows // MT)
-    splits, split_len = plan_splits(tiles, max_keys, KT, 4 * KT, splits)      # decode: 64-row runs, ~all SMs
+    splits, split_len = plan_splits(tiles, max_keys, KT, MIN_SPLIT_TILES * KT, splits)
     direct, o_part, m_part, l_part = _partials(splits, T, N, lkv)
     flat = (o_part.reshape(splits, rows, lkv), m_part.reshape(splits, rows), l_part.reshape(splits, rows)) \
         if not direct else (o_part.reshape(1, 1, 1), m_part.reshape(1, 1), l_part.reshape(1, 1))
