@@ -79,6 +79,29 @@ for name, shape, fn, goal in [
 table(f"Stage kernels ({kd.backend.name}; copy bandwidth measured now: {copy:.0f} GB/s)",
       ["stage", "shape", "device time (us)", "GB/s", "% of copy", "goal"], rows)
 
+# draft top-K: which path pays at which vocabulary. logprobs.topk_logprobs splits a row over blocks only from
+# V >= 2 x SPLIT_CHUNK; a small draft vocabulary (the default pair: 15 x 4096, k = 64) takes one block per row,
+# 100 us per round in a replayed DDTree round (ncu, 2026-12-02). Same rows through both paths, ids checked equal.
+from kdtree_numba.kernels import logprobs, topk_block, topk_split  # noqa: E402
+
+topk_rows = []
+for V, k in ([(4096, 64), (32768, 64), (163840, 256)] if not a.quick else [(512, 16)]):
+    x = rand(15, V) * 3
+    lp, ids = xp.empty((15, k), np.float32), xp.empty((15, k), np.int32)
+    want = kd.backend.to_host(logprobs.topk_logprobs(x, k)[1])
+    paths = [("one block per row", lambda: topk_block._launch_block(x, k, lp, ids))]
+    paths += [(f"split, chunk {c}", lambda c=c: topk_split._launch_split(x, k, lp, ids, c))
+              for c in (1024, 4096, topk_split.SPLIT_CHUNK) if c < V]
+    base = None
+    for name, fn in paths:
+        fn()
+        assert (kd.backend.to_host(ids) == want).all(), f"top-K {name} disagrees at V = {V}"
+        us = graph_median_ms(fn, a.reps) * 1e3
+        base = base or us
+        topk_rows.append([f"15 x {V}, k {k}", name, f"{us:.1f}", f"{base / us:.2f}x"])
+table("Draft top-K (15 rows): one block per row vs rows split over blocks (device time, graph replay)",
+      ["logits", "path", "us", "speed-up vs one block per row"], topk_rows)
+
 # tiled GEMM vs cuBLAS
 n = 4096 if not a.quick else 64
 A, B = rand(n, n), rand(n, n)

@@ -1,0 +1,108 @@
+"""Per-kernel device time of one graph-replayed generation of the default pair, from NVIDIA Nsight Compute: which
+kernels a plain decode step or a DDTree round spends its time in.
+
+    ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv --page raw \\
+        python3 benchmarks/profile_kernels.py --method ddtree > ddtree.csv          # on the GPU machine
+    python3 benchmarks/profile_kernels.py --summarize ddtree.csv                    # anywhere
+
+The first command generates twice untimed (compile, capture), then profiles a third generation (``--tokens``,
+default 20) between cudaProfilerStart / Stop, so ncu sees only replayed steps or rounds (their graph nodes are
+profiled one by one) plus the generation's prefill. ``--method``: ``ar`` (plain decoding) or ``ddtree``
+(budget ``--budget``, default 64). ncu serialises the kernels and by default flushes the caches before each one,
+so its times run ~10 % above the CUDA-event stage times of bench_round.py; use them for shares, not totals.
+The second reads ncu's CSV: per kernel name (template and ABI suffixes cut), the calls per step / round, the mean
+and the total, largest first; a step or round is delimited by the kernel that runs once in each (the sampler for
+``ar``, the top-K for ``ddtree``), and the prefill before the first one is left out.
+Example (2026-12-02, H200, before that day's fixes): the v2 MLA attention 54 us x 5 per plain step (30 %); a
+cuBLAS 32x128 sgemm, the drafter's 16-row projections cut into 132-264 K slices, 46 us x 12 per DDTree round
+(24 %) - docs/PERFORMANCE.md has what was done about them.
+"""
+import argparse
+import csv
+import re
+import sys
+from collections import defaultdict
+
+MARKERS = {"ddtree": "topk_block::_topk_kernel", "ar": "sampling::_choose_kernel"}   # DDTree's first: it samples too
+
+
+def kernel_name(raw: str) -> str:
+    """ncu's demangled name without numba's ABI tag, template arguments or parameter list."""
+    return re.sub(r"\[abi:.*|<.*|\(.*", "", raw).strip()
+
+
+def summarize(path: str, top: int) -> None:
+    with open(path, newline="") as f:
+        rows = [r for r in csv.reader(f)]
+    head = next((i for i, r in enumerate(rows) if r and r[0] == "ID"), None)
+    if head is None:
+        sys.exit(f"{path}: no ncu raw CSV header (a row starting with \"ID\"); was it written with --csv --page raw?")
+    h = rows[head]
+    try:
+        ki, ti = h.index("Kernel Name"), h.index("gpu__time_duration.sum")
+    except ValueError as e:
+        sys.exit(f"{path}: {e} (profile with --metrics gpu__time_duration.sum)")
+    unit = rows[head + 1][ti] if head + 1 < len(rows) else "ns"
+    scale = {"ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}.get(unit, 1e-3)
+    launches = [(kernel_name(r[ki]), float(r[ti].replace(",", "")) * scale) for r in rows[head + 2:] if len(r) > ti]
+    marker = next((m for m in MARKERS.values() if any(n.startswith(m) for n, _ in launches)), None)
+    if marker is None:
+        sys.exit(f"{path}: none of the step markers {sorted(MARKERS.values())} was profiled")
+    at = [i for i, (n, _) in enumerate(launches) if n.startswith(marker)]
+    first = at[0] if marker == MARKERS["ddtree"] else at[0] + 1        # a step ends with its sampler
+    body = launches[first:at[-1] + (0 if marker == MARKERS["ddtree"] else 1)]
+    units = len(at) - 1
+    if units < 1 or not body:
+        sys.exit(f"{path}: fewer than two steps / rounds profiled")
+    calls, total = defaultdict(int), defaultdict(float)
+    for n, us in body:
+        calls[n] += 1
+        total[n] += us
+    whole = sum(total.values())
+    what = "round" if marker == MARKERS["ddtree"] else "step"
+    print(f"{units} {what}s, {len(body) / units:.0f} kernels and {whole / units:.1f} us per {what} (ncu times)\n")
+    print(f"| kernel | calls / {what} | mean us | us / {what} | share |")
+    print("|---|---|---|---|---|")
+    for n in sorted(total, key=total.get, reverse=True)[:top]:
+        print(f"| {n} | {calls[n] / units:.1f} | {total[n] / calls[n]:.2f} | {total[n] / units:.1f} | "
+              f"{100 * total[n] / whole:.1f} % |")
+
+
+def profile(method: str, tokens: int, budget: int) -> None:
+    import cupy
+
+    import kdtree_numba as kd
+    if kd.backend.name != "cuda":
+        sys.exit("profiling needs a GPU (KDTREE_BACKEND=cuda)")
+    target, drafter = kd.load_default()
+    prompt = target.tokenizer.encode('def running_mean(xs):\n    """Return the running mean of a list of numbers."""\n')
+    kw = dict(replay=True) if method == "ar" else dict(replay=True, drafter=drafter, budget=budget)
+    for _ in range(2):                                          # compile, capture; then the programs are kept
+        kd.generate(target, prompt, tokens, **kw)
+    kd.backend.synchronize()
+    cupy.cuda.runtime.profilerStart()
+    g = kd.generate(target, prompt, tokens, **kw)
+    kd.backend.synchronize()
+    cupy.cuda.runtime.profilerStop()
+    print(f"profiled: {method}, {len(g.tokens)} tokens, {len(g.rounds)} rounds", file=sys.stderr)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--method", choices=sorted(MARKERS), default="ddtree")
+    p.add_argument("--tokens", type=int, default=20, help="new tokens of the profiled generation (default 20)")
+    p.add_argument("--budget", type=int, default=64, help="DDTree budget (default 64)")
+    p.add_argument("--summarize", metavar="CSV", help="summarise an ncu CSV instead of profiling")
+    p.add_argument("--top", type=int, default=25, help="kernels listed by --summarize (default 25)")
+    a = p.parse_args()
+    for name in ("tokens", "budget", "top"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name}: {getattr(a, name)} is not a positive integer")
+    if a.summarize:
+        summarize(a.summarize, a.top)
+    else:
+        profile(a.method, a.tokens, a.budget)
+
+
+if __name__ == "__main__":
+    main()
