@@ -26,8 +26,10 @@ taken mark needs no sync). The block version took 269 us for Kimi's 4096 x 384 t
 barriers per token); see docs/PERFORMANCE.md for the warp version. The simulator has no warp shuffles, so it
 runs the block version; the GPU tests check the warp version against the same reference.
 
-Mapping (grouping): one block per expert; counts by a block reduction (primitives.smem_sum); the ordered write by
-a block-wide prefix scan (primitives.smem_prefix_sum) over chunks of assignments.
+Mapping (grouping): two launches of one block per expert. ``_count_kernel``: expert e's count by a block reduction
+(primitives.smem_sum). ``_scatter_kernel``: e's offset = the sum of the counts before it (another block
+reduction; the E-entry scan in CuPy cost four launches), then the ordered write by a block-wide prefix scan
+(primitives.smem_prefix_sum) over chunks of assignments.
 """
 from __future__ import annotations
 
@@ -263,13 +265,24 @@ def _count_kernel(flat, counts):
 
 
 @cuda.jit
-def _scatter_kernel(flat, offsets, order, slot):
+def _scatter_kernel(flat, counts, offsets, order, slot):
+    """Block e: its offset counts[0] + .. + counts[e - 1], summed here (E <= MAX_EXPERTS counts: a scan launch
+    cost more than this), written to offsets[e] (and offsets[E] by the last block); then e's assignments, in index
+    order, to order[offset ..] and their positions to slot."""
     e = cuda.blockIdx.x
     tid = cuda.threadIdx.x
     nthreads = cuda.blockDim.x
     scan = cuda.shared.array(MAX_THREADS, int32)
-    base = offsets[e]
-    if offsets[e + 1] == base:
+    c = 0
+    for i in range(tid, e, nthreads):
+        c += counts[i]
+    base = smem_sum(c, scan)
+    if tid == 0:
+        offsets[e] = base
+        if e == cuda.gridDim.x - 1:
+            offsets[e + 1] = base + counts[e]
+    cuda.syncthreads()                                    # everyone has read the sum before scan is reused
+    if counts[e] == 0:
         return
     n = flat.shape[0]
     for start in range(0, n, nthreads):
@@ -346,18 +359,16 @@ def group_by_expert(idx, n_experts: int):
         if idx.size and (idx.min() < 0 or idx.max() >= n_experts):
             raise ValueError(f"idx: expert ids must lie in [0, {n_experts}), got [{idx.min()}, {idx.max()}]")
         return group_by_expert_ref(idx, n_experts)
-    xp = backend.xp
     flat = idx.reshape(-1)
-    counts = backend.zeros((n_experts,), np.int32)
-    offsets = backend.zeros((n_experts + 1,), np.int32)
     order = backend.empty((flat.size,), np.int32)
     slot = backend.empty((flat.size,), np.int32)
     if flat.size == 0:
-        return counts, offsets, order, slot
+        return backend.zeros((n_experts,), np.int32), backend.zeros((n_experts + 1,), np.int32), order, slot
+    counts = backend.empty((n_experts,), np.int32)
+    offsets = backend.empty((n_experts + 1,), np.int32)
     threads = _pow2_at_most(flat.size, backend.block_size(256, 8))
-    backend.launch(_count_kernel, n_experts, threads, flat, counts)
-    offsets[1:] = xp.cumsum(counts)
-    backend.launch(_scatter_kernel, n_experts, threads, flat, offsets, order, slot)
+    backend.launch(_count_kernel, n_experts, threads, flat, counts)                   # counts [E]
+    backend.launch(_scatter_kernel, n_experts, threads, flat, counts, offsets, order, slot)
     return counts, offsets, order, slot
 
 

@@ -55,10 +55,12 @@ def test_bias_selects_but_does_not_weight():
     assert H(w)[0, 0] == pytest.approx(0.5)                # sigmoid(0), not sigmoid(0) + 5
 
 
-def test_group_by_expert_and_combine_round_trip():
+@pytest.mark.parametrize("T,k,E,used", [(9, 3, 7, 7), (21, 2, 12, 5)])    # 5 of 12: empty experts, first and last
+def test_group_by_expert_and_combine_round_trip(T, k, E, used):
     rng = np.random.default_rng(11)
-    T, k, E, Hd = 9, 3, 7, 5
-    idx = np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int32)
+    Hd = 5
+    experts = np.arange(1, E, 2)[:used] if used < E else np.arange(E)          # used < E: odd ids only
+    idx = np.stack([rng.permutation(experts)[:k] for _ in range(T)]).astype(np.int32)
     counts, offsets, order, slot = (H(a) for a in mr.group_by_expert(idx, E))
     rc, ro, rorder, rslot = mr.group_by_expert_ref(idx, E)
     for got, want in ((counts, rc), (offsets, ro), (order, rorder), (slot, rslot)):
