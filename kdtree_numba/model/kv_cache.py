@@ -29,12 +29,14 @@ class LatentCache:
         """Layer i's rows ``[capacity, width]`` (a contiguous view)."""
         return self.data[i]
 
-    def write(self, layer: int, start, c_kv, k_rot) -> None:
+    def write(self, layer: int, start, c_kv, k_rot, rows=None) -> None:
         """Store rows ``start .. start + T - 1`` of one layer: ``[c_kv (Lkv) ; k_rot (R)]``. ``start`` may be a
-        device int32 [1] array (graph replay): the rows are then scattered on the device, unchecked."""
+        device int32 [1] array (graph replay): the rows are then scattered on the device, unchecked; ``rows``: those
+        row indices [T] on the device when the caller has them already (one forward writes every layer's)."""
         T, lkv = c_kv.shape
         if hasattr(start, "shape"):
-            rows = start + backend.xp.arange(T, dtype=np.int32)                     # [T] on the device
+            if rows is None:
+                rows = start + backend.xp.arange(T, dtype=np.int32)                 # [T] on the device
             view = self.data[layer]                                                  # [capacity, width]
             view[rows, :lkv] = c_kv
             view[rows, lkv:] = k_rot

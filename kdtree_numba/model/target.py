@@ -158,8 +158,10 @@ class Target:
         T = ids.shape[0]
         if T == 0:
             raise ValueError("ids: expected at least one token, got an empty sequence")
+        rows = None                              # the cache rows start .. start + T - 1, on the device
         if hasattr(start, "shape"):              # device-side start [1] (graph replay): nothing read on the host
-            positions = tree.positions if tree is not None else start + backend.xp.arange(T, dtype=np.int32)
+            rows = start + backend.xp.arange(T, dtype=np.int32)                      # [T], shared by every layer
+            positions = tree.positions if tree is not None else rows
         elif start + T > cache.capacity:
             raise ValueError(f"ids: {T} tokens from position {start} exceed the cache capacity of {cache.capacity}")
         else:
@@ -169,7 +171,7 @@ class Target:
         hiddens = {}
         for i, L in enumerate(self.layers):
             h = rmsnorm.rmsnorm(x, L["in_norm"], cfg.rms_norm_eps)
-            x += self._attention(i, L, h, positions, cache, start, tree)
+            x += self._attention(i, L, h, positions, cache, start, tree, rows)
             h = rmsnorm.rmsnorm(x, L["post_norm"], cfg.rms_norm_eps)
             x += self._moe(L, h) if "gate" in L else self._mlp(L["gu"], L["down"], h)
             if i in hidden_layers:
@@ -177,7 +179,7 @@ class Target:
         x = rmsnorm.rmsnorm(x, self.w["norm"], cfg.rms_norm_eps)
         return gemm.linear(x, self.w["lm_head"]), hiddens                            # [T, V]
 
-    def _attention(self, i, L, h, positions, cache, start, tree):
+    def _attention(self, i, L, h, positions, cache, start, tree, rows=None):
         cfg = self.config
         xp = backend.xp
         T = h.shape[0]
@@ -192,7 +194,7 @@ class Target:
         c_kv = rmsnorm.rmsnorm(xp.ascontiguousarray(ckv[:, :Lkv]), L["kv_a_norm"], QKV_NORM_EPS)
         k_rot = xp.ascontiguousarray(ckv[:, Lkv:]).reshape(T, 1, R)
         rope.apply_rope(k_rot, positions, self.inv_freq, self.rope_amp, out=k_rot)
-        cache.write(i, start, c_kv, k_rot.reshape(T, R))
+        cache.write(i, start, c_kv, k_rot.reshape(T, R), rows)
 
         q_abs = backend.empty((T, N, Lkv + R), np.float32)                            # [T, N, Lkv+R]
         q_abs[:, :, :Lkv] = gemm.bmm(q[:, :, :P].transpose(1, 0, 2), L["w_uk"]).transpose(1, 0, 2)
