@@ -83,6 +83,29 @@ def torch_median_ms(fn, reps: int = 20, warmup: int = 3) -> float:
     return float(np.median(times))
 
 
+def torch_graph_median_ms(fn, reps: int = 20, warmup: int = 3) -> float:
+    """Median device time of torch work ``fn()`` replayed from a torch CUDA graph (the torch twin of
+    ``graph_median_ms``: host launch cost left out on both sides of a comparison). Falls back to
+    ``torch_median_ms`` (events around direct calls), saying so, when torch cannot capture ``fn``."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):                        # warm-up off the capture stream, as torch's docs ask
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+    except Exception as e:                               # report, do not hide
+        print(f"torch could not capture the baseline ({type(e).__name__}: {str(e)[:100]}); timing direct calls",
+              flush=True)
+        return torch_median_ms(fn, reps, warmup)
+    return torch_median_ms(graph.replay, reps, 2)
+
+
 def host_times_ms(fn, reps: int = 5, warmup: int = 1) -> list:
     """Wall times of ``fn()`` (which must synchronize itself), ms."""
     for _ in range(warmup):

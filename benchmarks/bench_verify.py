@@ -17,6 +17,10 @@ mask (-inf outside each token's keys; none for decode); once in strict fp32 (TF3
 (torch.backends.cuda.matmul.fp32_precision = "tf32" / allow_tf32, cuDNN likewise: the backends that go through
 cuBLAS then use tensor cores). Errors: every variant is checked against a float64 reference on the first shape
 of each table, and against SDPA (fp32) on every shape (max |difference| in the table).
+Times are device times on both sides: each call is captured once in a CUDA graph (ours with CuPy's stream
+capture, SDPA with torch.cuda.graph) and the replays timed with CUDA events, median of --reps. (Until 2026-12-02
+the events bracketed one direct call, which charged numba's ~30 us of host launch work to our kernels and torch's
+few microseconds to SDPA: the small cells compared launchers, not kernels.)
 
     PYTHONPATH=$PWD python3 benchmarks/bench_verify.py            # the GPU (KDTREE_BACKEND=cuda)
     KDTREE_BACKEND=sim python3 benchmarks/bench_verify.py --quick # a smoke run on the simulator (tiny shapes,
@@ -24,7 +28,7 @@ of each table, and against SDPA (fp32) on every shape (max |difference| in the t
 """
 import numpy as np
 
-from _common import args, kd, median_ms, save, table, torch_median_ms
+from _common import args, graph_median_ms, kd, save, table, torch_graph_median_ms
 
 a = args(__doc__)
 xp = kd.backend.xp
@@ -88,7 +92,7 @@ def sdpa_rows(q, cache, visible, reps, outs):
             return F.scaled_dot_product_attention(tq, tk, tv, attn_mask=mask, scale=SCALE)
         for tf32 in (False, True):
             set_tf32(tf32)
-            cells.append(torch_median_ms(run, reps))
+            cells.append(torch_graph_median_ms(run, reps))
             if not tf32:
                 check = run()[0].permute(1, 0, 2)
         set_tf32(False)
@@ -134,7 +138,7 @@ for S in contexts:
             outs, ms = {}, {}
             for v in VARIANTS:
                 outs[v] = xp.empty((n + 1, N, LKV), np.float32)
-                ms[v] = median_ms(lambda: tree_verify.tree_attention(
+                ms[v] = graph_median_ms(lambda: tree_verify.tree_attention(
                     q, cache, S, paths_d, depth_d, SCALE, LKV, max_depth=paths.shape[1] - 1, out=outs[v],
                     variant=v), reps if GPU else 1, 1 if not GPU else 3)
             if not rows:
@@ -157,8 +161,8 @@ for T, start, N in causal:
     outs, ms = {}, {}
     for v in VARIANTS:
         outs[v] = xp.empty((T, N, LKV), np.float32)
-        ms[v] = median_ms(lambda: mla_attention.mla_attention(q, cache, start, SCALE, LKV, out=outs[v], variant=v),
-                          reps if GPU else 1, 1 if not GPU else 3)
+        ms[v] = graph_median_ms(lambda: mla_attention.mla_attention(q, cache, start, SCALE, LKV, out=outs[v],
+                                                                    variant=v), reps if GPU else 1, 1 if not GPU else 3)
     if not rows:
         want = mla_attention.mla_attention_ref(H(q), H(cache), start, SCALE, LKV)
         print(f"float64 reference, causal T={T} start={start} N={N}: max error " + ", ".join(
