@@ -13,10 +13,12 @@ C^T [N, M] with ld = N. A row-major operand X [r, c] with element strides (s0, s
   X   with ld = s1, op T    when s0 == 1 (a transposed view, e.g. ``w.T`` of an HF weight [out, in]).
 Any other layout (or an ld cuBLAS would refuse) is copied contiguous first. Math: pure fp32 (the handle's default
 math mode, no TF32), so results agree with CuPy's own fp32 GEMMs to rounding.
-Small-M GEMMs (2 <= M <= SMALL_M rows: the drafter's 16-row block) go to a second handle without a workspace. With
-one, cuBLAS's heuristic picks split-K kernels that cut K = 256 into 132-264 slices (one or two per SM of the H200)
-and reduce them serially: 53 us on the H200 for [16, 256] @ [256, 128] - the drafter's k projection - against
-<= 25 us (launch-bound) without (2026-12-02, measured by timing both handles on the same shapes).
+Small GEMMs (2 <= M <= SMALL_M rows and K <= SMALL_K: the tiny drafter's 16-row block) go to a second handle
+without a workspace. With one, cuBLAS's heuristic picks split-K kernels that cut K = 256 or 768 into 132-264
+slices (one or two per SM of the H200) and reduce them serially: 53 us on the H200 for [16, 256] @ [256, 128] -
+the drafter's k projection - against <= 25 us (launch-bound) without (2026-12-02, measured by timing both
+handles on the same shapes). A long K (a Kimi-sized hidden of 7168) keeps the workspace: there split-K is what
+fills the GPU when M is small.
 Example: gemm(a [2, 3], w.T) with w [4, 3] contiguous -> sgemm(op_a=T on w with ld 3, op_b=N on a with ld 3,
 m=4, n=2, k=3) writing C^T [4, 2] = C [2, 4] row-major.
 """
@@ -31,7 +33,8 @@ import numpy as np
 from .. import backend
 
 WORKSPACE_BYTES = 32 << 20          # cuBLAS's recommended workspace on Hopper
-SMALL_M = 32                        # at most this many rows (and 2 or more): the handle without a workspace
+SMALL_M = 32                        # at most this many rows (and 2 or more) and
+SMALL_K = 1024                      # at most this K: the handle without a workspace
 _OP_N, _OP_T = 0, 1
 _state: dict = {}                   # the library, the handle, its stream and workspace (one per process)
 
@@ -58,9 +61,10 @@ def _check(status: int, what: str) -> None:
         raise RuntimeError(f"cuBLAS: {what} failed with status {status}")
 
 
-def _handle(rows: int = 0):
-    """The process's handle for a GEMM of ``rows`` output rows, bound to the backend stream (set again if the stream
-    changed): with the user workspace, or for small M (module docstring) the second handle, with none."""
+def _handle(rows: int = 0, k: int = 0):
+    """The process's handle for a GEMM of ``rows`` output rows and inner dimension ``k``, bound to the backend stream
+    (set again if the stream changed): with the user workspace, or for small GEMMs (module docstring) the second
+    handle, with none."""
     st = _state
     if "lib" not in st:
         lib = _library()
@@ -84,7 +88,7 @@ def _handle(rows: int = 0):
             _check(st["lib"].cublasSetWorkspace_v2(h, ctypes.c_void_p(ptr), ctypes.c_size_t(size)),
                    "cublasSetWorkspace")
         st["stream"] = backend.stream.ptr
-    st["handle"] = st["handles"][2 <= rows <= SMALL_M]
+    st["handle"] = st["handles"][2 <= rows <= SMALL_M and k <= SMALL_K]
     return st
 
 
@@ -109,7 +113,7 @@ def gemm(a, b, out):
     if K == 0:
         out[...] = 0
         return out
-    st = _handle(M)
+    st = _handle(M, K)
     b, op_b, ld_b = _operand(b, K, N)
     a, op_a, ld_a = _operand(a, M, K)
     target = out if out.flags.c_contiguous else backend.cp.empty((M, N), np.float32)
@@ -129,7 +133,7 @@ def gemm_batched(a, b, out):
     if K == 0:
         out[...] = 0
         return out
-    st = _handle(M)
+    st = _handle(M, K)
     b, op_b, ld_b = _operand(b, K, N)
     a, op_a, ld_a = _operand(a, M, K)
     target = out if out.flags.c_contiguous else backend.cp.empty((Bn, M, N), np.float32)

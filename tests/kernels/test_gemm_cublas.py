@@ -46,18 +46,18 @@ def test_batched_transposed_views_match_cupy():
                                kd.backend.to_host(cp.matmul(q.transpose(1, 0, 2), wt)), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("M", [3, 16, 65])        # 2 <= M <= SMALL_M: the handle without a workspace
-def test_linear_is_captured_in_a_cuda_graph_and_replays_new_inputs(M):
+@pytest.mark.parametrize("M,K", [(3, 256), (16, 256), (65, 256), (16, 2048)])   # small M and K: no workspace
+def test_linear_is_captured_in_a_cuda_graph_and_replays_new_inputs(M, K):
     cp = kd.backend.cp
     rng = np.random.default_rng(2)
-    x, w = _rand(rng, M, 256), _rand(rng, 128, 256)             # M = 16: the drafter's k projection
+    x, w = _rand(rng, M, K), _rand(rng, 128, K)                 # (16, 256): the drafter's k projection
     out = kd.backend.empty((M, 128), np.float32)
     gemm.linear(x, w, out=out)                                  # direct once (handle, workspace)
     stream = kd.backend.stream
     stream.begin_capture()
     gemm.linear(x, w, out=out)
     graph = stream.end_capture()
-    x[...] = _rand(rng, M, 256)
+    x[...] = _rand(rng, M, K)
     graph.launch(stream)
     np.testing.assert_array_equal(kd.backend.to_host(out), kd.backend.to_host(gemm.linear(x, w)))
     np.testing.assert_allclose(kd.backend.to_host(out), kd.backend.to_host(cp.matmul(x, w.T)), rtol=1e-5,
