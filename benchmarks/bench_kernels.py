@@ -54,22 +54,26 @@ bw_row("rope (in place)", f"{R_T} x 64 x 64", lambda: rope.apply_rope(q, pos, in
 del q
 # embedding gather
 table_w = rand(163840 if not a.quick else 512, Hd)
-ids = xp.asarray(np.random.default_rng(1).integers(0, table_w.shape[0], 4096).astype(np.int32))
-emb = xp.empty((4096, Hd), np.float32)
-bw_row("embedding", f"4096 rows of {table_w.shape[0]} x {Hd}", lambda: embedding.embed(table_w, ids, out=emb,
-                                                                                        check=False), 2 * emb.nbytes)
+n_ids = 4096 if not a.quick else 16
+ids = xp.asarray(np.random.default_rng(1).integers(0, table_w.shape[0], n_ids).astype(np.int32))
+emb = xp.empty((n_ids, Hd), np.float32)
+bw_row("embedding", f"{n_ids} rows of {table_w.shape[0]} x {Hd}", lambda: embedding.embed(table_w, ids, out=emb,
+                                                                                          check=False), 2 * emb.nbytes)
 del table_w, emb, x, out
-# routing at Kimi-K2's shape: 4096 tokens x 384 experts, top-8, one group
-logits = rand(4096, 384)
-bias = rand(384) * 0.1
+# routing at Kimi-K2's shape: 4096 tokens x 384 experts, top-8, one group (--quick: 16 tokens x 96 experts)
+n_tok, n_exp = (4096, 384) if not a.quick else (16, 96)
+logits = rand(n_tok, n_exp)
+bias = rand(n_exp) * 0.1
 # small kernels: the direct call is host-bound (numba launch + checks); a CUDA-graph replay shows device time
-ds_logits, ds_bias = logits[:, :256].copy(), bias[:256].copy()
+ds_logits, ds_bias = logits[:, :n_exp * 2 // 3].copy(), bias[:n_exp * 2 // 3].copy()
 idx, _ = moe_routing.route(logits, bias, 8, 1, 1, True, 2.827)
 for name, shape, fn, goal in [
-        ("moe routing", "4096 x 384, top-8", lambda: moe_routing.route(logits, bias, 8, 1, 1, True, 2.827), "< 50 us"),
-        ("moe routing (groups)", "4096 x 256, 8 groups keep 4",
+        ("moe routing", f"{n_tok} x {n_exp}, top-8", lambda: moe_routing.route(logits, bias, 8, 1, 1, True, 2.827),
+         "< 50 us"),
+        ("moe routing (groups)", f"{n_tok} x {ds_logits.shape[1]}, 8 groups keep 4",
          lambda: moe_routing.route(ds_logits, ds_bias, 8, 8, 4, True, 2.5), ""),
-        ("group by expert", "32768 assignments, 384 experts", lambda: moe_routing.group_by_expert(idx, 384), "")]:
+        ("group by expert", f"{idx.size} assignments, {n_exp} experts",
+         lambda: moe_routing.group_by_expert(idx, n_exp), "")]:
     direct = median_ms(fn, a.reps)
     try:
         dev = f"{graph_median_ms(fn, a.reps) * 1e3:.1f}"
