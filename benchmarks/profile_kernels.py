@@ -23,6 +23,12 @@ import re
 import sys
 from collections import defaultdict
 
+def fail(message: str) -> None:
+    """One line on stderr, exit status 2 (bad input, like the project's CLI)."""
+    print(message, file=sys.stderr)
+    sys.exit(2)
+
+
 MARKERS = {"ddtree": "topk_block::_topk_kernel", "ar": "sampling::_choose_kernel"}   # DDTree's first: it samples too
 
 
@@ -32,28 +38,31 @@ def kernel_name(raw: str) -> str:
 
 
 def summarize(path: str, top: int) -> None:
-    with open(path, newline="") as f:
-        rows = [r for r in csv.reader(f)]
+    try:
+        with open(path, newline="") as f:
+            rows = [r for r in csv.reader(f)]
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        fail(f"{path}: cannot read it as a CSV ({type(e).__name__}: {e})")
     head = next((i for i, r in enumerate(rows) if r and r[0] == "ID"), None)
     if head is None:
-        sys.exit(f"{path}: no ncu raw CSV header (a row starting with \"ID\"); was it written with --csv --page raw?")
+        fail(f"{path}: no ncu raw CSV header (a row starting with \"ID\"); was it written with --csv --page raw?")
     h = rows[head]
     try:
         ki, ti = h.index("Kernel Name"), h.index("gpu__time_duration.sum")
     except ValueError as e:
-        sys.exit(f"{path}: {e} (profile with --metrics gpu__time_duration.sum)")
+        fail(f"{path}: {e} (profile with --metrics gpu__time_duration.sum)")
     unit = rows[head + 1][ti] if head + 1 < len(rows) else "ns"
     scale = {"ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}.get(unit, 1e-3)
     launches = [(kernel_name(r[ki]), float(r[ti].replace(",", "")) * scale) for r in rows[head + 2:] if len(r) > ti]
     marker = next((m for m in MARKERS.values() if any(n.startswith(m) for n, _ in launches)), None)
     if marker is None:
-        sys.exit(f"{path}: none of the step markers {sorted(MARKERS.values())} was profiled")
+        fail(f"{path}: none of the step markers {sorted(MARKERS.values())} was profiled")
     at = [i for i, (n, _) in enumerate(launches) if n.startswith(marker)]
     first = at[0] if marker == MARKERS["ddtree"] else at[0] + 1        # a step ends with its sampler
     body = launches[first:at[-1] + (0 if marker == MARKERS["ddtree"] else 1)]
     units = len(at) - 1
     if units < 1 or not body:
-        sys.exit(f"{path}: fewer than two steps / rounds profiled")
+        fail(f"{path}: fewer than two steps / rounds profiled")
     calls, total = defaultdict(int), defaultdict(float)
     for n, us in body:
         calls[n] += 1
@@ -73,7 +82,7 @@ def profile(method: str, tokens: int, budget: int) -> None:
 
     import kdtree_numba as kd
     if kd.backend.name != "cuda":
-        sys.exit("profiling needs a GPU (KDTREE_BACKEND=cuda)")
+        fail("profiling needs a GPU (KDTREE_BACKEND=cuda)")
     target, drafter = kd.load_default()
     prompt = target.tokenizer.encode('def running_mean(xs):\n    """Return the running mean of a list of numbers."""\n')
     kw = dict(replay=True) if method == "ar" else dict(replay=True, drafter=drafter, budget=budget)

@@ -1,0 +1,57 @@
+"""benchmarks/profile_kernels.py --summarize: an ncu raw CSV -> per kernel calls, mean and share per step / round
+(the profiling half needs a GPU and ncu; the summary runs anywhere)."""
+import csv
+import os
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "profile_kernels.py")
+TOPK = "topk_block::_topk_kernel[abi:v81,cw51c](Array<float, 2>)"
+ATTN = "tree_verify::_tree_attention_v2_kernel[abi:v142,cw51c](Array<float, 2>)"
+GEMM = "sm80_xmma_gemm_f32f32_tn_n_tilesize32x128x8_execute_kernel__5x_cublas"
+
+
+def write_csv(path, launches):
+    with open(path, "w", newline="") as f:
+        f.write("==PROF== Connected to process 1\n")
+        w = csv.writer(f)
+        w.writerow(["ID", "Process ID", "Kernel Name", "gpu__time_duration.sum"])
+        w.writerow(["", "", "", "nsecond"])
+        for i, (name, ns) in enumerate(launches):
+            w.writerow([i, 1, name, f"{ns:,}"])
+
+
+def summarize(path):
+    return subprocess.run([sys.executable, SCRIPT, "--summarize", str(path)], capture_output=True, text=True)
+
+
+def test_rounds_split_at_the_top_k_and_prefill_left_out(tmp_path):
+    prefill = [(GEMM, 900_000)]                                   # before the first round: not counted
+    round_ = [(TOPK, 100_000), (ATTN, 70_000), (ATTN, 74_000), (GEMM, 46_000)]
+    write_csv(tmp_path / "p.csv", prefill + round_ * 3 + [(TOPK, 100_000)])
+    r = summarize(tmp_path / "p.csv")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("3 rounds, 4 kernels and 290.0 us per round")
+    rows = {ln.split(" | ")[0].lstrip("| "): ln.split(" | ")[1:] for ln in lines if ln.startswith("| ") and
+            "calls" not in ln}
+    assert rows["tree_verify::_tree_attention_v2_kernel"][:3] == ["2.0", "72.00", "144.0"]
+    assert rows[GEMM][:3] == ["1.0", "46.00", "46.0"]                 # the prefill's 900 us is not in it
+    assert next(iter(rows)) == "tree_verify::_tree_attention_v2_kernel"   # largest share first
+
+
+@pytest.mark.parametrize("text, why", [("no header here\n", "no ncu raw CSV header"),
+                                       ('"ID","Kernel Name"\n"",""\n', "gpu__time_duration.sum")])
+def test_a_bad_csv_is_one_line_and_exit_2(tmp_path, text, why):
+    p = tmp_path / "bad.csv"
+    p.write_text(text)
+    r = summarize(p)
+    assert r.returncode == 2 and why in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_missing_csv_is_one_line_and_exit_2(tmp_path):
+    r = summarize(tmp_path / "none.csv")
+    why = "cannot read it as a CSV"
+    assert r.returncode == 2 and why in r.stderr and len(r.stderr.strip().splitlines()) == 1
