@@ -106,6 +106,18 @@ def torch_graph_median_ms(fn, reps: int = 20, warmup: int = 3) -> float:
     return torch_median_ms(graph.replay, reps, 2)
 
 
+def steady_pair(generate, n: int):
+    """(g1, g2): generations of n and 2n tokens (``generate(m)`` -> a Generation), timed after both lengths ran once
+    untimed, longest first - each length may need a cache capacity, i.e. a replay program, of its own, and a
+    program that grows the drafter's shared cache invalidates the ones captured before it (they capture again).
+    Their difference is steady state: prefill and the first step or round cancel out. g1 must be g2's prefix."""
+    for m in (2 * n, n):
+        generate(m)
+    g1, g2 = generate(n), generate(2 * n)
+    assert g2.tokens[:n] == g1.tokens, "the n- and 2n-token generations disagree"
+    return g1, g2
+
+
 def host_times_ms(fn, reps: int = 5, warmup: int = 1) -> list:
     """Wall times of ``fn()`` (which must synchronize itself), ms."""
     for _ in range(warmup):

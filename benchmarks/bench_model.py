@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from _common import args, copy_bandwidth_gbs, kd, save, sync, table
+from _common import args, copy_bandwidth_gbs, kd, save, steady_pair, sync, table
 
 a = args(__doc__, lambda p: p.add_argument("--context", type=int, default=4096))
 xp = kd.backend.xp
@@ -98,18 +98,9 @@ for s in range(steps):
 ours_decode = float(np.median(step_ms[1:] if len(step_ms) > 1 else step_ms))
 
 
-def replayed_decode_ms() -> float:
-    """Steady-state ms per token of graph-replayed greedy decoding (``generate(replay=True)``): the difference of an
-    n- and a 2n-token generation over n (prefill, the first direct step and the capture cancel out)."""
-    n = 3 * steps
-    kd.generate(target, prompt, 2, replay=True)                                   # compile + capture
-    g1 = kd.generate(target, prompt, n, replay=True)
-    g2 = kd.generate(target, prompt, 2 * n, replay=True)
-    assert g2.tokens[:n] == g1.tokens, "replayed generations disagree"
-    return 1e3 * (g2.seconds - g1.seconds) / n
-
-
-ours_replayed = replayed_decode_ms()
+# steady-state ms per token of graph-replayed greedy decoding: an n- and a 2n-token generation's difference over n
+g1, g2 = steady_pair(lambda m: kd.generate(target, prompt, m, replay=True), 3 * steps)
+ours_replayed = 1e3 * (g2.seconds - g1.seconds) / (3 * steps)
 
 # memory floor of one decode step
 per_layer_attn = sum(int(layers[0][k].nbytes) for k in ("q_a", "q_b", "kv_a", "w_uk", "w_uv_t", "o"))

@@ -3,10 +3,8 @@ the sum of its stages' device times (how much host time is left between the grap
 
 The trained default pair (target + DFlash drafter) on a held-out-style prompt, greedy. Per configuration two
 replayed generations of n and 2n tokens; the steady-state wall time of a round is their difference divided by
-their difference in rounds (prefill and the first direct round cancel out; both lengths ran once untimed before,
-so neither pays a capture: the two lengths need cache capacities of their own, hence programs of their own; the
-longer runs first, because a program that grows the drafter's shared cache invalidates the programs captured on
-the old one, which then capture again).
+their difference in rounds (``_common.steady_pair``: prefill and the first round cancel out, and neither pays a
+capture).
 Device time per stage: the mean over rounds 2.. of the CUDA events the loop records between the stage graphs
 (``RoundTrace.times``).
 Direct (un-captured) rounds of the same configuration are timed the same way, in the same run.
@@ -15,7 +13,7 @@ Direct (un-captured) rounds of the same configuration are timed the same way, in
 """
 import numpy as np
 
-from _common import args, kd, save, table
+from _common import args, kd, save, steady_pair, table
 
 from kdtree_numba.decode.trace import STAGES  # noqa: E402
 
@@ -27,11 +25,7 @@ prompt = target.tokenizer.encode('def running_mean(xs):\n    """Return the runni
 
 def steady(replay: bool, **kw):
     """(wall ms per round in steady state, mean device ms per stage, tau)."""
-    for m in (2 * n, n):        # warm-up: compile, and capture the programs of both lengths' cache capacities
-        kd.generate(target, prompt, m, drafter=drafter, replay=replay, **kw)   # (longest first: see the docstring)
-    g1 = kd.generate(target, prompt, n, drafter=drafter, replay=replay, **kw)
-    g2 = kd.generate(target, prompt, 2 * n, drafter=drafter, replay=replay, **kw)
-    assert g2.tokens[:n] == g1.tokens
+    g1, g2 = steady_pair(lambda m: kd.generate(target, prompt, m, drafter=drafter, replay=replay, **kw), n)
     wall = 1e3 * (g2.seconds - g1.seconds) / max(1, len(g2.rounds) - len(g1.rounds))
     stages = {s: float(np.mean([r.times[s] for r in g2.rounds[1:]])) for s in STAGES}
     return wall, stages, g2.acceptance_length
