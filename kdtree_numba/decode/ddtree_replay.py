@@ -105,7 +105,7 @@ class _RoundProgram(Program):
                 fn()
                 marks.append(backend.mark())
             self.run[-1]()
-            marks.append(backend.mark())                                       # the round's end (the reader waits on it)
+            marks.append(backend.mark())                                    # the round's end: the reader waits on it
             yield marks
             if backend.name == "cuda" and self.run[0] == self._draft:      # after one direct round: capture
                 self.run = [CapturedStep(fn, f"the DDTree round's {name} stage").replay for name, fn in self.stages]
