@@ -1,7 +1,7 @@
 """Top-K of a row of logits by one block: the one-block-per-row path of ``logprobs.topk_logprobs`` (the spec).
 
-Mapping: one block per row (``_topk_kernel`` -> ``_topk_row``), MAX_THREADS = 512 threads on a GPU (32 on the
-simulator); the packed key, fold, merge, threshold and sort are kernels/topk_common.py's.
+Mapping: one block per row (``_topk_kernel`` -> ``_topk_row``), ``block_threads(V)`` threads on a GPU (up to
+MAX_THREADS = 512, at least 16 columns each; 32 on the simulator); the packed key, fold, merge, threshold and sort are kernels/topk_common.py's.
   Pass 1 (eight loads issued per step, then folded): each thread folds its strided elements into a running (max,
   sum of exp) and two tops m, m2. Block reductions give lse and lo = the smallest m2; a NaN or +inf row gets NaN
   log-probs and -1 ids.
@@ -223,6 +223,19 @@ def _topk_kernel(x, bits, k, lp_out, ids_out):
 
 
 # ------------------------------------------------------------------------------------------------ launchers
+def block_threads(V: int) -> int:
+    """Threads of the one-block path for rows of V columns: a power of two in [32, MAX_THREADS] that gives every
+    thread at least 16 columns (two fold steps) where V allows. A thread's second top (m2) comes from its second
+    step of eight (``_fold_range``): with one step it has none, the histogram stays empty (lo = +inf), b* = 0 and
+    all V columns become candidates for the bitonic sort - 512 threads on 15 x 4096 logits took 100 us that way,
+    against ~64 candidates and a rank sort with 256 threads. Example: V = 4096 -> 256; V = 163840 -> 512."""
+    t = 32
+    while t < MAX_THREADS and 2 * t * 16 <= V:
+        t *= 2
+    return t
+
+
 def _launch_block(x, k: int, lp, ids) -> None:
     """Top-K with one block per row of ``x [R, V]`` (arguments validated by ``logprobs.topk_logprobs``)."""
-    backend.launch(_topk_kernel, x.shape[0], backend.block_size(MAX_THREADS, 32), x, x.view(np.uint32), k, lp, ids)
+    threads = backend.block_size(block_threads(x.shape[1]), 32)
+    backend.launch(_topk_kernel, x.shape[0], threads, x, x.view(np.uint32), k, lp, ids)

@@ -16,7 +16,7 @@ H = kd.backend.to_host
 
 @pytest.mark.parametrize("kind,V,k", [("normal", 301, 7), ("normal", 129, 129), ("peaked", 260, 33),
                                       ("ties", 333, 40), ("uniform", 90, 17), ("neginf", 211, 50),
-                                      ("signed_zero", 64, 5)])
+                                      ("signed_zero", 64, 5), ("normal", 4096, 64)])
 def test_topk_matches_reference(kind, V, k):
     rng = np.random.default_rng(V + k)
     x = rng.standard_normal((3, V)).astype(np.float32)
@@ -37,6 +37,17 @@ def test_topk_matches_reference(kind, V, k):
     np.testing.assert_array_equal(H(ids), rids)
     np.testing.assert_allclose(H(lp), rlp, rtol=1e-5, atol=2e-6)
     assert np.all(np.diff(H(lp), axis=1) <= 0)
+
+
+def test_block_threads_give_every_thread_two_fold_steps():
+    """The one-block path's threads: the most (a power of two, 32..MAX_THREADS) that leave each thread >= 16
+    columns; with fewer, a thread has no second top and the whole row becomes candidates."""
+    for V in [1, 31, 511, 512, 1023, 1024, 4095, 4096, 4097, 8192, 32767, 163840]:
+        t = tb.block_threads(V)
+        assert 32 <= t <= tb.MAX_THREADS and t & (t - 1) == 0, (V, t)
+        assert t == 32 or 16 * t <= V, (V, t)
+        assert t == tb.MAX_THREADS or 32 * t > V, (V, t)
+    assert tb.block_threads(4096) == 256
 
 
 def test_topk_tie_overflow_takes_lowest_ids():
