@@ -502,28 +502,59 @@ def _attention_v2_kernel(q, cache, start0, start_dev, scale, n_heads, split_len,
 
 
 # ------------------------------------------------------------------------------------------------ combine
+@cuda.jit(device=True)
+def _row8(a, z0, Z, r):
+    """a[min(z0 + i, Z - 1), r], i < 8: eight splits' loads issued before any is used (clamped, no branch)."""
+    return (a[min(z0, Z - 1), r], a[min(z0 + 1, Z - 1), r], a[min(z0 + 2, Z - 1), r], a[min(z0 + 3, Z - 1), r],
+            a[min(z0 + 4, Z - 1), r], a[min(z0 + 5, Z - 1), r], a[min(z0 + 6, Z - 1), r], a[min(z0 + 7, Z - 1), r])
+
+
+@cuda.jit(device=True)
+def _col8(a, z0, Z, r, c):
+    """a[min(z0 + i, Z - 1), r, c], i < 8 (as _row8)."""
+    return (a[min(z0, Z - 1), r, c], a[min(z0 + 1, Z - 1), r, c], a[min(z0 + 2, Z - 1), r, c],
+            a[min(z0 + 3, Z - 1), r, c], a[min(z0 + 4, Z - 1), r, c], a[min(z0 + 5, Z - 1), r, c],
+            a[min(z0 + 6, Z - 1), r, c], a[min(z0 + 7, Z - 1), r, c])
+
+
+@cuda.jit(device=True)
+def _term(m, l, o, z, Z, mx):
+    """Split z's (weight x o, weight x l), weight = exp(m - mx); zero past the splits or for an empty split."""
+    w = float32(math.exp(m - mx)) if z < Z and l > 0 else float32(0.0)
+    return w * o, w * l
+
+
 @cuda.jit
 def _combine_kernel(o_part, m_part, l_part, out):
-    T = out.shape[0]
-    N = out.shape[1]
-    lkv = out.shape[2]
+    """out[r, c] = sum_z exp(m_z - M) o_z[r, c] / sum_z exp(m_z - M) l_z[r], M = max_z m_z (empty splits: l = 0).
+    One thread per output (rows flattened: o_part [Z, rows, Lkv], m_part / l_part [Z, rows], out [rows, Lkv]).
+    Eight splits' loads go out together (a decode step has up to SPLIT_TARGET splits, most of them one tile:
+    one load at a time made this 10-13 us a call, ncu 2026-12-02)."""
+    rows = out.shape[0]
+    lkv = out.shape[1]
+    Z = m_part.shape[0]
     idx = cuda.grid(1)
-    if idx >= T * N * lkv:
+    if idx >= rows * lkv:
         return
     c = idx % lkv
-    h = (idx // lkv) % N
-    t = idx // (lkv * N)
+    r = idx // lkv
     mx = float32(NEG_INF)
-    for z in range(m_part.shape[0]):
-        mx = max(mx, m_part[z, t, h])
+    for z0 in range(0, Z, 8):                          # clamped repeats of the last split leave the max alone
+        m0, m1, m2, m3, m4, m5, m6, m7 = _row8(m_part, z0, Z, r)
+        mx = max(mx, max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7))))
     num = float32(0.0)
     den = float32(0.0)
-    for z in range(m_part.shape[0]):
-        if l_part[z, t, h] > 0:
-            w = float32(math.exp(m_part[z, t, h] - mx))
-            num += w * o_part[z, t, h, c]
-            den += w * l_part[z, t, h]
-    out[t, h, c] = num / den
+    for z0 in range(0, Z, 8):
+        m0, m1, m2, m3, m4, m5, m6, m7 = _row8(m_part, z0, Z, r)
+        l0, l1, l2, l3, l4, l5, l6, l7 = _row8(l_part, z0, Z, r)
+        o0, o1, o2, o3, o4, o5, o6, o7 = _col8(o_part, z0, Z, r, c)
+        for a, b in (_term(m0, l0, o0, z0, Z, mx), _term(m1, l1, o1, z0 + 1, Z, mx),
+                     _term(m2, l2, o2, z0 + 2, Z, mx), _term(m3, l3, o3, z0 + 3, Z, mx),
+                     _term(m4, l4, o4, z0 + 4, Z, mx), _term(m5, l5, o5, z0 + 5, Z, mx),
+                     _term(m6, l6, o6, z0 + 6, Z, mx), _term(m7, l7, o7, z0 + 7, Z, mx)):
+            num += a
+            den += b
+    out[r, c] = num / den
 
 
 # ------------------------------------------------------------------------------------------------ launchers
@@ -563,9 +594,10 @@ def _partials(splits: int, T: int, N: int, lkv: int):
 
 
 def _combine(o_part, m_part, l_part, out):
-    n = out.size
+    Z, T, N, lkv = o_part.shape
     threads = backend.block_size(256, 32)
-    backend.launch(_combine_kernel, (n + threads - 1) // threads, threads, o_part, m_part, l_part, out)
+    backend.launch(_combine_kernel, (out.size + threads - 1) // threads, threads, o_part.reshape(Z, T * N, lkv),
+                   m_part.reshape(Z, T * N), l_part.reshape(Z, T * N), out.reshape(T * N, lkv))
 
 
 def launch_v1(kernel, q, cache, start, scale, lkv, out, max_keys, splits, *extra):

@@ -36,6 +36,7 @@ def test_causal_matches_reference(T, N, D, lkv, start, splits, variant):
     (5, 3, 13, 9, 0, None),       # 15 rows, 5 tokens in one tile: the causal mask inside the tile
     (2, 33, 16, 8, 4, 2),         # 66 rows: 3 tiles, the last with 2 rows; 2 key splits + combine
     (1, 7, 20, 16, 40, 3),        # decode: one token, 3 splits of 16 rows
+    (1, 3, 20, 16, 170, 11),      # 11 splits: the combine's eight-split steps, the second one partial
     (2, 2, 140, 136, 5, None),    # Lkv > 128: 4 warps on the simulator (2 k-parts, 2 column groups)
 ])
 def test_v2_causal_tiles(T, N, D, lkv, start, splits):
