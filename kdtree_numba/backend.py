@@ -216,7 +216,14 @@ def launch(kernel, grid, block, *args, shared: int = 0) -> None:
         raise RuntimeError("launch: the numpy backend runs references, not kernels")
     args = tuple(view(a) if hasattr(a, "__cuda_array_interface__") else a for a in args)
     if _name() != "cuda":
+        # the simulator refuses strided views (a GPU kernel takes them as they are): run on contiguous copies and
+        # write them back into the views
+        views = [a if isinstance(a, np.ndarray) and not a.flags["C_CONTIGUOUS"] else None for a in args]
+        args = tuple(np.ascontiguousarray(a) if v is not None else a for a, v in zip(args, views))
         kernel[grid, block, 0, shared](*args)
+        for v, a in zip(views, args):
+            if v is not None:
+                v[...] = a
         return
     bind_stream()
     if _nb_stream is None:

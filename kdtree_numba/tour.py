@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import backend
-from .kernels import (embedding, gemm, kv_compaction, logprobs, mla_attention, moe_routing, rmsnorm, rope, sampling,
-                      swiglu, tree, tree_accept, tree_build, tree_verify)
+from .kernels import (embedding, gemm, kv_compaction, logprobs, mla_attention, mla_latent, moe_routing, rmsnorm, rope,
+                      sampling, swiglu, tree, tree_accept, tree_build, tree_verify)
 
 
 def _cases(rng):
@@ -32,6 +32,10 @@ def _cases(rng):
     yield "moe routing (weights)", "6x16 top-3", H(wts), rw
     order = H(moe_routing.group_by_expert(idx, 16)[2])
     yield "moe grouping", "18 assignments", order, moe_routing.group_by_expert_ref(ridx, 16)[2]
+    ckv, lat = f32(4, 15), backend.zeros((9, 15), np.float32)
+    mla_latent.write_latent(ckv, w[:9], 1e-6, pos[:4], inv[:3], 1.0, lat, 2)
+    yield "mla latent write", "4 rows of 9 + 6", H(lat)[2:6], mla_latent.latent_rows_ref(ckv, w[:9], 1e-6, pos[:4],
+                                                                                       inv[:3])
     qa, cache = f32(3, 5, 13), f32(12, 13)
     yield "mla attention", "3 tokens x 5 heads, 9 rows", H(mla_attention.mla_attention(qa, cache, 6, 0.3, 9)), \
         mla_attention.mla_attention_ref(qa, cache, 6, 0.3, 9)

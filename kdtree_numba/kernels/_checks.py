@@ -11,12 +11,14 @@ import numpy as np
 from .. import backend
 
 
-def array(x, arg: str, dtype=None, ndim: int | None = None, shape: tuple | None = None, kinds: str | None = None):
+def array(x, arg: str, dtype=None, ndim: int | None = None, shape: tuple | None = None, kinds: str | None = None,
+          strided: bool = False):
     """Return ``x`` as an array of the current backend after checking it.
 
     dtype: exact dtype required; kinds: allowed dtype kinds instead (e.g. "iu" for any integer);
     shape: entries may be None (any size). Host arrays are moved to the device on the cuda backend;
-    non-contiguous arrays are refused rather than silently copied.
+    non-contiguous arrays are refused rather than silently copied, unless ``strided`` (a kernel that indexes
+    every axis itself, e.g. RoPE writing a slice of a wider row).
     """
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
         raise ValueError(f"{arg}: expected an array, got {type(x).__name__}")
@@ -33,17 +35,21 @@ def array(x, arg: str, dtype=None, ndim: int | None = None, shape: tuple | None 
             raise ValueError(f"{arg}: expected shape {want}, got {tuple(x.shape)}")
     flags = getattr(x, "flags", None)
     if flags is not None and not flags["C_CONTIGUOUS"]:
-        raise ValueError(f"{arg}: expected a C-contiguous array, got strides {tuple(x.strides)}")
+        if not strided:
+            raise ValueError(f"{arg}: expected a C-contiguous array, got strides {tuple(x.strides)}")
+        if backend.is_device(x) == (backend.name == "cuda"):
+            return x                                  # already where the kernel reads it: a view, not a copy
     return backend.asarray(x)
 
 
-def out_array(out, arg: str, shape: tuple, dtype):
-    """A fresh output array, or the caller's ``out`` after checking its shape and dtype."""
+def out_array(out, arg: str, shape: tuple, dtype, strided: bool = False):
+    """A fresh output array, or the caller's ``out`` after checking its shape and dtype (``strided``: as
+    ``array``)."""
     if out is None:
         return backend.empty(shape, dtype)
     if backend.name == "cuda" and not backend.is_device(out):
         raise ValueError(f"{arg}: expected a device (CuPy) array on the cuda backend, got {type(out).__name__}")
-    return array(out, arg, dtype=dtype, shape=shape)
+    return array(out, arg, dtype=dtype, shape=shape, strided=strided)
 
 
 def integer(value, arg: str, lo: int | None = None, hi: int | None = None) -> int:

@@ -125,11 +125,30 @@ def gemm(a, b, out):
 
 
 def gemm_batched(a, b, out):
-    """``out [B, M, N] = a [B, M, K] @ b [B, K, N]`` per batch (strided views allowed; out C-contiguous)."""
+    """``out [B, M, N] = a [B, M, K] @ b [B, K, N]`` per batch (strided views allowed for all three; ``out`` is
+    written in place when its rows are contiguous - e.g. a head-major view of a token-major buffer - else through
+    a contiguous temporary)."""
     Bn, M, K = a.shape
     N = b.shape[2]
     if Bn == 0 or M == 0 or N == 0:
         return out
+    if K == 0:
+        out[...] = 0
+        return out
+    st = _handle(M, K)
+    b, op_b, ld_b = _operand(b, K, N)
+    a, op_a, ld_a = _operand(a, M, K)
+    sb, sm, sn = (s // 4 for s in out.strides)
+    in_place = all(s % 4 == 0 for s in out.strides) and sn == 1 and (sm >= N or M == 1) and sb > 0
+    target = out if in_place else backend.cp.empty((Bn, M, N), np.float32)
+    ld_c, stride_c = (max(sm, N), sb) if in_place else (N, M * N)
+    _check(st["lib"].cublasSgemmStridedBatched(
+        st["handle"], op_b, op_a, N, M, K, ctypes.byref(st["one"]), b.data.ptr, ld_b, b.strides[0] // 4,
+        a.data.ptr, ld_a, a.strides[0] // 4, ctypes.byref(st["zero"]), target.data.ptr, ld_c, stride_c, Bn),
+        "cublasSgemmStridedBatched")
+    if target is not out:
+        out[...] = target
+    return out
     if K == 0:
         out[...] = 0
         return out

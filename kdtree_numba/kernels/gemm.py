@@ -98,7 +98,9 @@ def _launch_tiles(kernel, tile_m: int, tile_n: int, block, a, b, out):
 def bmm(a, b, out=None):
     """Batched ``a @ b``: a [B, M, K], b [B, K, N] -> [B, M, N] (strided-batched cuBLAS on the GPU).
 
-    Inputs may be transposed views (the per-head absorption multiplies ``[N, T, P] @ [N, P, Lkv]``)."""
+    Inputs may be transposed views (the per-head absorption multiplies ``[N, T, P] @ [N, P, Lkv]``), and so may
+    ``out`` (a head-major view ``[N, T, Lkv]`` of the token-major query buffer: the product lands in place).
+    Batches of ``out`` must not overlap."""
     for arr, arg in ((a, "a"), (b, "b")):
         if getattr(arr, "ndim", None) != 3 or np.dtype(arr.dtype) != np.float32:
             raise ValueError(f"{arg}: expected a 3-d float32 array, got "
@@ -106,7 +108,7 @@ def bmm(a, b, out=None):
     if a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
         raise ValueError(f"b: expected shape ({a.shape[0]}, {a.shape[2]}, *) to match a {tuple(a.shape)}, "
                          f"got {tuple(b.shape)}")
-    out = _checks.out_array(out, "out", (a.shape[0], a.shape[1], b.shape[2]), np.float32)
+    out = _checks.out_array(out, "out", (a.shape[0], a.shape[1], b.shape[2]), np.float32, strided=True)
     return _product(a, b, out)
 
 

@@ -108,15 +108,16 @@ def _rope_kernel(x, positions, inv_freq, amp, out):
 
 
 def apply_rope(x, positions, inv_freq, amp: float = 1.0, out=None):
-    """NeoX RoPE of ``x [T, N, R]`` at ``positions [T]``; ``out`` may be ``x`` (in place)."""
-    x = _checks.array(x, "x", dtype=np.float32, ndim=3)
+    """NeoX RoPE of ``x [T, N, R]`` at ``positions [T]``; ``out`` may be ``x`` (in place). Both may be strided
+    views (e.g. the rope columns of q, written into the rope columns of the absorbed query: no copies)."""
+    x = _checks.array(x, "x", dtype=np.float32, ndim=3, strided=True)
     T, N, R = x.shape
     if R % 2:
         raise ValueError(f"x: expected an even rope dim (last axis), got shape {tuple(x.shape)}")
     positions = _checks.array(positions, "positions", kinds="iu", shape=(T,))
     inv_freq = _checks.array(inv_freq, "inv_freq", dtype=np.float32, shape=(R // 2,))
     amp = _checks.real(amp, "amp", lo=0.0, lo_open=True)
-    out = _checks.out_array(out, "out", x.shape, np.float32)
+    out = _checks.out_array(out, "out", x.shape, np.float32, strided=True)
     if backend.name == "numpy":
         out[...] = rope_ref(x, positions, inv_freq, amp)
         return out

@@ -3,7 +3,7 @@
 Row s of layer l is token s's ``[normed c_kv ; roped k_rot]`` - 576 floats per token and layer for Kimi, shared by
 all heads. One buffer for all layers lets DDTree's compaction move the accepted rows of every layer in one launch.
 ``length`` counts the committed rows; rows past it are scratch (a prefill chunk or a verify tree is written there
-before its attention runs).
+before its attention runs, by kernels/mla_latent.py's ``write_latent`` straight from the kv_a projection).
 """
 from __future__ import annotations
 
@@ -11,10 +11,6 @@ import numpy as np
 
 from .. import backend
 from ..kernels import _checks, kv_compaction
-
-
-class CacheFullError(ValueError):
-    """More rows were asked of a cache than its capacity."""
 
 
 class LatentCache:
@@ -28,23 +24,6 @@ class LatentCache:
     def layer(self, i: int):
         """Layer i's rows ``[capacity, width]`` (a contiguous view)."""
         return self.data[i]
-
-    def write(self, layer: int, start, c_kv, k_rot, rows=None) -> None:
-        """Store rows ``start .. start + T - 1`` of one layer: ``[c_kv (Lkv) ; k_rot (R)]``. ``start`` may be a
-        device int32 [1] array (graph replay): the rows are then scattered on the device, unchecked; ``rows``: those
-        row indices [T] on the device when the caller has them already (one forward writes every layer's)."""
-        T, lkv = c_kv.shape
-        if hasattr(start, "shape"):
-            if rows is None:
-                rows = start + backend.xp.arange(T, dtype=np.int32)                 # [T] on the device
-            view = self.data[layer]                                                  # [capacity, width]
-            view[rows, :lkv] = c_kv
-            view[rows, lkv:] = k_rot
-            return
-        if start + T > self.capacity:
-            raise CacheFullError(f"start: rows {start}..{start + T - 1} exceed the cache capacity of {self.capacity}")
-        self.data[layer, start:start + T, :lkv] = c_kv
-        self.data[layer, start:start + T, lkv:] = k_rot
 
     def compact(self, start: int, accepted, n_accepted=None) -> None:
         """DDTree commit: the accepted tree rows ``start + accepted[j]`` (ascending) move to ``start + j`` in every

@@ -7,6 +7,7 @@
 MLA, absorbed (per token x after input_layernorm; P nope, R rope, Vd value dims, Lkv latent, N heads):
     q     = q_b(q_a_norm(q_a(x)))  or  q_proj(x)                 [T, N, P + R]
     ckv   = kv_a_proj_with_mqa(x);  c = kv_a_norm(ckv[:Lkv]);  k_rot = RoPE(ckv[Lkv:])   -> cache row [c ; k_rot]
+                                                                  (one launch: kernels/mla_latent.py)
     q_abs = [q_nope @ W_UK[h] ; RoPE(q_rot)]                    [T, N, Lkv + R]
     o_lat = attention(q_abs, cache)                              [T, N, Lkv]    (kernels/mla_attention.py)
     out   = o_proj(concat_h(o_lat[h] @ W_UV[h]^T))               [T, H]
@@ -32,8 +33,8 @@ import numpy as np
 
 from .. import backend
 from ..config import TargetConfig
-from ..kernels import (embedding, gemm, mla_attention, moe_grouped_gemm, moe_routing, rmsnorm, rope, swiglu,
-                        tree_verify)
+from ..kernels import (embedding, gemm, mla_attention, mla_latent, moe_grouped_gemm, moe_routing, rmsnorm, rope,
+                        swiglu, tree_verify)
 from . import checkpoint, hf_keys
 from .kv_cache import LatentCache
 
@@ -158,10 +159,8 @@ class Target:
         T = ids.shape[0]
         if T == 0:
             raise ValueError("ids: expected at least one token, got an empty sequence")
-        rows = None                              # the cache rows start .. start + T - 1, on the device
         if hasattr(start, "shape"):              # device-side start [1] (graph replay): nothing read on the host
-            rows = start + backend.xp.arange(T, dtype=np.int32)                      # [T], shared by every layer
-            positions = tree.positions if tree is not None else rows
+            positions = tree.positions if tree is not None else start + backend.xp.arange(T, dtype=np.int32)
         elif start + T > cache.capacity:
             raise ValueError(f"ids: {T} tokens from position {start} exceed the cache capacity of {cache.capacity}")
         else:
@@ -171,7 +170,7 @@ class Target:
         hiddens = {}
         for i, L in enumerate(self.layers):
             h = rmsnorm.rmsnorm(x, L["in_norm"], cfg.rms_norm_eps)
-            x += self._attention(i, L, h, positions, cache, start, tree, rows)
+            x += self._attention(i, L, h, positions, cache, start, tree)
             h = rmsnorm.rmsnorm(x, L["post_norm"], cfg.rms_norm_eps)
             x += self._moe(L, h) if "gate" in L else self._mlp(L["gu"], L["down"], h)
             if i in hidden_layers:
@@ -179,9 +178,8 @@ class Target:
         x = rmsnorm.rmsnorm(x, self.w["norm"], cfg.rms_norm_eps)
         return gemm.linear(x, self.w["lm_head"]), hiddens                            # [T, V]
 
-    def _attention(self, i, L, h, positions, cache, start, tree, rows=None):
+    def _attention(self, i, L, h, positions, cache, start, tree):
         cfg = self.config
-        xp = backend.xp
         T = h.shape[0]
         N, P, R, Lkv = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
         if cfg.q_lora_rank is None:
@@ -191,22 +189,20 @@ class Target:
             q = gemm.linear(qa, L["q_b"])
         q = q.reshape(T, N, P + R)                                                    # [T, N, P+R]
         ckv = gemm.linear(h, L["kv_a"])                                               # [T, Lkv+R]
-        c_kv = rmsnorm.rmsnorm(xp.ascontiguousarray(ckv[:, :Lkv]), L["kv_a_norm"], QKV_NORM_EPS)
-        k_rot = xp.ascontiguousarray(ckv[:, Lkv:]).reshape(T, 1, R)
-        rope.apply_rope(k_rot, positions, self.inv_freq, self.rope_amp, out=k_rot)
-        cache.write(i, start, c_kv, k_rot.reshape(T, R), rows)
+        mla_latent.write_latent(ckv, L["kv_a_norm"], QKV_NORM_EPS, positions, self.inv_freq, self.rope_amp,
+                                cache.layer(i), start)                                # cache rows [c ; k_rot]
 
         q_abs = backend.empty((T, N, Lkv + R), np.float32)                            # [T, N, Lkv+R]
-        q_abs[:, :, :Lkv] = gemm.bmm(q[:, :, :P].transpose(1, 0, 2), L["w_uk"]).transpose(1, 0, 2)
-        q_rot = xp.ascontiguousarray(q[:, :, P:])                                     # [T, N, R]
-        q_abs[:, :, Lkv:] = rope.apply_rope(q_rot, positions, self.inv_freq, self.rope_amp, out=q_rot)
+        gemm.bmm(q[:, :, :P].transpose(1, 0, 2), L["w_uk"], out=q_abs[:, :, :Lkv].transpose(1, 0, 2))
+        rope.apply_rope(q[:, :, P:], positions, self.inv_freq, self.rope_amp, out=q_abs[:, :, Lkv:])
         if tree is None:
             o_lat = mla_attention.mla_attention(q_abs, cache.layer(i), start, self.scale, Lkv)
         else:
             o_lat = tree_verify.tree_attention(q_abs, cache.layer(i), start, tree.paths, tree.depths,
                                                self.scale, Lkv, max_depth=tree.max_depth)
-        o = gemm.bmm(o_lat.transpose(1, 0, 2), L["w_uv_t"])                          # [N, T, Vd]
-        o = xp.ascontiguousarray(o.transpose(1, 0, 2)).reshape(T, -1)                # [T, N*Vd]
+        o = backend.empty((T, N, cfg.v_head_dim), np.float32)                        # [T, N, Vd]
+        gemm.bmm(o_lat.transpose(1, 0, 2), L["w_uv_t"], out=o.transpose(1, 0, 2))    # per head, in place
+        o = o.reshape(T, -1)                                                          # [T, N*Vd]
         return gemm.linear(o, L["o"])                                                 # [T, H]
 
     @staticmethod

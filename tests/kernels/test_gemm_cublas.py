@@ -46,6 +46,22 @@ def test_batched_transposed_views_match_cupy():
                                kd.backend.to_host(cp.matmul(q.transpose(1, 0, 2), wt)), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("T", [1, 5])
+def test_batched_writes_a_head_major_view_in_place(T):
+    """out = a head-major view [N, T, Lkv] of a token-major [T, N, Lkv + R] buffer (the absorbed query): cuBLAS
+    writes the product there with ldc = N (Lkv + R); the other columns keep their poison."""
+    rng = np.random.default_rng(3)
+    q = _rand(rng, T, 8, 24)                                    # [T, N, P]
+    w = _rand(rng, 8, 24, 40)                                   # [N, P, Lkv]
+    buf = kd.backend.full((T, 8, 46), np.nan, np.float32)       # [T, N, Lkv + 6]
+    view = buf[:, :, :40].transpose(1, 0, 2)
+    assert gemm.bmm(q.transpose(1, 0, 2), w, out=view) is view
+    got = kd.backend.to_host(buf)
+    want = kd.backend.to_host(kd.backend.cp.matmul(q.transpose(1, 0, 2), w)).transpose(1, 0, 2)
+    np.testing.assert_allclose(got[:, :, :40], want, rtol=1e-5, atol=1e-5)
+    assert np.isnan(got[:, :, 40:]).all()
+
+
 @pytest.mark.parametrize("M,K", [(3, 256), (16, 256), (65, 256), (16, 2048)])   # small M and K: no workspace
 def test_linear_is_captured_in_a_cuda_graph_and_replays_new_inputs(M, K):
     cp = kd.backend.cp
