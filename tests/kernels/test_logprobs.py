@@ -168,8 +168,9 @@ def test_topk_split_refines_the_block_bound_for_large_k():
     width = S * limit + 4 * ts.MAX_THREADS                           # as _launch_split pads it
     part, cand_v = B.empty((2, S, 4), np.float32), B.empty((2, width), np.float32)
     cand_i, count = B.empty((2, width), np.int32), B.asarray(np.zeros(2, np.int32))
-    B.launch(ts._split_scan_kernel, 2 * S, ts.SPLIT_THREADS, B.asarray(x), k, S, chunk, limit,
-             part, cand_v, cand_i, count, shared=4 * chunk)
+    xd = B.asarray(x)                        # held until the results are read: a temporary freed right after the
+    B.launch(ts._split_scan_kernel, 2 * S, ts.SPLIT_THREADS, xd, k, S, chunk, limit,   # asynchronous launch
+             part, cand_v, cand_i, count, shared=4 * chunk)                          # reads as freed to memcheck
     n = H(part)[:, :, 2].astype(int)                              # listed per block
     assert (n >= k).all() and (n <= limit).all(), n               # unrefined, each block would list 600 or 300
     np.testing.assert_array_equal(H(count), n.sum(axis=1))
