@@ -88,6 +88,31 @@ check_true("Kimi: 64 x (192 + 128) / 576 = 35.6x smaller", abs(64 * 320 / 576 - 
            f"{64 * 320} / 576 = {64 * 320 / 576:.2f}")
 
 # %% [markdown]
+# ## Writing a row: `kernels/mla_latent.py`
+#
+# The row comes straight from the layer's `kv_a_proj_with_mqa` output `ckv [T, Lkv + R]`: the first Lkv columns
+# are RMS-normalised (`kv_a_layernorm`), the last R are turned by RoPE at the token's position, and the result is
+# stored in cache row `start + t`. One launch does all three (`write_latent`: one block per token; its threads sum
+# the latent's squares, scale it from a shared copy, and the first R/2 threads rotate the rope pairs) - on a GPU
+# every launch costs microseconds whatever its work, and this used to be six of them per layer.
+
+# %%
+section("the latent write")
+from kdtree_numba.kernels import mla_latent, rope  # noqa: E402
+
+show_kernel(mla_latent._latent_kernel)
+ckv = Rng.standard_normal((T, D)).astype(np.float32)                        # kv_a output   [T, Lkv + R]
+w_norm = (1 + 0.1 * Rng.standard_normal(Lkv)).astype(np.float32)            # kv_a_layernorm weight
+positions = np.arange(start, start + T, dtype=np.int32)
+inv_freq = rope.rope_inv_freq(R, 10000.0)
+rows_cache = kd.backend.full((start + T + 2, D), np.nan, np.float32)         # NaN: rows never written show up
+mla_latent.write_latent(ckv, w_norm, 1e-6, positions, inv_freq, 1.0, rows_cache, start)
+got = host(rows_cache)
+check("rows start .. start + T - 1 == [rmsnorm(c) ; rope(k_rot)]", got[start:start + T],
+      mla_latent.latent_rows_ref(ckv, w_norm, 1e-6, positions, inv_freq), atol=1e-5, rtol=1e-5)
+check_true("the other rows are untouched", np.isnan(got[:start]).all() and np.isnan(got[start + T:]).all())
+
+# %% [markdown]
 # ## The kernel: `kernels/mla_attention.py::_attention_kernel`
 #
 # Inputs: `q [T, N, D]` (the absorbed queries, `D = Lkv + R`), `cache [C, D]`; token t of a chunk starting at
