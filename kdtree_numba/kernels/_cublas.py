@@ -149,17 +149,3 @@ def gemm_batched(a, b, out):
     if target is not out:
         out[...] = target
     return out
-    if K == 0:
-        out[...] = 0
-        return out
-    st = _handle(M, K)
-    b, op_b, ld_b = _operand(b, K, N)
-    a, op_a, ld_a = _operand(a, M, K)
-    target = out if out.flags.c_contiguous else backend.cp.empty((Bn, M, N), np.float32)
-    _check(st["lib"].cublasSgemmStridedBatched(
-        st["handle"], op_b, op_a, N, M, K, ctypes.byref(st["one"]), b.data.ptr, ld_b, b.strides[0] // 4,
-        a.data.ptr, ld_a, a.strides[0] // 4, ctypes.byref(st["zero"]), target.data.ptr, N, M * N, Bn),
-        "cublasSgemmStridedBatched")
-    if target is not out:
-        out[...] = target
-    return out

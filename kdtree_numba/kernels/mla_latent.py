@@ -8,10 +8,10 @@ The model did this in six launches per layer (two copies of the column slices, R
 the cache rows); on the default pair every launch costs ~2.5 us of device time whatever its work, so a decode step
 paid ~15 us a layer for it.
 
-Mapping: one block per token (as rmsnorm's: the same threads, the same per-thread sums and tree, so ``c`` is
-bit-identical to ``rmsnorm.rmsnorm`` of the slice). The threads stride over the Lkv columns (four loads in flight),
-keep them in a shared copy, reduce the sum of squares (primitives.smem_sum), then write the scaled row; thread
-j < R/2 also rotates pair j of the rope part. ``start`` is an int or a device int32 [1] (graph replay: the kernel
+Mapping: one block per token, rmsnorm's threads and device functions (``row_sum_squares``, ``write_scaled_row``:
+the same per-thread sums and tree, so ``c`` is bit-identical to ``rmsnorm.rmsnorm`` of the slice): the threads
+stride over the Lkv columns (four loads in flight) keeping them in a shared copy, reduce the sum of squares
+(primitives.smem_sum), then write the scaled row; thread j < R/2 also rotates pair j of the rope part. ``start`` is an int or a device int32 [1] (graph replay: the kernel
 reads it); rows at or past the cache's end are not written.
 Shapes: ckv [T, Lkv + R] float32, w [Lkv] float32, positions [T] int, inv_freq [R/2] float32, cache [C, Lkv + R]
 float32 (one layer's rows; written in place).
@@ -28,7 +28,7 @@ from numba import cuda, float32
 from .. import backend
 from . import _checks
 from .primitives import smem_sum
-from .rmsnorm import MAX_THREADS, rmsnorm_ref
+from .rmsnorm import MAX_THREADS, rmsnorm_ref, row_sum_squares, write_scaled_row
 from .rope import rope_ref
 
 STAGE = 1024        # latent columns kept in shared memory between the two passes (Kimi / DeepSeek: Lkv = 512)
@@ -45,50 +45,17 @@ def latent_rows_ref(ckv, w, eps: float, positions, inv_freq, amp: float = 1.0) -
 @cuda.jit
 def _latent_kernel(ckv, w, eps, positions, inv_freq, amp, cache, start0, start_dev):
     t = cuda.blockIdx.x
-    tid = cuda.threadIdx.x
-    n = cuda.blockDim.x
     lkv = w.shape[0]
     half = inv_freq.shape[0]
     red = cuda.shared.array(MAX_THREADS, float32)
     buf = cuda.shared.array(STAGE, float32)         # the latent's first STAGE columns, read from DRAM once
-
-    acc = float32(0.0)
-    c = tid
-    staged = min(lkv, STAGE)
-    while c + 3 * n < staged:
-        v0 = ckv[t, c]
-        v1 = ckv[t, c + n]
-        v2 = ckv[t, c + 2 * n]
-        v3 = ckv[t, c + 3 * n]
-        buf[c] = v0
-        buf[c + n] = v1
-        buf[c + 2 * n] = v2
-        buf[c + 3 * n] = v3
-        acc += (v0 * v0 + v1 * v1) + (v2 * v2 + v3 * v3)
-        c += 4 * n
-    while c < staged:
-        v0 = ckv[t, c]
-        buf[c] = v0
-        acc += v0 * v0
-        c += n
-    while c < lkv:                                   # columns past the shared copy
-        v0 = ckv[t, c]
-        acc += v0 * v0
-        c += n
-    ssq = smem_sum(acc, red)                         # every thread calls (barriers); they also publish buf
-
+    ssq = smem_sum(row_sum_squares(ckv, t, buf, lkv), red)   # every thread calls (barriers; they publish buf)
     row = start0 + start_dev[0] + t
     if row >= cache.shape[0]:
         return
     inv = float32(1.0) / float32(math.sqrt(ssq / float32(lkv) + eps))
-    c = tid
-    while c < staged:
-        cache[row, c] = buf[c] * inv * w[c]
-        c += n
-    while c < lkv:
-        cache[row, c] = ckv[t, c] * inv * w[c]
-        c += n
-    j = tid
+    write_scaled_row(ckv, t, buf, w, inv, cache, row, lkv)
+    j = cuda.threadIdx.x
     while j < half:                                  # rope pair j: (j, j + R/2)
         ang = float32(positions[t]) * inv_freq[j]
         co = float32(math.cos(ang)) * amp
@@ -97,7 +64,7 @@ def _latent_kernel(ckv, w, eps, positions, inv_freq, amp, cache, start0, start_d
         a2 = ckv[t, lkv + j + half]
         cache[row, lkv + j] = a1 * co - a2 * si
         cache[row, lkv + j + half] = a2 * co + a1 * si
-        j += n
+        j += cuda.blockDim.x
 
 
 def write_latent(ckv, w, eps: float, positions, inv_freq, amp: float, cache, start) -> None:

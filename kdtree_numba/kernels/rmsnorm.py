@@ -32,49 +32,63 @@ def rmsnorm_ref(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return (x / np.sqrt(ms + np.float32(eps))) * w                   # [T, H]
 
 
-@cuda.jit
-def _rmsnorm_kernel(x, w, out, eps):
-    row = cuda.blockIdx.x
+@cuda.jit(device=True)
+def row_sum_squares(x, row, buf, H):
+    """This thread's share of the sum of squares of x[row, :H]: columns tid, tid + n, ... (n threads; four loads in
+    flight per step), the first ``buf.shape[0]`` of them also kept in ``buf`` (shared) for ``write_scaled_row``.
+    Used by mla_latent's kernel too, so its normalised latent equals this kernel's bit for bit."""
     tid = cuda.threadIdx.x
     nthreads = cuda.blockDim.x
-    H = x.shape[1]
-    partial = cuda.shared.array(MAX_THREADS, float32)
-    row_buf = cuda.shared.array(STAGE, float32)      # the row's first STAGE values, read from DRAM once
-
-    # each thread: sum of squares over columns tid, tid + nthreads, ... (four independent loads per step)
     acc = float32(0.0)
     c = tid
-    staged = min(H, STAGE)
+    staged = min(H, buf.shape[0])
     while c + 3 * nthreads < staged:
         v0 = x[row, c]
         v1 = x[row, c + nthreads]
         v2 = x[row, c + 2 * nthreads]
         v3 = x[row, c + 3 * nthreads]
-        row_buf[c] = v0
-        row_buf[c + nthreads] = v1
-        row_buf[c + 2 * nthreads] = v2
-        row_buf[c + 3 * nthreads] = v3
+        buf[c] = v0
+        buf[c + nthreads] = v1
+        buf[c + 2 * nthreads] = v2
+        buf[c + 3 * nthreads] = v3
         acc += (v0 * v0 + v1 * v1) + (v2 * v2 + v3 * v3)
         c += 4 * nthreads
     while c < staged:
         v0 = x[row, c]
-        row_buf[c] = v0
+        buf[c] = v0
         acc += v0 * v0
         c += nthreads
     while c < H:                                      # columns past the shared copy
         v0 = x[row, c]
         acc += v0 * v0
         c += nthreads
-    ssq = smem_sum(acc, partial)                     # the row's sum of squares (its barriers also publish row_buf)
+    return acc
 
-    inv = float32(1.0) / float32(math.sqrt(ssq / float32(H) + eps))
-    c = tid
+
+@cuda.jit(device=True)
+def write_scaled_row(x, row, buf, w, inv, out, out_row, H):
+    """out[out_row, c] = x[row, c] * inv * w[c] for this thread's columns, from ``buf`` where it holds them (after
+    a barrier that published it)."""
+    nthreads = cuda.blockDim.x
+    c = cuda.threadIdx.x
+    staged = min(H, buf.shape[0])
     while c < staged:
-        out[row, c] = row_buf[c] * inv * w[c]
+        out[out_row, c] = buf[c] * inv * w[c]
         c += nthreads
     while c < H:
-        out[row, c] = x[row, c] * inv * w[c]
+        out[out_row, c] = x[row, c] * inv * w[c]
         c += nthreads
+
+
+@cuda.jit
+def _rmsnorm_kernel(x, w, out, eps):
+    row = cuda.blockIdx.x
+    H = x.shape[1]
+    partial = cuda.shared.array(MAX_THREADS, float32)
+    row_buf = cuda.shared.array(STAGE, float32)      # the row's first STAGE values, read from DRAM once
+    ssq = smem_sum(row_sum_squares(x, row, row_buf, H), partial)   # its barriers also publish row_buf
+    inv = float32(1.0) / float32(math.sqrt(ssq / float32(H) + eps))
+    write_scaled_row(x, row, row_buf, w, inv, out, row, H)
 
 
 def rmsnorm(x, w, eps: float, out=None):
