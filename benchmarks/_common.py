@@ -65,6 +65,19 @@ def graph_median_ms(fn, reps: int = 20, warmup: int = 3) -> float:
     return median_ms(lambda: graph.launch(stream), reps, 2)
 
 
+def set_tf32(on: bool) -> None:
+    """Let torch's fp32 matmuls and convolutions use TF32 tensor cores (or not): the new ``fp32_precision`` switch
+    where torch has it, ``allow_tf32`` before (torch refuses a mix of the two)."""
+    import torch
+
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        torch.backends.cuda.matmul.fp32_precision = "tf32" if on else "ieee"
+        torch.backends.cudnn.fp32_precision = "tf32" if on else "ieee"
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = on
+        torch.backends.cudnn.allow_tf32 = on
+
+
 def torch_median_ms(fn, reps: int = 20, warmup: int = 3) -> float:
     """Median device time of torch work ``fn()`` on torch's current stream (torch CUDA events)."""
     import torch

@@ -1,12 +1,13 @@
 """Stage kernels at large realistic shapes: device time, achieved GB/s and % of the copy bandwidth measured in
-the same run; routing at Kimi-K2's shape; the educational tiled GEMM against cuBLAS as a ratio.
+the same run; routing at Kimi-K2's shape; draft top-K by both paths; the educational GEMMs (tiled, 3xTF32 MMA)
+against cuBLAS fp32 and TF32 as ratios.
 
     PYTHONPATH=$PWD python3 benchmarks/bench_kernels.py
 Goals (issue 2): RMSNorm, RoPE and SwiGLU >= 60 % of copy bandwidth; routing 4096 x 384 top-8 < 50 us.
 """
 import numpy as np
 
-from _common import args, copy_bandwidth_gbs, graph_median_ms, kd, median_ms, save, table
+from _common import args, copy_bandwidth_gbs, graph_median_ms, kd, median_ms, save, set_tf32, table, torch_median_ms
 
 a = args(__doc__)
 xp = kd.backend.xp
@@ -106,14 +107,30 @@ for V, k in ([(4096, 64), (32768, 64), (163840, 256)] if not a.quick else [(512,
 table("Draft top-K (15 rows): one block per row vs rows split over blocks (device time, graph replay)",
       ["logits", "path", "us", "speed-up vs one block per row"], topk_rows)
 
-# tiled GEMM vs cuBLAS
+# the educational GEMMs (CUDA cores; 3xTF32 tensor-core MMAs) vs cuBLAS fp32 and, when torch sees the GPU, vs
+# cuBLAS with TF32 allowed (torch.matmul; one TF32 MMA per product: the tensor-core ceiling, not fp32-grade)
 n = 4096 if not a.quick else 64
 A, B = rand(n, n), rand(n, n)
 C = xp.empty((n, n), np.float32)
 ms_t = median_ms(lambda: gemm.matmul_tiled(A, B, out=C), max(3, a.reps // 4))
+ms_m = median_ms(lambda: gemm.matmul_mma(A, B, out=C), max(3, a.reps // 4))
 ms_c = median_ms(lambda: xp.matmul(A, B, out=C), a.reps)
 tf = lambda ms: 2 * n ** 3 / (ms * 1e-3) / 1e12   # noqa: E731
-table("Educational tiled GEMM vs cuBLAS (fp32)", ["kernel", "shape", "time (ms)", "TFLOP/s", "ratio"],
-      [["matmul_tiled (16x16 shared tiles)", f"{n}^3", f"{ms_t:.2f}", f"{tf(ms_t):.1f}", f"{ms_t / ms_c:.1f}x slower"],
-       ["cuBLAS (cupy.matmul)", f"{n}^3", f"{ms_c:.2f}", f"{tf(ms_c):.1f}", "1.0x"]])
+gemm_rows = [[name, f"{n}^3", f"{ms:.2f}", f"{tf(ms):.1f}", f"{ms / ms_c:.2f}x cuBLAS fp32's time"]
+             for name, ms in (("matmul_tiled (16x16 shared tiles, CUDA cores)", ms_t),
+                              ("matmul_mma (32x16 tiles, 3xTF32 MMAs, fp32-grade)", ms_m),
+                              ("cuBLAS fp32 (cupy.matmul)", ms_c))]
+if kd.backend.name == "cuda":
+    import torch
+
+    tA, tB, tC = torch.from_dlpack(A), torch.from_dlpack(B), torch.from_dlpack(C)
+    set_tf32(True)
+    try:
+        ms_x = torch_median_ms(lambda: torch.matmul(tA, tB, out=tC), a.reps)
+    finally:
+        set_tf32(False)
+    gemm_rows.append(["cuBLAS TF32 (torch.matmul, TF32 allowed; TF32 rounding)", f"{n}^3", f"{ms_x:.2f}",
+                      f"{tf(ms_x):.1f}", f"{ms_x / ms_c:.2f}x cuBLAS fp32's time"])
+table("Educational GEMMs vs cuBLAS (fp32; TF32 where torch sees the GPU)",
+      ["kernel", "shape", "time (ms)", "TFLOP/s", "time ratio"], gemm_rows)
 save("bench_kernels")

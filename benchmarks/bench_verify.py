@@ -28,7 +28,7 @@ few microseconds to SDPA: the small cells compared launchers, not kernels.)
 """
 import numpy as np
 
-from _common import args, graph_median_ms, kd, save, table, torch_graph_median_ms
+from _common import args, graph_median_ms, kd, save, set_tf32, table, torch_graph_median_ms
 
 a = args(__doc__)
 xp = kd.backend.xp
@@ -62,15 +62,6 @@ def random_tree(n, rng):
 def rooflines(flops, nbytes):
     """(fp32 roofline, TF32 roofline) in ms."""
     return (max(flops / FP32_FLOPS, nbytes / BW) * 1e3, max(flops / TF32_FLOPS, nbytes / BW) * 1e3)
-
-
-def set_tf32(on: bool):
-    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
-        torch.backends.cuda.matmul.fp32_precision = "tf32" if on else "ieee"
-        torch.backends.cudnn.fp32_precision = "tf32" if on else "ieee"
-    else:
-        torch.backends.cuda.matmul.allow_tf32 = on
-        torch.backends.cudnn.allow_tf32 = on
 
 
 def sdpa_rows(q, cache, visible, reps, outs):
