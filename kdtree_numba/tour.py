@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import backend
-from .kernels import (embedding, gemm, kv_compaction, logprobs, mla_attention, mla_latent, moe_routing, rmsnorm, rope,
-                      sampling, swiglu, tree, tree_accept, tree_build, tree_verify)
+from .kernels import (draft_kv, embedding, gemm, kv_compaction, logprobs, mla_attention, mla_latent, moe_routing,
+                      rmsnorm, rope, sampling, swiglu, tree, tree_accept, tree_build, tree_verify)
 
 
 def _cases(rng):
@@ -36,6 +36,10 @@ def _cases(rng):
     mla_latent.write_latent(ckv, w[:9], 1e-6, pos[:4], inv[:3], 1.0, lat, 2)
     yield "mla latent write", "4 rows of 9 + 6", H(lat)[2:6], mla_latent.latent_rows_ref(ckv, w[:9], 1e-6, pos[:4],
                                                                                        inv[:3])
+    kv, kc, vc = f32(3, 40), backend.zeros((6, 2, 10), np.float32), backend.zeros((6, 2, 10), np.float32)
+    draft_kv.write_draft_kv(kv, w[:10], 1e-6, pos[:3], inv, 1.0, kc, vc, 1)
+    yield "draft kv write", "3 rows x 2 heads of 10", np.concatenate([H(kc)[1:4], H(vc)[1:4]]), \
+        np.concatenate(draft_kv.draft_kv_ref(kv, w[:10], 1e-6, pos[:3], inv))
     qa, cache = f32(3, 5, 13), f32(12, 13)
     yield "mla attention", "3 tokens x 5 heads, 9 rows", H(mla_attention.mla_attention(qa, cache, 6, 0.3, 9)), \
         mla_attention.mla_attention_ref(qa, cache, 6, 0.3, 9)

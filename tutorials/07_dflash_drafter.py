@@ -23,7 +23,8 @@ Run:  KDTREE_BACKEND=sim python tutorials/07_dflash_drafter.py [--size small|lar
 # * **The target's features.** `ctx = hidden_norm(fc(concat(h_1, h_2, h_3)))`, h_k = the target's residual stream
 #   after decoder layer k (`target_layer_ids = (1, 2, 3)` of 5): one `[H]` row per committed position. Each draft
 #   layer turns the context rows into k/v rows (`k_norm(k_proj(ctx))` + RoPE, `v_proj(ctx)`) in a **draft cache**
-#   - they never change, so `observe(features, start)` appends them once.
+#   - they never change, so `observe(features, start)` appends them once. (One GEMM over the fused `[k_proj;
+#   v_proj]` weight, then one launch of `kernels/draft_kv.py` normalises, rotates and writes both rows.)
 # * **The layers.** Qwen3-style: `q/k/v` of the block, **block attention** (grouped-query, *non-causal*: every
 #   block slot sees every context row and the whole block), `o_proj`, SwiGLU MLP. The embedding and the LM head
 #   are the target's.

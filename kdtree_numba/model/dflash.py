@@ -10,6 +10,7 @@ hidden features of the committed context. The layers are Qwen3-style, and the ta
     per layer:  x = input_layernorm(h)
                 q = RoPE(q_norm(q_proj(x)))                                         [B, Nq, D]  per-head RMSNorm
                 k = RoPE(k_norm(k_proj([ctx ; x]))),  v = v_proj([ctx ; x])        [C + B, Nkv, D]
+                                                      (k_proj; v_proj fused, one write: kernels/draft_kv.py)
                 h = h + o_proj(block_attention(q, k, v))                            GQA, NON-causal, scale D^-0.5
                 h = h + down(silu(gate(y)) * up(y)),  y = post_attention_layernorm(h)
     draft_logits = target.lm_head(norm(h)[1:])                                      [B - 1, V]: depths 1 .. L
@@ -36,7 +37,7 @@ import numpy as np
 
 from .. import backend
 from ..config import ConfigError, check_yarn, parse_rope, rope_tables
-from ..kernels import _checks, block_attention, embedding, gemm, rmsnorm, rope, swiglu
+from ..kernels import _checks, block_attention, draft_kv, embedding, gemm, rmsnorm, rope, swiglu
 from . import checkpoint
 from .drafters import Drafter
 
@@ -206,8 +207,8 @@ class DFlashDrafter(Drafter):
                 self.layers.append({
                     "in_norm": dev(f32(p + "input_layernorm.weight")),
                     "post_norm": dev(f32(p + "post_attention_layernorm.weight")),
-                    "q": dev(f32(a + "q_proj.weight")), "k": dev(f32(a + "k_proj.weight")),
-                    "v": dev(f32(a + "v_proj.weight")), "o": dev(f32(a + "o_proj.weight")),
+                    "q": dev(f32(a + "q_proj.weight")), "o": dev(f32(a + "o_proj.weight")),
+                    "kv": dev(np.concatenate([f32(a + "k_proj.weight"), f32(a + "v_proj.weight")])),  # [2NkvD, H]
                     "q_norm": dev(f32(a + "q_norm.weight")), "k_norm": dev(f32(a + "k_norm.weight")),
                     "gu": dev(np.concatenate([f32(m + "gate_proj.weight"), f32(m + "up_proj.weight")])),  # [2I, H]
                     "down": dev(f32(m + "down_proj.weight"))})
@@ -243,11 +244,11 @@ class DFlashDrafter(Drafter):
             for i, L in enumerate(self.layers):
                 p = f"layers.{i}."
                 a, m = p + "self_attn.", p + "mlp."
-                gu = h(L["gu"])
+                gu, kv = h(L["gu"]), h(L["kv"])
                 sd.update({p + "input_layernorm.weight": h(L["in_norm"]),
                            p + "post_attention_layernorm.weight": h(L["post_norm"]),
-                           a + "q_proj.weight": h(L["q"]), a + "k_proj.weight": h(L["k"]),
-                           a + "v_proj.weight": h(L["v"]), a + "o_proj.weight": h(L["o"]),
+                           a + "q_proj.weight": h(L["q"]), a + "k_proj.weight": kv[:kv.shape[0] // 2],
+                           a + "v_proj.weight": kv[kv.shape[0] // 2:], a + "o_proj.weight": h(L["o"]),
                            a + "q_norm.weight": h(L["q_norm"]), a + "k_norm.weight": h(L["k_norm"]),
                            m + "gate_proj.weight": gu[:gu.shape[0] // 2], m + "up_proj.weight": gu[gu.shape[0] // 2:],
                            m + "down_proj.weight": h(L["down"])})
@@ -292,18 +293,12 @@ class DFlashDrafter(Drafter):
 
     def _kv(self, i: int, L: dict, x, positions, start) -> None:
         """Rows ``start .. start + T - 1`` of layer i's cache from inputs ``x [T, H]``: k = RoPE(k_norm(k_proj x)),
-        v = v_proj x. ``start`` may be a device int32 [1] (then ``positions`` are the rows, scattered)."""
+        v = v_proj x - one GEMM over the fused [k; v] weight, one launch for the rest (kernels/draft_kv.py).
+        ``start`` may be a device int32 [1] (graph replay: read by the kernel)."""
         c = self.config
-        T = x.shape[0]
-        k = gemm.linear(x, L["k"]).reshape(T * c.num_key_value_heads, c.head_dim)        # [T*Nkv, D]
-        k = rmsnorm.rmsnorm(k, L["k_norm"], c.rms_norm_eps).reshape(T, c.num_key_value_heads, c.head_dim)
-        v = gemm.linear(x, L["v"]).reshape(T, c.num_key_value_heads, c.head_dim)          # [T, Nkv, D]
-        if hasattr(start, "shape"):
-            self._k[i][positions] = rope.apply_rope(k, positions, self.inv_freq, self.rope_amp)
-            self._v[i][positions] = v
-            return
-        rope.apply_rope(k, positions, self.inv_freq, self.rope_amp, out=self._k[i, start:start + T])
-        self._v[i, start:start + T] = v
+        kv = gemm.linear(x, L["kv"])                                                        # [T, 2 Nkv D]
+        draft_kv.write_draft_kv(kv, L["k_norm"], c.rms_norm_eps, positions, self.inv_freq, self.rope_amp,
+                                self._k[i], self._v[i], start)
 
     def observe(self, features, start: int) -> None:
         """Append the context rows of positions ``start .. start + T - 1`` from target features ``[T, n_feat*H]``."""
