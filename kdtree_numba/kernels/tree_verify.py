@@ -7,7 +7,7 @@ i.e. score/softmax/value exactly as in ``mla_attention.py`` but over the key lis
 where ``path[i, d]`` is i's ancestor at depth d (path[i, 0] = 0 the root, path[i, depth[i]] = i; on the host
 ``tree.ancestor_paths`` / ``Tree.paths``, on the device the tree build writes it). The tree block's latent rows
 are written into the cache after the committed ones before this runs (the model does it with
-``LatentCache.write``), so the "mask" is never materialised: no (n+1) x (n+1) matrix and no dense float mask
+``mla_latent.write_latent``), so the "mask" is never materialised: no (n+1) x (n+1) matrix and no dense float mask
 over the context - each node reads at most L + 1 tree rows, the ones it may see. The test "tree row of node j,
 at depth d, is visible to token i" is one lookup: ``depth[i] >= d and path[i, d] == j``.
 
