@@ -217,12 +217,14 @@ def launch(kernel, grid, block, *args, shared: int = 0) -> None:
     args = tuple(view(a) if hasattr(a, "__cuda_array_interface__") else a for a in args)
     if _name() != "cuda":
         # the simulator refuses strided views (a GPU kernel takes them as they are): run on contiguous copies and
-        # write them back into the views
+        # write back the copies the kernel changed (only those: two views of the same memory, e.g. ``out`` = ``x``
+        # in place, are two copies, and the unchanged input must not overwrite the result)
         views = [a if isinstance(a, np.ndarray) and not a.flags["C_CONTIGUOUS"] else None for a in args]
-        args = tuple(np.ascontiguousarray(a) if v is not None else a for a, v in zip(args, views))
+        before = [np.array(v, order="C") if v is not None else None for v in views]
+        args = tuple(b.copy() if b is not None else a for a, b in zip(args, before))
         kernel[grid, block, 0, shared](*args)
-        for v, a in zip(views, args):
-            if v is not None:
+        for v, b, a in zip(views, before, args):
+            if v is not None and not np.array_equal(b, a, equal_nan=True):
                 v[...] = a
         return
     bind_stream()

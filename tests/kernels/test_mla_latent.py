@@ -1,6 +1,7 @@
 """The MLA latent write (kernels/mla_latent.py): one launch = RMSNorm of the latent + RoPE of k_rot + the cache rows."""
 import numpy as np
 import pytest
+from numba import cuda
 
 import kdtree_numba as kd
 from kdtree_numba.kernels import mla_latent, rmsnorm, rope
@@ -82,3 +83,20 @@ def test_rope_reads_and_writes_strided_slices():
     got = H(q_abs)
     np.testing.assert_allclose(got[:, :, lkv:], rope.rope_ref(H(q)[:, :, P:], pos, inv), rtol=1e-6, atol=1e-6)
     assert np.isnan(got[:, :, :lkv]).all()
+
+
+
+@cuda.jit
+def _negate(out, x):                         # the output first: a staged copy of x written back last would win
+    i = cuda.threadIdx.x
+    out[0, i] = -x[0, i]
+
+
+@pytest.mark.usefixtures("kernel_backend")
+def test_launch_takes_strided_views_even_as_both_input_and_output():
+    """Kernels index strided views as they are (on the GPU directly; the simulator stages them in contiguous copies
+    and writes back what the kernel changed), also when two arguments view the same memory (in place)."""
+    a = kd.backend.asarray(np.arange(12, dtype=np.float32).reshape(2, 6))
+    kd.backend.launch(_negate, 1, 3, a[:, ::2], a[:, ::2])
+    np.testing.assert_array_equal(H(a)[0], [0, 1, -2, 3, -4, 5])
+    np.testing.assert_array_equal(H(a)[1], np.arange(6, 12))
