@@ -69,9 +69,10 @@ def _latent_kernel(ckv, w, eps, positions, inv_freq, amp, cache, start0, start_d
 
 def write_latent(ckv, w, eps: float, positions, inv_freq, amp: float, cache, start) -> None:
     """Write ``[rmsnorm(ckv[:, :Lkv], w) ; rope(ckv[:, Lkv:])]`` into ``cache`` rows ``start .. start + T - 1``
-    (``cache [C, Lkv + R]``: one layer's rows, a contiguous view). ``start``: an int (checked against C) or a
+    (``cache [C, Lkv + R]``: one layer's rows, a contiguous view; ``ckv`` may be a strided view, e.g. the kv_a
+    columns of the fused q_a / kv_a projection). ``start``: an int (checked against C) or a
     device int32 [1] array read by the kernel (graph replay; rows past C are dropped there, unchecked)."""
-    ckv = _checks.array(ckv, "ckv", dtype=np.float32, ndim=2)
+    ckv = _checks.array(ckv, "ckv", dtype=np.float32, ndim=2, strided=True)
     T, width = ckv.shape
     w = _checks.array(w, "w", dtype=np.float32, ndim=1)
     lkv = w.shape[0]

@@ -92,8 +92,9 @@ def _rmsnorm_kernel(x, w, out, eps):
 
 
 def rmsnorm(x, w, eps: float, out=None):
-    """Row RMSNorm of ``x [T, H]`` with weight ``w [H]``; returns ``out [T, H]`` (float32, current backend)."""
-    x = _checks.array(x, "x", dtype=np.float32, ndim=2)
+    """Row RMSNorm of ``x [T, H]`` with weight ``w [H]``; returns ``out [T, H]`` (float32, current backend). ``x``
+    may be a strided view (e.g. the q_a columns of the fused q_a / kv_a projection)."""
+    x = _checks.array(x, "x", dtype=np.float32, ndim=2, strided=True)
     w = _checks.array(w, "w", dtype=np.float32, shape=(x.shape[1],))
     eps = _checks.real(eps, "eps", lo=0.0)
     out = _checks.out_array(out, "out", x.shape, np.float32)

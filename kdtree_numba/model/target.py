@@ -5,7 +5,7 @@
     experts) -> + residual ] -> final RMSNorm -> lm_head
 
 MLA, absorbed (per token x after input_layernorm; P nope, R rope, Vd value dims, Lkv latent, N heads):
-    q     = q_b(q_a_norm(q_a(x)))  or  q_proj(x)                 [T, N, P + R]
+    q     = q_b(q_a_norm(q_a(x)))  or  q_proj(x)                 [T, N, P + R]   (q_a and kv_a: one GEMM)
     ckv   = kv_a_proj_with_mqa(x);  c = kv_a_norm(ckv[:Lkv]);  k_rot = RoPE(ckv[Lkv:])   -> cache row [c ; k_rot]
                                                                   (one launch: kernels/mla_latent.py)
     q_abs = [q_nope @ W_UK[h] ; RoPE(q_rot)]                    [T, N, Lkv + R]
@@ -68,12 +68,24 @@ class Target:
         self.tokenizer = None     # a model/tokenizer.Tokenizer when the checkpoint has a tokenizer.json
         self.w = weights          # embed [V, H], norm [H], lm_head [V, H]
         self.layers = layers      # per layer: see from_state_dict
+        for L in layers:
+            if "q_a" in L and "qkv_a" not in L:
+                self._fuse_qkv_a(L)
         inv_freq, amp = config.rope_tables()
         self.inv_freq = backend.asarray(inv_freq)
         self.rope_amp = amp
         self.scale = config.softmax_scale
 
     # ---------------------------------------------------------------------------------------- construction
+    @staticmethod
+    def _fuse_qkv_a(L: dict) -> None:
+        """q_a and kv_a read the same input: one ``qkv_a [Q + Lkv + R, H]`` weight makes them one GEMM. ``L["q_a"]``
+        and ``L["kv_a"]`` become its row blocks (contiguous views, no second copy), so state_dict, save and
+        everything that reads them by name see the same values."""
+        Q = L["q_a"].shape[0]
+        fused = backend.xp.concatenate([L["q_a"], L["kv_a"]])                       # [Q + Lkv + R, H]
+        L["qkv_a"], L["q_a"], L["kv_a"] = fused, fused[:Q], fused[Q:]
+
     @classmethod
     def from_state_dict(cls, config: TargetConfig, state: dict[str, np.ndarray]) -> "Target":
         """Build from HF-layout float32 tensors (keys as in checkpoint.expected_shapes) by the key map of
@@ -184,11 +196,13 @@ class Target:
         N, P, R, Lkv = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
         if cfg.q_lora_rank is None:
             q = gemm.linear(h, L["q"])
+            ckv = gemm.linear(h, L["kv_a"])                                           # [T, Lkv+R]
         else:
-            qa = rmsnorm.rmsnorm(gemm.linear(h, L["q_a"]), L["q_a_norm"], QKV_NORM_EPS)
-            q = gemm.linear(qa, L["q_b"])
+            y = gemm.linear(h, L["qkv_a"])                                            # [T, Q + Lkv+R]: one GEMM
+            Q = cfg.q_lora_rank
+            q = gemm.linear(rmsnorm.rmsnorm(y[:, :Q], L["q_a_norm"], QKV_NORM_EPS), L["q_b"])
+            ckv = y[:, Q:]                                                            # [T, Lkv+R] (a view)
         q = q.reshape(T, N, P + R)                                                    # [T, N, P+R]
-        ckv = gemm.linear(h, L["kv_a"])                                               # [T, Lkv+R]
         mla_latent.write_latent(ckv, L["kv_a_norm"], QKV_NORM_EPS, positions, self.inv_freq, self.rope_amp,
                                 cache.layer(i), start)                                # cache rows [c ; k_rot]
 
