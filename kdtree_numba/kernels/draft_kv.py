@@ -30,7 +30,7 @@ from .. import backend
 from . import _checks
 from .primitives import smem_sum
 from .rmsnorm import rmsnorm_ref
-from .rope import rope_ref
+from .rope import cos_sin, rope_ref, rotate
 
 MAX_HALF = 128      # rope pairs per head (D <= 256, block_attention's MAX_D); also the reduction buffer
 
@@ -63,13 +63,8 @@ def _draft_kv_kernel(kv, w, eps, positions, inv_freq, amp, k_cache, v_cache, sta
     if j >= half or row >= k_cache.shape[0]:
         return
     inv = float32(1.0) / float32(math.sqrt(ssq / float32(D) + eps))
-    a = a * inv * w[j]
-    b = b * inv * w[j + half]
-    ang = float32(positions[t]) * inv_freq[j]
-    co = float32(math.cos(ang)) * amp
-    si = float32(math.sin(ang)) * amp
-    k_cache[row, g, j] = a * co - b * si
-    k_cache[row, g, j + half] = b * co + a * si
+    c, s = cos_sin(positions[t], inv_freq[j], amp)
+    k_cache[row, g, j], k_cache[row, g, j + half] = rotate(a * inv * w[j], b * inv * w[j + half], c, s)
     v_cache[row, g, j] = kv[t, (n_kv + g) * D + j]
     v_cache[row, g, j + half] = kv[t, (n_kv + g) * D + j + half]
 

@@ -11,8 +11,9 @@ paid ~15 us a layer for it.
 Mapping: one block per token, rmsnorm's threads and device functions (``row_sum_squares``, ``write_scaled_row``:
 the same per-thread sums and tree, so ``c`` is bit-identical to ``rmsnorm.rmsnorm`` of the slice): the threads
 stride over the Lkv columns (four loads in flight) keeping them in a shared copy, reduce the sum of squares
-(primitives.smem_sum), then write the scaled row; thread j < R/2 also rotates pair j of the rope part. ``start`` is an int or a device int32 [1] (graph replay: the kernel
-reads it); rows at or past the cache's end are not written.
+(primitives.smem_sum), then write the scaled row; thread j < R/2 also rotates pair j of the rope part (rope's
+``cos_sin`` / ``rotate``). ``start`` is an int or a device int32 [1] (graph replay: the kernel reads it); rows at
+or past the cache's end are not written.
 Shapes: ckv [T, Lkv + R] float32, w [Lkv] float32, positions [T] int, inv_freq [R/2] float32, cache [C, Lkv + R]
 float32 (one layer's rows; written in place).
 Example: Lkv 2, R 2, w [1, 1], eps 0, ckv [[3, 4, 1, 0]], position pi/2 (inv_freq [1]), start 5:
@@ -29,7 +30,7 @@ from .. import backend
 from . import _checks
 from .primitives import smem_sum
 from .rmsnorm import MAX_THREADS, rmsnorm_ref, row_sum_squares, write_scaled_row
-from .rope import rope_ref
+from .rope import cos_sin, rope_ref, rotate
 
 STAGE = 1024        # latent columns kept in shared memory between the two passes (Kimi / DeepSeek: Lkv = 512)
 
@@ -57,13 +58,8 @@ def _latent_kernel(ckv, w, eps, positions, inv_freq, amp, cache, start0, start_d
     write_scaled_row(ckv, t, buf, w, inv, cache, row, lkv)
     j = cuda.threadIdx.x
     while j < half:                                  # rope pair j: (j, j + R/2)
-        ang = float32(positions[t]) * inv_freq[j]
-        co = float32(math.cos(ang)) * amp
-        si = float32(math.sin(ang)) * amp
-        a1 = ckv[t, lkv + j]
-        a2 = ckv[t, lkv + j + half]
-        cache[row, lkv + j] = a1 * co - a2 * si
-        cache[row, lkv + j + half] = a2 * co + a1 * si
+        c, s = cos_sin(positions[t], inv_freq[j], amp)
+        cache[row, lkv + j], cache[row, lkv + j + half] = rotate(ckv[t, lkv + j], ckv[t, lkv + j + half], c, s)
         j += cuda.blockDim.x
 
 

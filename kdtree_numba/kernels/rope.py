@@ -79,6 +79,20 @@ def rope_gptj_ref(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray, am
 
 
 # ------------------------------------------------------------------------------------------- kernel
+@cuda.jit(device=True)
+def cos_sin(position, inv_freq_i, amp):
+    """(amp cos, amp sin) of the angle position * inv_freq_i in float32: every RoPE kernel's (rope, mla_latent,
+    draft_kv), so their rotations agree bit for bit."""
+    ang = float32(position) * inv_freq_i
+    return float32(math.cos(ang)) * amp, float32(math.sin(ang)) * amp
+
+
+@cuda.jit(device=True)
+def rotate(a1, a2, c, s):
+    """The pair (x[i], x[i + R/2]) turned by the angle of (c, s): (a1 c - a2 s, a2 c + a1 s)."""
+    return a1 * c - a2 * s, a2 * c + a1 * s
+
+
 @cuda.jit
 def _rope_kernel(x, positions, inv_freq, amp, out):
     t = cuda.blockIdx.x
@@ -87,24 +101,19 @@ def _rope_kernel(x, positions, inv_freq, amp, out):
     i = cuda.threadIdx.x % half             # this thread's pair within the rope dims
     h = cuda.threadIdx.x // half            # its first head
     step = cuda.blockDim.x // half
-    ang = float32(positions[t]) * inv_freq[i]
-    c = float32(math.cos(ang)) * amp
-    s = float32(math.sin(ang)) * amp
+    c, s = cos_sin(positions[t], inv_freq[i], amp)
     while h + step < n_heads:
         a1 = x[t, h, i]
         a2 = x[t, h, i + half]
         b1 = x[t, h + step, i]
         b2 = x[t, h + step, i + half]
-        out[t, h, i] = a1 * c - a2 * s
-        out[t, h, i + half] = a2 * c + a1 * s
-        out[t, h + step, i] = b1 * c - b2 * s
-        out[t, h + step, i + half] = b2 * c + b1 * s
+        out[t, h, i], out[t, h, i + half] = rotate(a1, a2, c, s)
+        out[t, h + step, i], out[t, h + step, i + half] = rotate(b1, b2, c, s)
         h += 2 * step
     if h < n_heads:
         a1 = x[t, h, i]
         a2 = x[t, h, i + half]
-        out[t, h, i] = a1 * c - a2 * s
-        out[t, h, i + half] = a2 * c + a1 * s
+        out[t, h, i], out[t, h, i + half] = rotate(a1, a2, c, s)
 
 
 def apply_rope(x, positions, inv_freq, amp: float = 1.0, out=None):

@@ -1,7 +1,8 @@
 """Top-K of a row of logits by one block: the one-block-per-row path of ``logprobs.topk_logprobs`` (the spec).
 
 Mapping: one block per row (``_topk_kernel`` -> ``_topk_row``), ``block_threads(V)`` threads on a GPU (up to
-MAX_THREADS = 512, at least 16 columns each; 32 on the simulator); the packed key, fold, merge, threshold and sort are kernels/topk_common.py's.
+MAX_THREADS = 512, at least 16 columns each; 32 on the simulator); the packed key, fold, merge, threshold and
+sort are kernels/topk_common.py's.
   Pass 1 (eight loads issued per step, then folded): each thread folds its strided elements into a running (max,
   sum of exp) and two tops m, m2. Block reductions give lse and lo = the smallest m2; a NaN or +inf row gets NaN
   log-probs and -1 ids.
