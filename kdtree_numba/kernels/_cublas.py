@@ -104,21 +104,27 @@ def _operand(x, rows: int, cols: int):
     return x, _OP_N, max(cols, 1)
 
 
-def gemm(a, b, out):
-    """``out [M, N] = a [M, K] @ b [K, N]`` (fp32; a, b any strided views; out C-contiguous)."""
+def gemm(a, b, out, accumulate: bool = False):
+    """``out [M, N] = a [M, K] @ b [K, N]``, or ``out += a @ b`` with ``accumulate`` (cuBLAS's beta = 1: one
+    launch where a GEMM and an add took two); fp32; a, b any strided views."""
     M, K = a.shape
     N = b.shape[1]
     if M == 0 or N == 0:
         return out
     if K == 0:
-        out[...] = 0
+        if not accumulate:
+            out[...] = 0
         return out
     st = _handle(M, K)
     b, op_b, ld_b = _operand(b, K, N)
     a, op_a, ld_a = _operand(a, M, K)
-    target = out if out.flags.c_contiguous else backend.cp.empty((M, N), np.float32)
+    if out.flags.c_contiguous:
+        target = out
+    else:
+        target = backend.cp.ascontiguousarray(out) if accumulate else backend.cp.empty((M, N), np.float32)
+    beta = st["one"] if accumulate else st["zero"]
     _check(st["lib"].cublasSgemm_v2(st["handle"], op_b, op_a, N, M, K, ctypes.byref(st["one"]), b.data.ptr, ld_b,
-                                    a.data.ptr, ld_a, ctypes.byref(st["zero"]), target.data.ptr, N), "cublasSgemm")
+                                    a.data.ptr, ld_a, ctypes.byref(beta), target.data.ptr, N), "cublasSgemm")
     if target is not out:
         out[...] = target
     return out

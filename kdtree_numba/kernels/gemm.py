@@ -36,20 +36,30 @@ def matmul(a, b, out=None):
     return _product(a, b, out)
 
 
-def linear(x, w, out=None):
-    """``x @ w.T`` for an HF weight ``w [out, in]``: x [T, in] -> [T, out] (no copy of the transpose)."""
+def linear(x, w, out=None, accumulate: bool = False):
+    """``x @ w.T`` for an HF weight ``w [out, in]``: x [T, in] -> [T, out] (no copy of the transpose).
+
+    ``accumulate=True`` adds the product onto ``out`` (``out += x @ w.T``; cuBLAS's beta = 1 on the GPU): a
+    residual add without a launch of its own, e.g. ``linear(o, W_o, out=x, accumulate=True)``."""
     x = _checks.array(x, "x", dtype=np.float32, ndim=2)
     w = _checks.array(w, "w", dtype=np.float32, ndim=2, shape=(None, x.shape[1]))
+    if accumulate and out is None:
+        raise ValueError("out: accumulate=True adds onto out, expected an array, got None")
     out = _checks.out_array(out, "out", (x.shape[0], w.shape[0]), np.float32)
-    return _product(x, w.T, out)
+    return _product(x, w.T, out, accumulate)
 
 
-def _product(a, b, out):
-    """``out = a @ b`` (2-d or batched 3-d): cuBLAS on cuda, NumPy/CuPy matmul elsewhere."""
+def _product(a, b, out, accumulate: bool = False):
+    """``out = a @ b`` (or ``out += a @ b``; 2-d or batched 3-d): cuBLAS on cuda, NumPy/CuPy matmul elsewhere."""
     if backend.name != "cuda":
-        backend.xp.matmul(a, b, out=out)
+        if accumulate:
+            out += backend.xp.matmul(a, b)
+        else:
+            backend.xp.matmul(a, b, out=out)
         return out
-    return (_cublas.gemm if a.ndim == 2 else _cublas.gemm_batched)(a, b, out)
+    if a.ndim == 2:
+        return _cublas.gemm(a, b, out, accumulate)
+    return _cublas.gemm_batched(a, b, out)
 
 
 @cuda.jit

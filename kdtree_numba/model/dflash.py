@@ -365,9 +365,9 @@ class DFlashDrafter(Drafter):
             q = rope.apply_rope(q.reshape(B, Nq, D), positions, self.inv_freq, self.rope_amp)   # [B, Nq, D]
             self._kv(i, L, x, positions, start)                # the block's rows, after the context (uncommitted)
             o = block_attention.block_attention(q, self._k[i], self._v[i], n_keys, self.scale)
-            h += gemm.linear(o.reshape(B, Nq * D), L["o"])
+            gemm.linear(o.reshape(B, Nq * D), L["o"], out=h, accumulate=True)                # h += o W_o^T
             y = rmsnorm.rmsnorm(h, L["post_norm"], c.rms_norm_eps)
-            h += gemm.linear(swiglu.swiglu(gemm.linear(y, L["gu"])), L["down"])
+            gemm.linear(swiglu.swiglu(gemm.linear(y, L["gu"])), L["down"], out=h, accumulate=True)
         out = rmsnorm.rmsnorm(backend.xp.ascontiguousarray(h[1:]), self.w["norm.weight"], c.rms_norm_eps)
         return gemm.linear(out, self.target.w["lm_head"])                                    # [L, V]
 

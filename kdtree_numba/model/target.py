@@ -180,17 +180,21 @@ class Target:
                                                                                           dtype=np.int32))
         x = embedding.embed(self.w["embed"], ids, check=check_ids)                   # [T, H]
         hiddens = {}
-        for i, L in enumerate(self.layers):
+        for i, L in enumerate(self.layers):                # the residual adds ride on the output GEMMs (beta = 1)
             h = rmsnorm.rmsnorm(x, L["in_norm"], cfg.rms_norm_eps)
-            x += self._attention(i, L, h, positions, cache, start, tree)
+            self._attention(i, L, h, positions, cache, start, tree, out=x)            # x += attention(h)
             h = rmsnorm.rmsnorm(x, L["post_norm"], cfg.rms_norm_eps)
-            x += self._moe(L, h) if "gate" in L else self._mlp(L["gu"], L["down"], h)
+            if "gate" in L:
+                self._moe(L, h, out=x)                                                # x += moe(h)
+            else:
+                self._mlp(L["gu"], L["down"], h, out=x)                               # x += mlp(h)
             if i in hidden_layers:
                 hiddens[i] = x.copy()
         x = rmsnorm.rmsnorm(x, self.w["norm"], cfg.rms_norm_eps)
         return gemm.linear(x, self.w["lm_head"]), hiddens                            # [T, V]
 
-    def _attention(self, i, L, h, positions, cache, start, tree):
+    def _attention(self, i, L, h, positions, cache, start, tree, out):
+        """The attention output ``[T, H]``, added onto ``out`` (the residual stream) by the o_proj GEMM."""
         cfg = self.config
         T = h.shape[0]
         N, P, R, Lkv = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
@@ -217,13 +221,15 @@ class Target:
         o = backend.empty((T, N, cfg.v_head_dim), np.float32)                        # [T, N, Vd]
         gemm.bmm(o_lat.transpose(1, 0, 2), L["w_uv_t"], out=o.transpose(1, 0, 2))    # per head, in place
         o = o.reshape(T, -1)                                                          # [T, N*Vd]
-        return gemm.linear(o, L["o"])                                                 # [T, H]
+        return gemm.linear(o, L["o"], out=out, accumulate=True)                       # out += o W_o^T
 
     @staticmethod
-    def _mlp(gu_w, down_w, h):
-        return gemm.linear(swiglu.swiglu(gemm.linear(h, gu_w)), down_w)
+    def _mlp(gu_w, down_w, h, out=None):
+        """SwiGLU MLP of ``h [T, H]``; added onto ``out`` by the down GEMM when given."""
+        return gemm.linear(swiglu.swiglu(gemm.linear(h, gu_w)), down_w, out=out, accumulate=out is not None)
 
-    def _moe(self, L, h):
+    def _moe(self, L, h, out=None):
+        """The MoE layer's output ``[T, H]`` (routed experts + shared expert); added onto ``out`` when given."""
         cfg = self.config
         k = cfg.num_experts_per_tok
         idx, w = moe_routing.route(gemm.linear(h, L["gate"]), L["bias"], k, cfg.n_group, cfg.topk_group,
@@ -238,8 +244,9 @@ class Target:
         act = swiglu.swiglu(gu)                                                       # [T*k, I]
         ys = moe_grouped_gemm.grouped_linear(act, L["experts_down"], offsets, tiles=tiles,
                                              sim_kernel=False)                        # [T*k, H]
-        out = self._mlp(L["shared_gu"], L["shared_down"], h) if "shared_gu" in L else None
-        return moe_routing.combine(ys, w, slot, out=out)                              # [T, H]
+        if "shared_gu" in L:
+            out = self._mlp(L["shared_gu"], L["shared_down"], h, out=out)             # [T, H] (+)= shared(h)
+        return moe_routing.combine(ys, w, slot, out=out)                              # [T, H] (+)= routed
 
     # ---------------------------------------------------------------------------------------- conveniences
     @_on_backend

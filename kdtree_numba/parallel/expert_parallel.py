@@ -27,7 +27,7 @@ bookkeeping, plus ``ep_moe_all_to_all`` that runs it over any Communicator:
         single-rank ``combine(ys, w, slot)`` finishes the layer.
 
 ``shard_target(target, rank, world, comm)``: a Target whose MoE layers run ``ep_moe``; ``kd.generate`` runs on it
-unchanged (a subclass: ``Target.forward`` calls ``self._moe(L, h)`` per MoE layer; that is the hook used).
+unchanged (a subclass: ``Target.forward`` calls ``self._moe(L, h, out=x)`` per MoE layer; that is the hook used).
 Example: E = 8, N = 2: rank 0 holds experts 0-3, rank 1 experts 4-7; a token routed to (2, 6) gets expert 2's
 output from rank 0 and expert 6's from rank 1, each weighted there, summed by the all-reduce.
 """
@@ -96,15 +96,17 @@ def _experts(xs, layer, offsets):
                                            sim_kernel=False)
 
 
-def _shared(h, layer):
+def _shared(h, layer, out=None):
+    """The shared expert's ``[T, H]``, added onto ``out`` when given (``out`` itself when there is none)."""
     if "shared_gu" not in layer:
-        return None
-    return gemm.linear(swiglu.swiglu(gemm.linear(h, layer["shared_gu"])), layer["shared_down"])   # [T, H]
+        return out
+    return Target._mlp(layer["shared_gu"], layer["shared_down"], h, out=out)        # [T, H]
 
 
-def ep_moe(h, layer: dict, cfg, comm: Communicator, reduce: str = "tokens"):
+def ep_moe(h, layer: dict, cfg, comm: Communicator, reduce: str = "tokens", out=None):
     """One MoE layer over this rank's experts (``layer`` from ``shard_experts``; module docstring); returns
-    ``[T, H]``, the same on every rank and equal to the single-rank ``Target._moe(layer, h)``."""
+    ``[T, H]``, the same on every rank and equal to the single-rank ``Target._moe(layer, h, out)``: added onto
+    ``out`` (the residual stream) when given, shared expert first, as the single-rank layer adds them."""
     if reduce not in REDUCE_MODES:
         raise ValueError(f"reduce: expected one of {REDUCE_MODES}, got {reduce!r}")
     e0, n_loc = _local_experts(layer, cfg, comm)
@@ -119,13 +121,14 @@ def ep_moe(h, layer: dict, cfg, comm: Communicator, reduce: str = "tokens"):
     if hi > lo:
         xs = xp.take(h, order[lo:hi] // k, axis=0)                                    # [hi-lo, H] local rows
         ys[lo:hi] = _experts(xs, layer, backend.asarray((off - lo).astype(np.int32)))
-    shared = _shared(h, layer)
     if reduce == "assignments":
-        return moe_routing.combine(comm.all_reduce(ys), w, slot, out=shared)
-    out = comm.all_reduce(moe_routing.combine(ys, w, slot))                           # [T, H]
-    if shared is not None:
-        out += shared
-    return out
+        return moe_routing.combine(comm.all_reduce(ys), w, slot, out=_shared(h, layer, out))
+    y = comm.all_reduce(moe_routing.combine(ys, w, slot))                             # [T, H]
+    if out is None:
+        out = y
+    else:
+        out += y
+    return _shared(h, layer, out)
 
 
 # ------------------------------------------------------------------------------------------------ all-to-all
@@ -236,8 +239,8 @@ class ExpertParallelTarget(Target):
         self.tokenizer = target.tokenizer
         self.rank, self.world, self.comm, self.reduce = rank, world, comm, reduce
 
-    def _moe(self, L, h):
-        return ep_moe(h, L, self.config, self.comm, reduce=self.reduce)
+    def _moe(self, L, h, out=None):
+        return ep_moe(h, L, self.config, self.comm, reduce=self.reduce, out=out)
 
     def state_dict(self):
         raise ValueError(f"state_dict: rank {self.rank} holds only {self.config.n_routed_experts // self.world} "

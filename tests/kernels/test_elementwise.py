@@ -90,6 +90,22 @@ def test_tiled_gemm_matches_numpy():
     np.testing.assert_allclose(H(gemm.linear(a, b.T.copy())), a @ b, rtol=1e-5, atol=1e-5)
 
 
+def test_linear_accumulate_adds_onto_out():
+    """linear(..., out=x, accumulate=True) is x += x_in @ w.T (the model's residual adds ride on it); K = 0 adds
+    nothing; without an out array it is refused by name."""
+    rng = np.random.default_rng(8)
+    a = rng.standard_normal((5, 12)).astype(np.float32)
+    w = rng.standard_normal((9, 12)).astype(np.float32)
+    base = rng.standard_normal((5, 9)).astype(np.float32)
+    out = kd.backend.asarray(base.copy())
+    assert gemm.linear(a, w, out=out, accumulate=True) is out
+    np.testing.assert_allclose(H(out), base + a @ w.T, rtol=1e-5, atol=1e-5)
+    gemm.linear(np.zeros((5, 0), np.float32), np.zeros((9, 0), np.float32), out=out, accumulate=True)
+    np.testing.assert_allclose(H(out), base + a @ w.T, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="out: accumulate=True adds onto out, expected an array, got None"):
+        gemm.linear(a, w, accumulate=True)
+
+
 @pytest.mark.parametrize("call, arg", [
     (lambda: rmsnorm.rmsnorm(np.zeros((3, 4), np.float64), np.ones(4, np.float32), 1e-6), "x: expected dtype float32"),
     (lambda: rmsnorm.rmsnorm(np.zeros((3, 4), np.float32), np.ones(5, np.float32), 1e-6), r"w: expected shape \(4\)"),
