@@ -40,6 +40,9 @@ def _cases(rng):
     draft_kv.write_draft_kv(kv, w[:10], 1e-6, pos[:3], inv, 1.0, kc, vc, 1)
     yield "draft kv write", "3 rows x 2 heads of 10", np.concatenate([H(kc)[1:4], H(vc)[1:4]]), \
         np.concatenate(draft_kv.draft_kv_ref(kv, w[:10], 1e-6, pos[:3], inv))
+    yield "draft query", "3 x 3 heads of 10, view", \
+        H(draft_kv.draft_query(kv[:, 10:], w[:10], 1e-6, pos[:3], inv, 1.0)), \
+        draft_kv.draft_query_ref(kv[:, 10:], w[:10], 1e-6, pos[:3], inv)
     qa, cache = f32(3, 5, 13), f32(12, 13)
     yield "mla attention", "3 tokens x 5 heads, 9 rows", H(mla_attention.mla_attention(qa, cache, 6, 0.3, 9)), \
         mla_attention.mla_attention_ref(qa, cache, 6, 0.3, 9)

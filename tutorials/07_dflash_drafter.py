@@ -27,7 +27,9 @@ Run:  KDTREE_BACKEND=sim python tutorials/07_dflash_drafter.py [--size small|lar
 #   v_proj]` weight, then one launch of `kernels/draft_kv.py` normalises, rotates and writes both rows.)
 # * **The layers.** Qwen3-style: `q/k/v` of the block, **block attention** (grouped-query, *non-causal*: every
 #   block slot sees every context row and the whole block), `o_proj`, SwiGLU MLP. The embedding and the LM head
-#   are the target's.
+#   are the target's. (The block's q, k and v come from one GEMM over the fused `[q_proj; k_proj; v_proj]`
+#   weight; `draft_kv.draft_query` normalises and rotates the query in one launch, and the residual adds ride on
+#   the `o_proj` and `down` GEMMs.)
 #
 # Because the whole block is drafted in one pass, slot d's distribution cannot depend on what was drafted at slot
 # d - 1 (there is only a MASK there): it is a **marginal** over the branches. That is why DDTree builds a *tree*

@@ -1,23 +1,27 @@
-"""The DFlash drafter's cache write: one launch turns a layer's fused k/v projection rows into draft-cache rows.
+"""The DFlash drafter's per-head norm + RoPE in one launch: the k/v cache write, and the query.
 
     k[t, g] = NeoX RoPE over all D of  kv[t, gD : gD + D] / sqrt(mean(kv[t, gD : gD + D]**2) + eps) * w
     v[t, g] = kv[t, Nkv D + gD : Nkv D + gD + D]
     k_cache[start + t, g] = k[t, g];   v_cache[start + t, g] = v[t, g]          t < T, kv head g < Nkv
+    q[t, h] = NeoX RoPE over all D of  y[t, hD : hD + D] / sqrt(mean(y[t, hD : hD + D]**2) + eps) * w_q   (h < Nq)
 
-(Qwen3's per-head ``k_norm``, then RoPE at positions[t]: kernels/rmsnorm.py's and kernels/rope.py's formulas.) The
-drafter did this with two projections, RMSNorm, RoPE and two scatters into the cache rows per layer, twice a DDTree
-round (the newly committed context rows, then the block); on the default pair every launch costs ~2.5 us of
-device time whatever its work.
+(Qwen3's per-head ``k_norm`` / ``q_norm``, then RoPE at positions[t]: kernels/rmsnorm.py's and kernels/rope.py's
+formulas.) The drafter did this with two projections, RMSNorm, RoPE and two scatters into the cache rows per
+layer, twice a DDTree round (the newly committed context rows, then the block), and RMSNorm + RoPE for the
+block's query; on the default pair every launch costs ~2.5 us of device time whatever its work. The block's
+q, k and v come from one GEMM over the fused ``[q; k; v]`` weight, so ``kv`` and ``y`` may be column views of it.
 
-Mapping: grid (token t, kv head g); a block of P threads, P the power of two >= D/2 (on the GPU at least 32: a
-whole warp). Thread j < D/2 owns the rope pair (j, j + D/2):
-it loads both k values, their squares go through a block tree sum (primitives.smem_sum), then it scales, rotates
-and writes them, and copies the same two columns of v. ``start`` is an int or a device int32 [1] (graph replay:
-the kernel reads it); rows at or past the cache's end are not written.
-Shapes: kv [T, 2 Nkv D] float32 (k heads, then v heads), w [D], positions [T] int, inv_freq [D/2] float32,
-k_cache / v_cache [C, Nkv, D] float32 (one layer's rows; written in place). D even, D <= 256.
+Mapping: grid (token t, head); a block of P threads, P the power of two >= D/2 (on the GPU at least 32: a
+whole warp). Thread j < D/2 owns the rope pair (j, j + D/2) (``_norm_rope_pair``):
+it loads both values, their squares go through a block tree sum (primitives.smem_sum), then it scales and rotates
+them; the cache write stores k and copies the same two columns of v, the query kernel stores q. ``start`` is an
+int or a device int32 [1] (graph replay: the kernel reads it); rows at or past the cache's end are not written.
+Shapes: kv [T, 2 Nkv D] float32 (k heads, then v heads; strided rows allowed), w [D], positions [T] int,
+inv_freq [D/2] float32, k_cache / v_cache [C, Nkv, D] float32 (one layer's rows; written in place);
+y [T, Nq D] (strided rows allowed) -> q [T, Nq, D]. D even, D <= 256.
 Example: Nkv 1, D 2, w [1, 1], eps 0, kv [[3, 4, 5, 6]], position pi/2 (inv_freq [1]), start 0: k = [3, 4] scaled by
 1 / sqrt(12.5) = [0.8485, 1.1314], turned by 90 degrees -> k_cache[0, 0] = [-1.1314, 0.8485]; v_cache[0, 0] = [5, 6].
+(The query of y = [[3, 4]] with the same w and position is the same [-1.1314, 0.8485].)
 """
 from __future__ import annotations
 
@@ -40,8 +44,35 @@ def draft_kv_ref(kv, w, eps: float, positions, inv_freq, amp: float = 1.0):
     kv = np.asarray(kv, np.float32)
     D = np.asarray(w).shape[0]
     T, n_kv = kv.shape[0], kv.shape[1] // (2 * D)
-    k = rmsnorm_ref(kv[:, :n_kv * D].reshape(T * n_kv, D), w, eps).reshape(T, n_kv, D)
-    return rope_ref(k, positions, inv_freq, amp), kv[:, n_kv * D:].reshape(T, n_kv, D).copy()
+    k = draft_query_ref(kv[:, :n_kv * D], w, eps, positions, inv_freq, amp)          # k is normed like a query
+    return k, kv[:, n_kv * D:].reshape(T, n_kv, D).copy()
+
+
+def draft_query_ref(y, w, eps: float, positions, inv_freq, amp: float = 1.0):
+    """q [T, Nq, D] in plain NumPy: per-head RMSNorm of the query projection y [T, Nq D], then RoPE."""
+    y = np.asarray(y, np.float32)
+    D = np.asarray(w).shape[0]
+    T, n_q = y.shape[0], y.shape[1] // D
+    return rope_ref(rmsnorm_ref(y.reshape(T * n_q, D), w, eps).reshape(T, n_q, D), positions, inv_freq, amp)
+
+
+@cuda.jit(device=True)
+def _norm_rope_pair(x, t, col0, w, eps, position, inv_freq, amp, red):
+    """Thread j's rope pair (j, j + D/2) of the head whose D columns start at x[t, col0], RMS-normalised by w and
+    rotated; (0, 0) for threads j >= D/2. Every thread of the block calls it (block sum)."""
+    j = cuda.threadIdx.x
+    half = inv_freq.shape[0]
+    a = float32(0.0)
+    b = float32(0.0)
+    if j < half:
+        a = x[t, col0 + j]
+        b = x[t, col0 + j + half]
+    ssq = smem_sum(a * a + b * b, red)               # every thread calls (barriers)
+    if j >= half:
+        return float32(0.0), float32(0.0)
+    inv = float32(1.0) / float32(math.sqrt(ssq / float32(2 * half) + eps))
+    c, s = cos_sin(position, inv_freq[j], amp)
+    return rotate(a * inv * w[j], b * inv * w[j + half], c, s)
 
 
 @cuda.jit
@@ -53,20 +84,35 @@ def _draft_kv_kernel(kv, w, eps, positions, inv_freq, amp, k_cache, v_cache, sta
     D = 2 * half
     n_kv = k_cache.shape[1]
     red = cuda.shared.array(MAX_HALF, float32)
-    a = float32(0.0)
-    b = float32(0.0)
-    if j < half:
-        a = kv[t, g * D + j]
-        b = kv[t, g * D + j + half]
-    ssq = smem_sum(a * a + b * b, red)               # every thread calls (barriers)
+    k0, k1 = _norm_rope_pair(kv, t, g * D, w, eps, positions[t], inv_freq, amp, red)
     row = start0 + start_dev[0] + t
     if j >= half or row >= k_cache.shape[0]:
         return
-    inv = float32(1.0) / float32(math.sqrt(ssq / float32(D) + eps))
-    c, s = cos_sin(positions[t], inv_freq[j], amp)
-    k_cache[row, g, j], k_cache[row, g, j + half] = rotate(a * inv * w[j], b * inv * w[j + half], c, s)
+    k_cache[row, g, j] = k0
+    k_cache[row, g, j + half] = k1
     v_cache[row, g, j] = kv[t, (n_kv + g) * D + j]
     v_cache[row, g, j + half] = kv[t, (n_kv + g) * D + j + half]
+
+
+@cuda.jit
+def _draft_query_kernel(y, w, eps, positions, inv_freq, amp, q):
+    t = cuda.blockIdx.x
+    h = cuda.blockIdx.y
+    j = cuda.threadIdx.x
+    half = inv_freq.shape[0]
+    red = cuda.shared.array(MAX_HALF, float32)
+    q0, q1 = _norm_rope_pair(y, t, h * 2 * half, w, eps, positions[t], inv_freq, amp, red)
+    if j < half:
+        q[t, h, j] = q0
+        q[t, h, j + half] = q1
+
+
+def _pair_threads(D: int) -> int:
+    """Threads per (token, head) block: the power of two >= D/2."""
+    threads = 1
+    while threads < D // 2:
+        threads *= 2
+    return threads
 
 
 def write_draft_kv(kv, w, eps: float, positions, inv_freq, amp: float, k_cache, v_cache, start) -> None:
@@ -79,7 +125,7 @@ def write_draft_kv(kv, w, eps: float, positions, inv_freq, amp: float, k_cache, 
     v_cache = _checks.array(v_cache, "v_cache", dtype=np.float32, shape=(C, n_kv, D))
     if D % 2 or D // 2 > MAX_HALF:
         raise ValueError(f"k_cache: head dim {D}; expected an even number <= {2 * MAX_HALF}")
-    kv = _checks.array(kv, "kv", dtype=np.float32, ndim=2, shape=(None, 2 * n_kv * D))
+    kv = _checks.array(kv, "kv", dtype=np.float32, ndim=2, shape=(None, 2 * n_kv * D), strided=True)
     T = kv.shape[0]
     w = _checks.array(w, "w", dtype=np.float32, shape=(D,))
     eps = _checks.real(eps, "eps", lo=0.0)
@@ -98,8 +144,32 @@ def write_draft_kv(kv, w, eps: float, positions, inv_freq, amp: float, k_cache, 
         k_cache[s:s + keep] = k[:keep]
         v_cache[s:s + keep] = v[:keep]
         return
-    threads = 1
-    while threads < D // 2:
-        threads *= 2
+    threads = _pair_threads(D)
     backend.launch(_draft_kv_kernel, (T, n_kv), backend.block_size(max(threads, 32), threads), kv, w,
                    np.float32(eps), positions, inv_freq, np.float32(amp), k_cache, v_cache, start0, start_dev)
+
+
+def draft_query(y, w, eps: float, positions, inv_freq, amp: float, out=None):
+    """The block's query ``q [T, Nq, D]`` from its projection ``y [T, Nq D]`` (a column view of the fused
+    ``[q; k; v]`` product is fine): per-head RMSNorm by ``w [D]`` (``q_norm``), then RoPE at ``positions``."""
+    w = _checks.array(w, "w", dtype=np.float32, ndim=1)
+    D = w.shape[0]
+    if D % 2 or D // 2 > MAX_HALF:
+        raise ValueError(f"w: head dim {D}; expected an even number <= {2 * MAX_HALF}")
+    y = _checks.array(y, "y", dtype=np.float32, ndim=2, strided=True)
+    T, cols = y.shape
+    if cols % D:
+        raise ValueError(f"y: expected a multiple of the head dim {D} columns, got shape {tuple(y.shape)}")
+    eps = _checks.real(eps, "eps", lo=0.0)
+    positions = _checks.array(positions, "positions", kinds="iu", shape=(T,))
+    inv_freq = _checks.array(inv_freq, "inv_freq", dtype=np.float32, shape=(D // 2,))
+    amp = _checks.real(amp, "amp", lo=0.0, lo_open=True)
+    out = _checks.out_array(out, "out", (T, cols // D, D), np.float32)
+    if backend.name == "numpy":
+        out[...] = draft_query_ref(y, w, eps, positions, inv_freq, amp)
+        return out
+    if T and cols:
+        threads = _pair_threads(D)
+        backend.launch(_draft_query_kernel, (T, cols // D), backend.block_size(max(threads, 32), threads), y, w,
+                       np.float32(eps), positions, inv_freq, np.float32(amp), out)
+    return out

@@ -10,7 +10,8 @@ hidden features of the committed context. The layers are Qwen3-style, and the ta
     per layer:  x = input_layernorm(h)
                 q = RoPE(q_norm(q_proj(x)))                                         [B, Nq, D]  per-head RMSNorm
                 k = RoPE(k_norm(k_proj([ctx ; x]))),  v = v_proj([ctx ; x])        [C + B, Nkv, D]
-                                                      (k_proj; v_proj fused, one write: kernels/draft_kv.py)
+                      (the block's q, k, v: one GEMM over the fused [q; k; v] weight, then one launch for q and
+                       one for the k/v cache rows: kernels/draft_kv.py; context rows: the [k; v] rows of it)
                 h = h + o_proj(block_attention(q, k, v))                            GQA, NON-causal, scale D^-0.5
                 h = h + down(silu(gate(y)) * up(y)),  y = post_attention_layernorm(h)
     draft_logits = target.lm_head(norm(h)[1:])                                      [B - 1, V]: depths 1 .. L
@@ -37,7 +38,7 @@ import numpy as np
 
 from .. import backend
 from ..config import ConfigError, check_yarn, parse_rope, rope_tables
-from ..kernels import _checks, block_attention, draft_kv, embedding, gemm, rmsnorm, rope, swiglu
+from ..kernels import _checks, block_attention, draft_kv, embedding, gemm, rmsnorm, swiglu
 from . import checkpoint
 from .drafters import Drafter
 
@@ -207,11 +208,15 @@ class DFlashDrafter(Drafter):
                 self.layers.append({
                     "in_norm": dev(f32(p + "input_layernorm.weight")),
                     "post_norm": dev(f32(p + "post_attention_layernorm.weight")),
-                    "q": dev(f32(a + "q_proj.weight")), "o": dev(f32(a + "o_proj.weight")),
-                    "kv": dev(np.concatenate([f32(a + "k_proj.weight"), f32(a + "v_proj.weight")])),  # [2NkvD, H]
+                    "qkv": dev(np.concatenate([f32(a + "q_proj.weight"), f32(a + "k_proj.weight"),
+                                               f32(a + "v_proj.weight")])),              # [(Nq + 2Nkv) D, H]
+                    "o": dev(f32(a + "o_proj.weight")),
                     "q_norm": dev(f32(a + "q_norm.weight")), "k_norm": dev(f32(a + "k_norm.weight")),
                     "gu": dev(np.concatenate([f32(m + "gate_proj.weight"), f32(m + "up_proj.weight")])),  # [2I, H]
                     "down": dev(f32(m + "down_proj.weight"))})
+                L = self.layers[-1]                    # q and [k; v] as row blocks of qkv (views, no copy)
+                nq = config.num_attention_heads * config.head_dim
+                L["q"], L["kv"] = L["qkv"][:nq], L["qkv"][nq:]
             self.inv_freq = dev(inv_freq)
         self._k = self._v = None
         self._block_ids = None               # [B] device: root + MASKs of the captured draft (reserve)
@@ -291,12 +296,11 @@ class DFlashDrafter(Drafter):
             if self._block_ids is None:
                 self._block_ids = backend.full((self.config.block_size,), self.config.mask_token_id, np.int32)
 
-    def _kv(self, i: int, L: dict, x, positions, start) -> None:
-        """Rows ``start .. start + T - 1`` of layer i's cache from inputs ``x [T, H]``: k = RoPE(k_norm(k_proj x)),
-        v = v_proj x - one GEMM over the fused [k; v] weight, one launch for the rest (kernels/draft_kv.py).
+    def _kv(self, i: int, L: dict, kv, positions, start) -> None:
+        """Rows ``start .. start + T - 1`` of layer i's cache from the k/v projection ``kv [T, 2 Nkv D]`` (a column
+        view of the fused product is fine): k = RoPE(k_norm(k)), v as it is, one launch (kernels/draft_kv.py).
         ``start`` may be a device int32 [1] (graph replay: read by the kernel)."""
         c = self.config
-        kv = gemm.linear(x, L["kv"])                                                        # [T, 2 Nkv D]
         draft_kv.write_draft_kv(kv, L["k_norm"], c.rms_norm_eps, positions, self.inv_freq, self.rope_amp,
                                 self._k[i], self._v[i], start)
 
@@ -328,7 +332,7 @@ class DFlashDrafter(Drafter):
         ctx = rmsnorm.rmsnorm(gemm.linear(feats, self.w["fc.weight"]), self.w["hidden_norm.weight"],
                               c.rms_norm_eps)                                               # [T, H]
         for i, L in enumerate(self.layers):
-            self._kv(i, L, ctx, positions, start)
+            self._kv(i, L, gemm.linear(ctx, L["kv"]), positions, start)                      # [T, 2 Nkv D]
 
     # ------------------------------------------------------------------------------------------ the draft
     def draft(self, context, root: int):
@@ -361,9 +365,10 @@ class DFlashDrafter(Drafter):
         h = embedding.embed(self.target.w["embed"], ids, check=False)                        # [B, H]
         for i, L in enumerate(self.layers):
             x = rmsnorm.rmsnorm(h, L["in_norm"], c.rms_norm_eps)
-            q = rmsnorm.rmsnorm(gemm.linear(x, L["q"]).reshape(B * Nq, D), L["q_norm"], c.rms_norm_eps)
-            q = rope.apply_rope(q.reshape(B, Nq, D), positions, self.inv_freq, self.rope_amp)   # [B, Nq, D]
-            self._kv(i, L, x, positions, start)                # the block's rows, after the context (uncommitted)
+            y = gemm.linear(x, L["qkv"])                                                     # [B, (Nq+2Nkv) D]
+            q = draft_kv.draft_query(y[:, :Nq * D], L["q_norm"], c.rms_norm_eps, positions, self.inv_freq,
+                                     self.rope_amp)                                          # [B, Nq, D]
+            self._kv(i, L, y[:, Nq * D:], positions, start)    # the block's rows, after the context (uncommitted)
             o = block_attention.block_attention(q, self._k[i], self._v[i], n_keys, self.scale)
             gemm.linear(o.reshape(B, Nq * D), L["o"], out=h, accumulate=True)                # h += o W_o^T
             y = rmsnorm.rmsnorm(h, L["post_norm"], c.rms_norm_eps)

@@ -1,4 +1,6 @@
-"""The drafter's cache write (kernels/draft_kv.py): per-head k_norm + RoPE of k, v as it is, into the cache rows."""
+"""The drafter's per-head norm + RoPE (kernels/draft_kv.py): the cache write (k_norm + RoPE of k, v as it is, into
+the cache rows) and the block's query (q_norm + RoPE), each one launch, reading column views of the fused
+[q; k; v] product."""
 import numpy as np
 import pytest
 
@@ -71,3 +73,50 @@ def test_bad_input_names_the_argument(change, msg):
     with pytest.raises(ValueError, match=msg):
         draft_kv.write_draft_kv(**{k: kd.backend.asarray(v) if isinstance(v, np.ndarray) else v
                                    for k, v in args.items()})
+
+
+def test_query_reference_is_the_drafters_old_composition():
+    """q = RoPE(q_norm(q heads)): what DFlashDrafter computed with an RMSNorm and a RoPE launch; k is the same."""
+    y, w, pos, inv = _inputs(4, 3, 6, seed=3)                                # y [4, 36]: 6 heads of 6
+    want = rope.rope_ref(rmsnorm.rmsnorm_ref(y.reshape(24, 6), w, 1e-6).reshape(4, 6, 6), pos, inv, 1.2)
+    np.testing.assert_array_equal(draft_kv.draft_query_ref(y, w, 1e-6, pos, inv, 1.2), want)
+    q1 = draft_kv.draft_query_ref([[3, 4]], np.ones(2, np.float32), 0.0, [np.pi / 2], [1.0])   # the docstring's
+    np.testing.assert_allclose(q1[0, 0], [-1.1313709, 0.8485281], rtol=1e-5)
+
+
+@pytest.mark.usefixtures("kernel_backend")
+@pytest.mark.parametrize("T,n_q,D", [(3, 4, 8), (2, 2, 6), (1, 2, 64)])
+def test_query_kernel_reads_a_column_view_of_the_fused_product(T, n_q, D):
+    """y = the first Nq D columns of a [T, (Nq + 2 Nkv) D] product (a strided view, as the drafter passes it);
+    the k/v write reads the remaining columns of the same buffer."""
+    rng = np.random.default_rng(T * D)
+    n_kv = 1
+    fused = kd.backend.asarray((rng.standard_normal((T, (n_q + 2 * n_kv) * D)) * 2).astype(np.float32))
+    _, w, pos, inv = _inputs(T, n_kv, D, seed=D)
+    q = poisoned((T, n_q, D))
+    assert draft_kv.draft_query(fused[:, :n_q * D], w, 1e-6, pos, inv, 1.1, out=q) is q
+    host = H(fused)
+    np.testing.assert_allclose(H(q), draft_kv.draft_query_ref(host[:, :n_q * D], w, 1e-6, pos, inv, 1.1),
+                               rtol=2e-6, atol=2e-6)
+    kc, vc = poisoned((T, n_kv, D)), poisoned((T, n_kv, D))
+    draft_kv.write_draft_kv(fused[:, n_q * D:], w, 1e-6, pos, inv, 1.0, kc, vc, 0)
+    k, v = draft_kv.draft_kv_ref(host[:, n_q * D:], w, 1e-6, pos, inv)
+    np.testing.assert_allclose(H(kc), k, rtol=2e-6, atol=2e-6)
+    np.testing.assert_array_equal(H(vc), v)
+    np.testing.assert_array_equal(H(fused), host)                            # the product is only read
+
+
+@pytest.mark.parametrize("change,msg", [
+    (dict(y=np.zeros((3, 10), np.float32)), r"y: expected a multiple of the head dim 4 columns, got shape \(3, 10\)"),
+    (dict(w=np.ones(5, np.float32)), "w: head dim 5; expected an even number"),
+    (dict(positions=np.zeros(4, np.int32)), r"positions: expected shape \(3\), got \(4,\)"),
+    (dict(out=np.zeros((3, 2, 5), np.float32)), r"out: expected shape \(3, 2, 4\)"),
+    (dict(eps=-1.0), "eps: expected"),
+])
+def test_query_bad_input_names_the_argument(change, msg):
+    _, w, pos, inv = _inputs(3, 1, 4)
+    args = dict(y=np.zeros((3, 8), np.float32), w=w, eps=1e-6, positions=pos, inv_freq=inv, amp=1.0)
+    args.update(change)
+    with pytest.raises(ValueError, match=msg):
+        draft_kv.draft_query(**{k: kd.backend.asarray(v) if isinstance(v, np.ndarray) else v
+                                for k, v in args.items()})
