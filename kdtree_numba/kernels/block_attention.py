@@ -8,10 +8,14 @@ drafted in one pass ("block diffusion"). Query head h reads kv head g = h // (Nq
     out[t, h]      = sum_s softmax_s(score[t, h, :])[s] * v[s, g]
 
 Mapping: one block of threads per (query token t, kv head g) serving the G = Nq / Nkv query heads that share g, so
-each key/value row is loaded from global memory once for G heads. The block walks the keys in tiles of BK rows
-through shared memory with an online softmax (running max m, sum l, rescale alpha = exp(m_old - m_new)):
-thread i scores one (head, row) pair of the tile over all D dims, one thread per head updates m / l, and the
-threads stride over the G x D accumulators. n_keys is small for a drafter (context + block), so no key splits.
+each key/value row is loaded from global memory once for G heads. The block walks the keys in tiles of
+``tile_rows(D)`` rows (as many as TILE_FLOATS floats of shared memory hold: 64 for the default drafter's D = 32,
+27 at D = 128) with an online softmax (running max m, sum l, rescale alpha = exp(m_old - m_new)): every thread
+issues up to LOADS global loads of the tile before it stores any to shared memory (a store may alias a later load
+for the compiler, so load-store pairs would each wait a full memory latency), thread i scores one (head, row) pair
+of the tile over all D dims, one thread per head updates m / l, and the threads stride over the G x D
+accumulators. n_keys is small for a drafter (context + block), so no key splits; the tile's size sets how many
+memory round trips and barriers a call waits for (it was 8 rows: ~28 us a call for ~200 keys on the H200).
 Shapes: q [B, Nq, D], k [S, Nkv, D], v [S, Nkv, D] float32 (S >= n_keys; rows past n_keys are ignored)
 -> out [B, Nq, D] float32.
 Example: one head, D = 1, scale 1, k = [[0], [0]], v = [[1], [3]], n_keys 2: equal scores -> out = 2 for every
@@ -30,10 +34,16 @@ from .primitives import online_softmax_row
 
 MAX_G = 8         # query heads per kv head (Kimi-K2.5's DFlash drafter: 64 / 8)
 MAX_D = 256       # head dim
-BK = 8            # key rows per tile
-KROW = 257        # MAX_D + 1 as a literal: numba sizes shared arrays from plain constants, not expressions
+MAX_BK = 64       # most key rows per tile
+TILE_FLOATS = 3584  # shared floats for a tile's keys (rows of D + 1: an odd stride spreads row reads over banks)
+LOADS = 8         # global loads a thread keeps in flight while filling a tile
 NEG_INF = -math.inf
-assert KROW == MAX_D + 1
+
+
+def tile_rows(D: int) -> int:
+    """Key rows per tile for head dim D: as many as TILE_FLOATS floats hold, at most MAX_BK (64 at D = 32, 27 at
+    D = 128, 13 at D = 256)."""
+    return min(MAX_BK, TILE_FLOATS // (D + 1))
 
 
 def block_attention_ref(q, k, v, n_keys: int, scale: float):
@@ -49,8 +59,30 @@ def block_attention_ref(q, k, v, n_keys: int, scale: float):
     return np.einsum("ths,shd->thd", p, vv).astype(np.float32)                        # [B, Nq, D]
 
 
+@cuda.jit(device=True)
+def _load_tile(k, v, g, k0, nk, D, ks, vs):
+    """Key rows k0 .. k0 + nk - 1 of kv head g into ks (row stride D + 1) and vs (row stride D): element i = j * D + d
+    goes to thread i % threads, which issues LOADS of its key and value loads before it stores any."""
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    n = nk * D
+    kb = cuda.local.array(LOADS, float32)                # registers: the loops unroll
+    vb = cuda.local.array(LOADS, float32)
+    for base in range(0, n, LOADS * nt):
+        for u in range(LOADS):
+            i = base + u * nt + tid
+            if i < n:
+                kb[u] = k[k0 + i // D, g, i % D]
+                vb[u] = v[k0 + i // D, g, i % D]
+        for u in range(LOADS):
+            i = base + u * nt + tid
+            if i < n:
+                ks[i // D * (D + 1) + i % D] = kb[u]
+                vs[i] = vb[u]
+
+
 @cuda.jit
-def _block_attention_kernel(q, k, v, n_keys0, n_keys_dev, scale, out):
+def _block_attention_kernel(q, k, v, n_keys0, n_keys_dev, scale, bk, out):
     n_keys = n_keys0 + n_keys_dev[0]                       # the host part + the device part (graph replay)
     t = cuda.blockIdx.x                                    # query token
     g = cuda.blockIdx.y                                    # kv head
@@ -61,10 +93,10 @@ def _block_attention_kernel(q, k, v, n_keys0, n_keys_dev, scale, out):
     h0 = g * G
 
     qs = cuda.shared.array((MAX_G, MAX_D), float32)        # the G queries, pre-scaled
-    ks = cuda.shared.array((BK, KROW), float32)       # key tile (odd stride: row reads spread over banks)
-    vs = cuda.shared.array((BK, MAX_D), float32)           # value tile
+    ks = cuda.shared.array(TILE_FLOATS, float32)           # key tile [bk, D + 1] (odd stride: rows over banks)
+    vs = cuda.shared.array(TILE_FLOATS, float32)           # value tile [bk, D]
     o = cuda.shared.array((MAX_G, MAX_D), float32)         # running (unnormalised) outputs
-    p = cuda.shared.array((MAX_G, BK), float32)            # scores, then probabilities, of the tile
+    p = cuda.shared.array((MAX_G, MAX_BK), float32)        # scores, then probabilities, of the tile
     m_run = cuda.shared.array(MAX_G, float32)
     l_run = cuda.shared.array(MAX_G, float32)
     alpha = cuda.shared.array(MAX_G, float32)
@@ -75,22 +107,19 @@ def _block_attention_kernel(q, k, v, n_keys0, n_keys_dev, scale, out):
     if tid < G:
         m_run[tid] = float32(NEG_INF)
         l_run[tid] = float32(0.0)
-    cuda.syncthreads()
 
-    for k0 in range(0, n_keys, BK):
-        nk = min(BK, n_keys - k0)
-        for i in range(tid, nk * D, nthreads):             # tile of key and value rows -> shared
-            ks[i // D, i % D] = k[k0 + i // D, g, i % D]
-            vs[i // D, i % D] = v[k0 + i // D, g, i % D]
+    for k0 in range(0, n_keys, bk):
+        nk = min(bk, n_keys - k0)
+        _load_tile(k, v, g, k0, nk, D, ks, vs)             # tile of key and value rows -> shared
         cuda.syncthreads()
-        for i in range(tid, G * BK, nthreads):              # one (head, row) score per thread
-            h = i // BK
-            j = i % BK
+        for i in range(tid, G * bk, nthreads):             # one (head, row) score per thread
+            h = i // bk
+            j = i % bk
             acc = float32(NEG_INF)
             if j < nk:
                 acc = float32(0.0)
                 for d in range(D):
-                    acc += qs[h, d] * ks[j, d]
+                    acc += qs[h, d] * ks[j * (D + 1) + d]
             p[h, j] = acc
         cuda.syncthreads()
         if tid < G:                                         # online softmax, one thread per head
@@ -101,7 +130,7 @@ def _block_attention_kernel(q, k, v, n_keys0, n_keys_dev, scale, out):
             d = i % D
             acc = o[h, d] * alpha[h]
             for j in range(nk):
-                acc += p[h, j] * vs[j, d]
+                acc += p[h, j] * vs[j * D + d]
             o[h, d] = acc
         cuda.syncthreads()
 
@@ -136,5 +165,5 @@ def block_attention(q, k, v, n_keys: int, scale: float, out=None):
     if B == 0:
         return out
     backend.launch(_block_attention_kernel, (B, Nkv), backend.block_size(128, 32), q, k, v, n_keys0, n_keys_dev,
-                   np.float32(scale), out)
+                   np.float32(scale), tile_rows(D), out)
     return out

@@ -12,7 +12,9 @@ H = kd.backend.to_host
 
 
 @pytest.mark.parametrize("B,Nq,Nkv,D,S,n_keys", [(3, 6, 2, 7, 23, 21), (5, 4, 4, 5, 9, 5), (2, 3, 1, 9, 12, 1),
-                                                 (1, 8, 1, 33, 17, 17)])
+                                                 (1, 8, 1, 33, 17, 17),
+                                                 (2, 4, 2, 6, 150, 139),      # 64 + 64 + 11 keys: three tiles
+                                                 (1, 2, 1, 128, 60, 55)])     # 27 + 27 + 1 at the Kimi head dim
 def test_matches_reference(B, Nq, Nkv, D, S, n_keys):
     rng = np.random.default_rng(B * 100 + D)
     q = rng.standard_normal((B, Nq, D)).astype(np.float32)
@@ -37,6 +39,11 @@ def test_non_causal_and_grouped():
     s = np.einsum("d,sd->s", q[0, 1].astype(np.float64), k[:, 0].astype(np.float64))   # head 1 -> kv head 0
     p = np.exp(s - s.max())
     np.testing.assert_allclose(out[0, 1], (p / p.sum()) @ v[:, 0], rtol=1e-5)
+
+
+def test_tile_rows_follow_the_head_dim():
+    assert [ba.tile_rows(D) for D in (6, 32, 128, 256)] == [64, 64, 27, 13]
+    assert ba.tile_rows(ba.MAX_D) * (ba.MAX_D + 1) <= ba.TILE_FLOATS
 
 
 def test_docstring_example():
