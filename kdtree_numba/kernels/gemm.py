@@ -4,7 +4,8 @@
 
 The model's GEMMs go to cuBLAS/NumPy: a hand-written fp32 GEMM does not beat the vendor library, and the
 project's kernels are the stages around it. On the GPU they call cuBLAS through ``_cublas`` (not ``cupy.matmul``,
-which refuses to run inside a CUDA-graph capture), so a captured decode step runs the same GEMMs as a direct one. ``matmul_tiled`` is here to show how a GEMM uses shared memory:
+which refuses to run inside a CUDA-graph capture), so a captured decode step runs the same GEMMs as a direct one.
+``matmul_tiled`` is here to show how a GEMM uses shared memory:
 
 Mapping (matmul_tiled): one TILE x TILE block per TILE x TILE tile of C; the block walks the K axis in steps of
 TILE, each step loading one tile of A and one of B into shared memory (one element per thread), a barrier, then

@@ -323,7 +323,7 @@ def _pow2_at_most(n: int, cap: int) -> int:
 def route(router_logits, bias, top_k: int, n_group: int = 1, topk_group: int = 1, norm_topk_prob: bool = True,
           routed_scaling_factor: float = 1.0):
     """noaux_tc routing; returns (idx [T, k] int32, weights [T, k] float32) on the current backend."""
-    logits = _checks.array(router_logits, "router_logits", dtype=np.float32, ndim=2)
+    logits = _checks.array(router_logits, "router_logits", dtype=np.float32, ndim=2, strided=True)
     T, E = logits.shape
     bias = _checks.array(bias, "bias", dtype=np.float32, shape=(E,))
     n_group = _checks.integer(n_group, "n_group", lo=1, hi=min(E, MAX_GROUPS))

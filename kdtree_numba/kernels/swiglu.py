@@ -5,7 +5,7 @@ reads both halves in one pass.
 Mapping: one block per token row; its threads stride over the columns j, each reading gu[t, j] and gu[t, I + j]
 and writing y[t, j], four columns per loop step so that eight loads are in flight per thread (a thread per
 element with 64-bit index division reached only 36 % of the copy bandwidth).
-Shapes: gu [T, 2I] float32 -> y [T, I] float32.
+Shapes: gu [T, 2I] float32 (rows may be strided) -> y [T, I] float32.
 Example: swiglu([[0, 1, 2, 3]]) -> [[0 * 2, silu(1) * 3]] = [[0, 2.1932]]
 """
 from __future__ import annotations
@@ -57,8 +57,9 @@ def _swiglu_kernel(gu, out):
 
 
 def swiglu(gu, out=None):
-    """``silu(gu[:, :I]) * gu[:, I:]`` for ``gu [T, 2I]``; returns ``out [T, I]``."""
-    gu = _checks.array(gu, "gu", dtype=np.float32, ndim=2)
+    """``silu(gu[:, :I]) * gu[:, I:]`` for ``gu [T, 2I]`` (a column view of a wider product is fine: the MoE's
+    shared expert reads its columns of the fused router + shared-expert GEMM); returns ``out [T, I]``."""
+    gu = _checks.array(gu, "gu", dtype=np.float32, ndim=2, strided=True)
     if gu.shape[1] % 2:
         raise ValueError(f"gu: expected an even number of columns [gate | up], got shape {tuple(gu.shape)}")
     T, inter = gu.shape[0], gu.shape[1] // 2

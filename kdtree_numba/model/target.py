@@ -14,11 +14,13 @@ MLA, absorbed (per token x after input_layernorm; P nope, R rope, Vd value dims,
 Rope rows of q_b/q_proj and kv_a are permuted once at load (interleaved -> NeoX, kernels/rope.py), so the NeoX
 kernel reproduces the checkpoint's interleaved RoPE; ``save`` undoes it.
 
-MoE runs only the experts a token was routed to: the T*k assignments are sorted by expert, gathered once, and two
-grouped GEMMs (kernels/moe_grouped_gemm.py) run every expert on its contiguous slice, each in one launch whose grid
-is sized from shapes alone: the expert counts stay on the device, and a decode step or a tree verify needs no
-host read (so it can be captured as a CUDA graph). A prefill chunk of more than 2048 assignments reads the counts
-once per layer and runs one cuBLAS GEMM per expert, which is faster there (moe_grouped_gemm.CUBLAS_ROWS).
+The MoE router and the shared expert's gate/up read the same input: one GEMM over their stacked weights
+(``gate_shared_gu``), split into column views. MoE runs only the experts a token was routed to: the T*k
+assignments are sorted by expert, gathered once, and two grouped GEMMs (kernels/moe_grouped_gemm.py) run every
+expert on its contiguous slice, each in one launch whose grid is sized from shapes alone: the expert counts stay
+on the device, and a decode step or a tree verify needs no host read (so it can be captured as a CUDA graph).
+A prefill chunk of more than 2048 assignments reads the counts once per layer and runs one cuBLAS GEMM per
+expert, which is faster there (moe_grouped_gemm.CUBLAS_ROWS).
 
 A target lives on the backend it was built on (``self.backend``); its methods run there whatever
 ``backend.use`` says.
@@ -68,9 +70,11 @@ class Target:
         self.tokenizer = None     # a model/tokenizer.Tokenizer when the checkpoint has a tokenizer.json
         self.w = weights          # embed [V, H], norm [H], lm_head [V, H]
         self.layers = layers      # per layer: see from_state_dict
-        for L in layers:
+        for L in layers:                      # weights that read the same input: one GEMM each pair
             if "q_a" in L and "qkv_a" not in L:
-                self._fuse_qkv_a(L)
+                self._fuse_rows(L, "qkv_a", ("q_a", "kv_a"))                         # [Q + Lkv + R, H]
+            if "gate" in L and "shared_gu" in L and "gate_shared_gu" not in L:
+                self._fuse_rows(L, "gate_shared_gu", ("gate", "shared_gu"))           # [E + 2 Is, H]
         inv_freq, amp = config.rope_tables()
         self.inv_freq = backend.asarray(inv_freq)
         self.rope_amp = amp
@@ -78,13 +82,16 @@ class Target:
 
     # ---------------------------------------------------------------------------------------- construction
     @staticmethod
-    def _fuse_qkv_a(L: dict) -> None:
-        """q_a and kv_a read the same input: one ``qkv_a [Q + Lkv + R, H]`` weight makes them one GEMM. ``L["q_a"]``
-        and ``L["kv_a"]`` become its row blocks (contiguous views, no second copy), so state_dict, save and
-        everything that reads them by name see the same values."""
-        Q = L["q_a"].shape[0]
-        fused = backend.xp.concatenate([L["q_a"], L["kv_a"]])                       # [Q + Lkv + R, H]
-        L["qkv_a"], L["q_a"], L["kv_a"] = fused, fused[:Q], fused[Q:]
+    def _fuse_rows(L: dict, fused_name: str, names: tuple) -> None:
+        """Weights that read the same input (q_a and kv_a; the MoE router and the shared expert's gate/up) stacked
+        into one ``L[fused_name]`` make one GEMM. Each ``L[name]`` becomes its row block (a contiguous view, no
+        second copy), so state_dict, save and everything that reads them by name see the same values."""
+        fused = backend.xp.concatenate([L[n] for n in names])                         # [sum of rows, H]
+        L[fused_name] = fused
+        r = 0
+        for n in names:
+            L[n] = fused[r:r + L[n].shape[0]]
+            r += L[n].shape[0]
 
     @classmethod
     def from_state_dict(cls, config: TargetConfig, state: dict[str, np.ndarray]) -> "Target":
@@ -232,7 +239,8 @@ class Target:
         """The MoE layer's output ``[T, H]`` (routed experts + shared expert); added onto ``out`` when given."""
         cfg = self.config
         k = cfg.num_experts_per_tok
-        idx, w = moe_routing.route(gemm.linear(h, L["gate"]), L["bias"], k, cfg.n_group, cfg.topk_group,
+        logits, shared_gu = self._router_and_shared_gu(L, h, cfg.n_routed_experts)   # [T, E], [T, 2 Is]
+        idx, w = moe_routing.route(logits, L["bias"], k, cfg.n_group, cfg.topk_group,
                                    cfg.norm_topk_prob, cfg.routed_scaling_factor)     # [T, k] each
         counts, offsets, order, slot = moe_routing.group_by_expert(idx, cfg.n_routed_experts)
         xs = backend.xp.take(h, order // k, axis=0)                                   # [T*k, H] expert-major
@@ -244,9 +252,25 @@ class Target:
         act = swiglu.swiglu(gu)                                                       # [T*k, I]
         ys = moe_grouped_gemm.grouped_linear(act, L["experts_down"], offsets, tiles=tiles,
                                              sim_kernel=False)                        # [T*k, H]
-        if "shared_gu" in L:
-            out = self._mlp(L["shared_gu"], L["shared_down"], h, out=out)             # [T, H] (+)= shared(h)
+        out = self._shared_expert(L, shared_gu, out)                                 # [T, H] (+)= shared(h)
         return moe_routing.combine(ys, w, slot, out=out)                              # [T, H] (+)= routed
+
+    @staticmethod
+    def _router_and_shared_gu(L, h, E: int):
+        """(router logits [T, E], the shared expert's gate/up [T, 2 Is] or None): one GEMM over the stacked
+        ``gate_shared_gu`` (column views of its product), two without it."""
+        if "gate_shared_gu" in L:
+            y = gemm.linear(h, L["gate_shared_gu"])                                   # [T, E + 2 Is]
+            return y[:, :E], y[:, E:]
+        return gemm.linear(h, L["gate"]), (gemm.linear(h, L["shared_gu"]) if "shared_gu" in L else None)
+
+    @staticmethod
+    def _shared_expert(L, shared_gu, out=None):
+        """The shared expert's down(silu(g) * u) from its gate/up ``[T, 2 Is]``, added onto ``out`` when given;
+        ``out`` itself when the layer has no shared expert."""
+        if shared_gu is None:
+            return out
+        return gemm.linear(swiglu.swiglu(shared_gu), L["shared_down"], out=out, accumulate=out is not None)
 
     # ---------------------------------------------------------------------------------------- conveniences
     @_on_backend

@@ -38,7 +38,7 @@ import dataclasses
 import numpy as np
 
 from .. import backend
-from ..kernels import gemm, moe_grouped_gemm, moe_routing, swiglu
+from ..kernels import moe_grouped_gemm, moe_routing, swiglu
 from ..model.target import Target
 from .communicator import Communicator, FakeGroup, check_rank, check_world
 
@@ -84,8 +84,11 @@ def _local_experts(layer: dict, cfg, comm: Communicator) -> tuple[int, int]:
 
 
 def _route(h, layer, cfg):
-    return moe_routing.route(gemm.linear(h, layer["gate"]), layer["bias"], cfg.num_experts_per_tok, cfg.n_group,
-                             cfg.topk_group, cfg.norm_topk_prob, cfg.routed_scaling_factor)     # [T, k] each
+    """(idx [T, k], weights [T, k], the shared expert's gate/up or None): the single-rank layer's router GEMM."""
+    logits, shared_gu = Target._router_and_shared_gu(layer, h, cfg.n_routed_experts)
+    idx, w = moe_routing.route(logits, layer["bias"], cfg.num_experts_per_tok, cfg.n_group, cfg.topk_group,
+                               cfg.norm_topk_prob, cfg.routed_scaling_factor)
+    return idx, w, shared_gu
 
 
 def _experts(xs, layer, offsets):
@@ -94,13 +97,6 @@ def _experts(xs, layer, offsets):
     gu = moe_grouped_gemm.grouped_linear(xs, layer["experts_gu"], offsets, tiles=tiles, sim_kernel=False)
     return moe_grouped_gemm.grouped_linear(swiglu.swiglu(gu), layer["experts_down"], offsets, tiles=tiles,
                                            sim_kernel=False)
-
-
-def _shared(h, layer, out=None):
-    """The shared expert's ``[T, H]``, added onto ``out`` when given (``out`` itself when there is none)."""
-    if "shared_gu" not in layer:
-        return out
-    return Target._mlp(layer["shared_gu"], layer["shared_down"], h, out=out)        # [T, H]
 
 
 def ep_moe(h, layer: dict, cfg, comm: Communicator, reduce: str = "tokens", out=None):
@@ -113,7 +109,7 @@ def ep_moe(h, layer: dict, cfg, comm: Communicator, reduce: str = "tokens", out=
     xp = backend.xp
     k = cfg.num_experts_per_tok
     T, H = h.shape
-    idx, w = _route(h, layer, cfg)                                                    # [T, k] each, all ranks
+    idx, w, shared_gu = _route(h, layer, cfg)                                         # [T, k] each, all ranks
     _, offsets, order, slot = moe_routing.group_by_expert(idx, cfg.n_routed_experts)
     off = np.asarray(backend.to_host(offsets[e0:e0 + n_loc + 1]), np.int64)           # host read: the slice
     lo, hi = int(off[0]), int(off[-1])
@@ -122,13 +118,13 @@ def ep_moe(h, layer: dict, cfg, comm: Communicator, reduce: str = "tokens", out=
         xs = xp.take(h, order[lo:hi] // k, axis=0)                                    # [hi-lo, H] local rows
         ys[lo:hi] = _experts(xs, layer, backend.asarray((off - lo).astype(np.int32)))
     if reduce == "assignments":
-        return moe_routing.combine(comm.all_reduce(ys), w, slot, out=_shared(h, layer, out))
+        return moe_routing.combine(comm.all_reduce(ys), w, slot, out=Target._shared_expert(layer, shared_gu, out))
     y = comm.all_reduce(moe_routing.combine(ys, w, slot))                             # [T, H]
     if out is None:
         out = y
     else:
         out += y
-    return _shared(h, layer, out)
+    return Target._shared_expert(layer, shared_gu, out)
 
 
 # ------------------------------------------------------------------------------------------------ all-to-all
@@ -195,7 +191,7 @@ def ep_moe_all_to_all(h, layer: dict, cfg, comm: Communicator):
     e0, _ = _local_experts(layer, cfg, comm)
     xp = backend.xp
     E, k, world = cfg.n_routed_experts, cfg.num_experts_per_tok, comm.world_size
-    idx, w = _route(h, layer, cfg)                                                 # [T_r, k] this rank's tokens
+    idx, w, shared_gu = _route(h, layer, cfg)                                      # [T_r, k] this rank's tokens
     send = dispatch_plan(backend.to_host(idx), E, world)
     order_dev = backend.asarray(send.order)
     xs_send = xp.take(h, order_dev // k, axis=0)                                   # [A, H] destination-major
@@ -211,7 +207,7 @@ def ep_moe_all_to_all(h, layer: dict, cfg, comm: Communicator):
     ys_recv = xp.take(ys, backend.asarray(recv.slot), axis=0)                      # [R, H] receive layout
     back = comm.all_to_all_v(_split(ys_recv, recv.recv_counts))                    # per destination, send order
     ys_sent = xp.concatenate(back, axis=0)                                         # [A, H] = expert-major
-    return moe_routing.combine(ys_sent, w, backend.asarray(send.slot), out=_shared(h, layer))
+    return moe_routing.combine(ys_sent, w, backend.asarray(send.slot), out=Target._shared_expert(layer, shared_gu))
 
 
 # ------------------------------------------------------------------------------------------------ Target level

@@ -30,6 +30,18 @@ def test_route_matches_reference(T, E, k, G, TG, norm):
         assert {int(e) // gsize for e in H(idx)[t]} <= kept
 
 
+@pytest.mark.parametrize("E,k,G,TG", [(16, 2, 1, 1), (24, 3, 4, 2)])
+def test_route_reads_the_router_columns_of_the_fused_product(E, k, G, TG):
+    """The target's MoE routes on y[:, :E] of the fused router + shared-expert GEMM: a strided view, no copy."""
+    rng = np.random.default_rng(E)
+    y = rng.standard_normal((5, E + 12)).astype(np.float32)                 # [T, E + 2 Is]
+    bias = (0.3 * rng.standard_normal(E)).astype(np.float32)
+    idx, w = mr.route(kd.backend.asarray(y)[:, :E], bias, k, G, TG, True, 2.5)
+    ridx, rw = mr.route_ref(y[:, :E], bias, k, G, TG, True, 2.5)
+    np.testing.assert_array_equal(H(idx), ridx)
+    np.testing.assert_allclose(H(w), rw, rtol=1e-5)
+
+
 def test_ties_prefer_lower_expert_and_group_index():
     # all experts equal: the lowest indices of the lowest-index kept groups win
     logits = np.zeros((2, 8), np.float32)
