@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from .. import backend
-from ..kernels import logprobs, sampling, tree_accept, tree_build
+from ..kernels import logprobs, round_end, sampling, tree_accept, tree_build
 from ..kernels.tree import Tree
 from ..model.drafters import concat_features
 from ..model.target import TreeInput
@@ -132,18 +132,13 @@ class _RoundState:
                     "n": e((max_rounds,), np.int32), "accepted": e((max_rounds, L + 1), np.int32),
                     "n_acc": e((max_rounds,), np.int32), "result": e((max_rounds, L + 2), np.int32),
                     "draft_lp": e((max_rounds, L), np.float32)}
-        self.draft_lp = e((L,), np.float32)
         self.rounds: list[tuple] = []
 
-    def record(self, tree, lp, ids, i) -> None:
-        """Copy round i's tree and accept outputs into the records, on the device. ``i``: an int, or a device int32
-        [1] array (a captured round: decode/ddtree_replay.py)."""
-        r, at = self.rec, (slice(i, i + 1) if isinstance(i, int) else i)       # rows [1, ...] either way
-        r["tokens"][at], r["depth"][at], r["parent"][at] = tree.tokens[0], tree.depth[0], tree.parent[0]
-        r["logw"][at], r["n"][at] = tree.logw[0], tree.n[:1]
-        a = self.acceptor
-        r["accepted"][at], r["n_acc"][at], r["result"][at] = a.accepted, a.n_acc, a.result
-        r["draft_lp"][at] = tree_accept.path_draft_logprobs(a, lp, ids, self.draft_lp)
+    def record(self, tree, lp, ids, i, row_offset: int = 0, advance=None) -> None:
+        """Copy round i's tree and accept outputs into record row ``i + row_offset``, on the device, in one launch
+        (kernels/round_end.py). ``i``: an int, or a device int32 [1] array (a captured round:
+        decode/ddtree_replay.py, which also passes its ``advance`` state)."""
+        round_end.round_end(self.rec, tree, self.acceptor, lp, ids, i, row_offset, advance)
 
     def traces(self) -> list[RoundTrace]:
         """Copy the device records to the host (once) and assemble the RoundTraces."""

@@ -14,6 +14,7 @@ The round's inputs live in three device int32 [1] arrays (the *state*), never in
     accept   accepted [L + 1], n_acc [1], result = [m, tokens.., bonus]
     compact  cache rows start + accepted[j] -> start + j; the drafter observes the accepted rows' features
     (then)   records for the traces at row round - 1;  start += n_acc;  root = result[m];  round += 1
+             (one launch: kernels/round_end.py)
 
 The host reads ``result`` (L + 2 int32) once per round to emit tokens and test stop tokens, NaN and the token
 limit; nothing else leaves the device until the traces are assembled at the end. The read is pipelined: round
@@ -142,13 +143,9 @@ class _RoundProgram(Program):
             path = xp.maximum(a.accepted, 0)                                                    # [L + 1]
             self.drafter.observe_at(xp.take(concat_features(self.r["hid"], feats), path, axis=0), self.start)
 
-    def _advance(self):
-        a, xp = self.s.acceptor, backend.xp
-        self.s.record(self.r["tree"], self.s.lp, self.s.ids, self.round - 1)
-        self.start[...] += a.n_acc
-        xp.take(a.result, xp.maximum(a.result[:1], 0), out=self.root)                          # result[m]
-        xp.maximum(self.root, 0, out=self.root)
-        self.round[...] += 1
+    def _advance(self):                           # records at row round - 1, then start, root, round: one launch
+        self.s.record(self.r["tree"], self.s.lp, self.s.ids, self.round, row_offset=-1,
+                      advance=(self.start, self.root, self.round))
 
 
 def ddtree_replay(target, prompt: np.ndarray, max_new_tokens: int, drafter, budget: int, temperature: float,

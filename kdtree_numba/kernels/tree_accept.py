@@ -16,8 +16,6 @@ Example: parents [-1, 0, 0, 1] tokens [_, 5, 7, 9], chosen [7, 1, 3, 4] -> path 
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from numba import cuda, int32
 
@@ -138,42 +136,3 @@ def accept(logits, tokens, parents, n: int, temperature: float = 0.0, seed: int 
         raise ValueError("logits: a node's target logits contain NaN")
     m = int(result[0])
     return backend.to_host(acc.accepted)[:m].tolist(), int(result[m])
-
-
-# ------------------------------------------------------------------------------------------------ draft probs
-@cuda.jit
-def _path_draft_kernel(chosen, accepted, n_acc, lp, ids, out):
-    """out[d] = draft log-prob of the token the target chose at depth d + 1 (NaN if outside the top-K)."""
-    d = cuda.grid(1)
-    if d >= out.shape[0]:
-        return
-    val = math.nan
-    if d < n_acc[0] and chosen[accepted[d]] >= 0:
-        tok = chosen[accepted[d]]
-        for k in range(ids.shape[1]):
-            if ids[d, k] == tok:
-                val = lp[d, k]
-                break
-    out[d] = val
-
-
-def path_draft_logprobs_ref(chosen, accepted, lp, ids):
-    """For d < len(accepted): log-prob the draft gave at depth d + 1 to the token the target chose there."""
-    out = np.full(lp.shape[0], np.nan, np.float32)
-    for d, node in enumerate(accepted[:lp.shape[0]]):
-        hit = np.flatnonzero(np.asarray(ids[d]) == chosen[node])
-        if hit.size:
-            out[d] = lp[d, hit[0]]
-    return out
-
-
-def path_draft_logprobs(acceptor: "Acceptor", lp, ids, out):
-    """Fill ``out [L]`` from the acceptor's last run and the round's top-K draft ``lp, ids [L, K]`` (device)."""
-    if backend.name == "numpy":
-        m = int(acceptor.n_acc[0])
-        out[...] = path_draft_logprobs_ref(acceptor.chosen, acceptor.accepted[:m], lp, ids)
-        return out
-    threads = backend.block_size(32, 8)
-    backend.launch(_path_draft_kernel, -(-out.shape[0] // threads), threads, acceptor.chosen, acceptor.accepted,
-                   acceptor.n_acc, lp, ids, out)
-    return out

@@ -120,8 +120,8 @@ def test_records_written_elsewhere_are_an_error(monkeypatch, numpy_backend, fiel
     drafter = dflash.random_drafter(target, block_size=4)
     record = ddtree_replay._RoundState.record
 
-    def misplaced(self, tree, lp, ids, i):
-        record(self, tree, lp, ids, i)
+    def misplaced(self, tree, lp, ids, i, *args, **kwargs):
+        record(self, tree, lp, ids, i, *args, **kwargs)
         self.rec[field][row] = value
 
     monkeypatch.setattr(ddtree_replay._RoundState, "record", misplaced)
