@@ -120,8 +120,11 @@ def gemm(a, b, out, accumulate: bool = False):
     a, op_a, ld_a = _operand(a, M, K)
     if out.flags.c_contiguous:
         target = out
+    elif accumulate:
+        raise ValueError(f"out: accumulate=True adds in place, expected a C-contiguous array, got strides "
+                         f"{tuple(out.strides)}")
     else:
-        target = backend.cp.ascontiguousarray(out) if accumulate else backend.cp.empty((M, N), np.float32)
+        target = backend.cp.empty((M, N), np.float32)
     beta = st["one"] if accumulate else st["zero"]
     _check(st["lib"].cublasSgemm_v2(st["handle"], op_b, op_a, N, M, K, ctypes.byref(st["one"]), b.data.ptr, ld_b,
                                     a.data.ptr, ld_a, ctypes.byref(beta), target.data.ptr, N), "cublasSgemm")

@@ -104,6 +104,8 @@ def test_linear_accumulate_adds_onto_out():
     np.testing.assert_allclose(H(out), base + a @ w.T, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="out: accumulate=True adds onto out, expected an array, got None"):
         gemm.linear(a, w, accumulate=True)
+    with pytest.raises(ValueError, match="out: expected a C-contiguous array"):
+        gemm.linear(a, w, out=kd.backend.asarray(np.zeros((5, 18), np.float32))[:, :9], accumulate=True)
 
 
 @pytest.mark.parametrize("call, arg", [
