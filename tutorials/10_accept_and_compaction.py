@@ -26,13 +26,15 @@ Run:  KDTREE_BACKEND=sim python tutorials/10_accept_and_compaction.py [--size sm
 # real round of the trained pair.
 
 # %%
+from types import SimpleNamespace
+
 import numpy as np
 
 from _common import (banner, check, check_true, finish, heldout_prompts, host, load_pair, parse_args, rng,
                      save_figure, section, stopwatch, table)
 
 import kdtree_numba as kd
-from kdtree_numba.kernels import kv_compaction, sampling, tree_accept
+from kdtree_numba.kernels import kv_compaction, round_end, sampling, tree_accept
 from kdtree_numba.model.target import TreeInput
 
 args = parse_args(__doc__)
@@ -98,6 +100,48 @@ print(f"accept (choose + walk kernels): accepted {path_k}, bonus {bonus_k}  ({t.
 check("choose_tokens kernel (T=0) vs choose_tokens_ref", sampling.choose_tokens(logits, 0.0), chosen_ref)
 check("accept kernel path vs walk_ref", np.array(path_k), np.array(path_ref))
 check("accept kernel bonus vs walk_ref", np.array([bonus_k]), np.array([bonus_ref]))
+
+# %% [markdown]
+# ## The round's end: its records and the next round's state, one launch (`kernels/round_end.py`)
+#
+# A DDTree round ends by writing what the trace needs (the tree, the walk's outputs and, per accepted depth, the
+# log-prob the *draft* gave the token the target chose there) into row `round - 1` of device-side records, and -
+# in a graph-replayed round, where the state lives on the device - by moving the state on:
+#
+#     start += n_acc;   root = result[m] (the bonus);   round += 1
+#
+# `round_end._round_end_kernel` is **one block**: its threads stride over the record columns, each looks up one
+# depth's draft log-prob in that depth's top-K ids, a barrier (every thread has read the row index, which is the
+# round counter it is about to advance), then thread 0 writes the scalars. The replayed round did this with
+# ~16 small launches (scatters into the record rows, CuPy operations for the state).
+
+# %%
+section("the round's end: records and state")
+B, Ld = kd.backend, 3
+acc = tree_accept.Acceptor(Ld, n)
+acc.run(B.asarray(logits), B.asarray(tokens), B.asarray(parents[1:]), B.asarray(np.array([n], np.int32)), 0.0, 0, 0)
+depth = np.array([1, 1, 2, 2, 2, 3], np.int32)                               # of nodes 1..6
+tree = SimpleNamespace(tokens=B.asarray(tokens[None]), depth=B.asarray(depth[None]),
+                       parent=B.asarray(parents[None, 1:]), logw=B.asarray(-np.arange(1.0, n + 1)[None]),
+                       n=B.asarray(np.array([n], np.int32)))
+ids = np.array([[7, 5], [2, 8], [3, 4]], np.int32)                          # the draft's top-2 per depth
+lp = np.array([[-0.2, -1.9], [-0.9, -0.6], [-0.3, -1.5]], np.float32)
+rec = {f: B.zeros((4,) + shape, dt) for f, shape, dt in (
+    ("tokens", (n,), np.int32), ("depth", (n,), np.int32), ("parent", (n,), np.int32), ("logw", (n,), np.float64),
+    ("n", (), np.int32), ("accepted", (Ld + 1,), np.int32), ("n_acc", (), np.int32), ("result", (Ld + 2,), np.int32),
+    ("draft_lp", (Ld,), np.float32))}
+start, root, rnd = (B.asarray(np.array([v], np.int32)) for v in (20, 0, 2))   # round 2 -> record row 1
+round_end.round_end(rec, tree, acc, B.asarray(lp), B.asarray(ids), rnd, row_offset=-1, advance=(start, root, rnd))
+print(f"record row 1: accepted {host(rec['accepted'])[1].tolist()}, result {host(rec['result'])[1].tolist()}, "
+      f"draft log-probs {[round(float(x), 3) for x in host(rec['draft_lp'])[1]]}")
+print(f"state: start {int(host(start)[0])}, root {int(host(root)[0])}, round {int(host(rnd)[0])}")
+check("record: the accepted nodes", host(rec["accepted"])[1], np.array([0, 2, 5, 6]))
+check("record: the result row [m, tokens.., bonus]", host(rec["result"])[1], np.array([4, 7, 8, 3, 11]))
+check("record: the draft's log-prob of each chosen token (7, 8, 3)", host(rec["draft_lp"])[1],
+      np.array([-0.2, -0.6, -0.3], np.float32))
+check("record: row 0 untouched", host(rec["n_acc"])[0:1], np.array([0]))
+check("state: start + 4, root = bonus 11, round 3", np.concatenate([host(start), host(root), host(rnd)]),
+      np.array([24, 11, 3]))
 
 # %% [markdown]
 # ## T > 0: sampling, reproducible from the seed
