@@ -38,6 +38,9 @@ v1 -> v2 1.08 -> 0.94 ms at T = 1, 30.7 -> 25.8 ms at T = 64, 51.2 -> 41.7 ms at
 memory floor (expert bytes touched / copy bandwidth) and 1.46x / 0.97x / 1.11x the per-expert cuBLAS path with its
 host read that it replaced (0.82x at T = 16). Prefill-sized T is compute-bound and a SIMT tile of 4 outputs per
 thread is far from cuBLAS there (0.23x at T = 4096): a register-blocked or tensor-core tile is the next step.
+Variant 3, ``_grouped_gemv_kernel`` (same grid and block work, above the variant table): for decode-sized T, where
+v2 streams W at 37 % of the floor, warps own output columns and stream W rows with coalesced loads and no shared
+tiles or barriers; tested against the reference, not yet measured (bench_moe.py times it beside v1 and v2).
 
 Shapes: xs [N, Kdim] float32, W [E, M, Kdim] float32 (HF [out, in] per expert: Target's experts_gu [E, 2I, H],
 experts_down [E, H, I]), offsets [E+1] int32 (offsets[0] = 0, non-decreasing, offsets[E] = N) -> out [N, M] float32.
@@ -53,7 +56,7 @@ from numba import cuda, float32, int32
 from .. import backend
 from . import _checks
 from ._intrinsics import SIM
-from .primitives import warp_prefix_sum
+from .primitives import warp_prefix_sum, warp_sum
 
 if SIM:
     TM, TN, TK, THREADS = 4, 16, 16, 32
@@ -293,7 +296,89 @@ def tile_table(offsets, out=None, sim_kernel: bool = True):
     return tiles
 
 
-_KERNELS = {1: _grouped_gemm_kernel, 2: _grouped_gemm_v2_kernel}
+# ------------------------------------------------------------------------------------------------ v3: grouped GEMV
+# Decode-shaped variant (an expert with one or a few rows: the GEMM is a GEMV streaming W[e]). Same grid and block
+# work as v1/v2 (row tile x TN output columns), different mapping: warp w owns TN / warps output columns, taken 4
+# at a time; its lanes stride over Kdim (lane l reads k = l, l + 32, .. of 4 rows of W[e]: coalesced 128-byte
+# loads, 4 independent streams per lane) and over up to 4 of the tile's rows at once (16 named accumulators:
+# a local array stayed in local memory in v1's first version); then a butterfly warp sum per (row, column) and
+# lane 0 stores. No shared tiles and no barriers: W is read once per 4 rows of an expert, straight from global
+# memory. Not the default until a measurement says it pays (bench_moe.py times every variant).
+@cuda.jit(device=True, inline=True)
+def _w4(W, e, c, k, M):
+    """W[e, c .. c + 3, k], zeros past M."""
+    return (W[e, c, k] if c < M else float32(0.0), W[e, c + 1, k] if c + 1 < M else float32(0.0),
+            W[e, c + 2, k] if c + 2 < M else float32(0.0), W[e, c + 3, k] if c + 3 < M else float32(0.0))
+
+
+@cuda.jit(device=True, inline=True)
+def _store_row(out, buf, r, c, M, s0, s1, s2, s3):
+    """Warp sums of one row's four column partials; lane 0 writes the columns that exist."""
+    s0 = warp_sum(s0, buf)
+    s1 = warp_sum(s1, buf)
+    s2 = warp_sum(s2, buf)
+    s3 = warp_sum(s3, buf)
+    if cuda.threadIdx.x % 32 == 0:
+        out[r, c] = s0
+        if c + 1 < M:
+            out[r, c + 1] = s1
+        if c + 2 < M:
+            out[r, c + 2] = s2
+        if c + 3 < M:
+            out[r, c + 3] = s3
+
+
+@cuda.jit
+def _grouped_gemv_kernel(xs, W, offsets, tiles, out):
+    e, row0, nrows, col0 = _block_work(xs, W, offsets, tiles)
+    buf = cuda.shared.array(32, float32)                # the simulator's stand-in for shuffles (primitives)
+    if nrows <= 0:
+        return
+    lane = cuda.threadIdx.x % 32
+    per_warp = TN // (cuda.blockDim.x // 32)            # output columns of this warp
+    c_lo = col0 + cuda.threadIdx.x // 32 * per_warp
+    K = xs.shape[1]
+    M = W.shape[1]
+    for c in range(c_lo, min(c_lo + per_warp, M), 4):
+        for r in range(row0, row0 + nrows, 4):
+            nr = min(4, row0 + nrows - r)
+            a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = float32(0.0)
+            d0 = d1 = d2 = d3 = f0 = f1 = f2 = f3 = float32(0.0)
+            for k in range(lane, K, 32):
+                w0, w1, w2, w3 = _w4(W, e, c, k, M)
+                x = xs[r, k]
+                a0 += x * w0
+                a1 += x * w1
+                a2 += x * w2
+                a3 += x * w3
+                if nr > 1:
+                    x = xs[r + 1, k]
+                    b0 += x * w0
+                    b1 += x * w1
+                    b2 += x * w2
+                    b3 += x * w3
+                if nr > 2:
+                    x = xs[r + 2, k]
+                    d0 += x * w0
+                    d1 += x * w1
+                    d2 += x * w2
+                    d3 += x * w3
+                if nr > 3:
+                    x = xs[r + 3, k]
+                    f0 += x * w0
+                    f1 += x * w1
+                    f2 += x * w2
+                    f3 += x * w3
+            _store_row(out, buf, r, c, M, a0, a1, a2, a3)
+            if nr > 1:
+                _store_row(out, buf, r + 1, c, M, b0, b1, b2, b3)
+            if nr > 2:
+                _store_row(out, buf, r + 2, c, M, d0, d1, d2, d3)
+            if nr > 3:
+                _store_row(out, buf, r + 3, c, M, f0, f1, f2, f3)
+
+
+_KERNELS = {1: _grouped_gemm_kernel, 2: _grouped_gemm_v2_kernel, 3: _grouped_gemv_kernel}
 
 
 def grouped_linear(xs, W, offsets, out=None, tiles=None, sim_kernel: bool = True, variant: int = 2,
@@ -304,7 +389,8 @@ def grouped_linear(xs, W, offsets, out=None, tiles=None, sim_kernel: bool = True
     tiles: ``tile_table(offsets)`` when the caller runs several GEMMs over the same grouping (the MoE's gate/up and
     down), else computed here. Backends: numpy runs the reference; cuda the kernels; sim the kernels too, unless
     ``sim_kernel=False``: then the reference, as every model GEMM on the simulator (gemm.linear) - the kernel takes
-    seconds per tiny GEMM there. variant: 1 the plain kernel, 2 (default) the prefetching one.
+    seconds per tiny GEMM there. variant: 1 the plain kernel, 2 (default) the prefetching one, 3 the grouped GEMV
+    (decode-shaped: few rows per expert; not measured yet).
     Above ``CUBLAS_ROWS`` rows (a prefill chunk; ``per_expert_above=False`` turns this off) the cuda launcher
     reads ``offsets`` once and runs one cuBLAS GEMM per expert instead: compute-bound there, where cuBLAS was
     2.5-4x faster than this SIMT tile (docstring above); a decode step or a tree verify stays under it."""
@@ -315,7 +401,7 @@ def grouped_linear(xs, W, offsets, out=None, tiles=None, sim_kernel: bool = True
     offsets = _checks.array(offsets, "offsets", dtype=np.int32, shape=(E + 1,))
     out = _checks.out_array(out, "out", (N, M), np.float32)
     if variant not in _KERNELS:
-        raise ValueError(f"variant: expected 1 or 2, got {variant!r}")
+        raise ValueError(f"variant: expected 1, 2 or 3, got {variant!r}")
     if backend.name == "numpy" or (backend.name == "sim" and not sim_kernel):
         off = np.asarray(offsets)
         if off[0] != 0 or off[-1] != N or np.any(np.diff(off) < 0):
