@@ -312,6 +312,12 @@ def _w4(W, e, c, k, M):
 
 
 @cuda.jit(device=True, inline=True)
+def _fma4(x, w0, w1, w2, w3, s0, s1, s2, s3):
+    """One row's four column sums plus x times the four W values."""
+    return s0 + x * w0, s1 + x * w1, s2 + x * w2, s3 + x * w3
+
+
+@cuda.jit(device=True, inline=True)
 def _store_row(out, buf, r, c, M, s0, s1, s2, s3):
     """Warp sums of one row's four column partials; lane 0 writes the columns that exist."""
     s0 = warp_sum(s0, buf)
@@ -346,29 +352,13 @@ def _grouped_gemv_kernel(xs, W, offsets, tiles, out):
             d0 = d1 = d2 = d3 = f0 = f1 = f2 = f3 = float32(0.0)
             for k in range(lane, K, 32):
                 w0, w1, w2, w3 = _w4(W, e, c, k, M)
-                x = xs[r, k]
-                a0 += x * w0
-                a1 += x * w1
-                a2 += x * w2
-                a3 += x * w3
+                a0, a1, a2, a3 = _fma4(xs[r, k], w0, w1, w2, w3, a0, a1, a2, a3)
                 if nr > 1:
-                    x = xs[r + 1, k]
-                    b0 += x * w0
-                    b1 += x * w1
-                    b2 += x * w2
-                    b3 += x * w3
+                    b0, b1, b2, b3 = _fma4(xs[r + 1, k], w0, w1, w2, w3, b0, b1, b2, b3)
                 if nr > 2:
-                    x = xs[r + 2, k]
-                    d0 += x * w0
-                    d1 += x * w1
-                    d2 += x * w2
-                    d3 += x * w3
+                    d0, d1, d2, d3 = _fma4(xs[r + 2, k], w0, w1, w2, w3, d0, d1, d2, d3)
                 if nr > 3:
-                    x = xs[r + 3, k]
-                    f0 += x * w0
-                    f1 += x * w1
-                    f2 += x * w2
-                    f3 += x * w3
+                    f0, f1, f2, f3 = _fma4(xs[r + 3, k], w0, w1, w2, w3, f0, f1, f2, f3)
             _store_row(out, buf, r, c, M, a0, a1, a2, a3)
             if nr > 1:
                 _store_row(out, buf, r + 1, c, M, b0, b1, b2, b3)
