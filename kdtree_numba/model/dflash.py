@@ -373,7 +373,7 @@ class DFlashDrafter(Drafter):
             gemm.linear(o.reshape(B, Nq * D), L["o"], out=h, accumulate=True)                # h += o W_o^T
             y = rmsnorm.rmsnorm(h, L["post_norm"], c.rms_norm_eps)
             gemm.linear(swiglu.swiglu(gemm.linear(y, L["gu"])), L["down"], out=h, accumulate=True)
-        out = rmsnorm.rmsnorm(backend.xp.ascontiguousarray(h[1:]), self.w["norm.weight"], c.rms_norm_eps)
+        out = rmsnorm.rmsnorm(h[1:], self.w["norm.weight"], c.rms_norm_eps)                   # depths 1 .. L
         return gemm.linear(out, self.target.w["lm_head"])                                    # [L, V]
 
 

@@ -233,7 +233,12 @@ class Target:
     @staticmethod
     def _mlp(gu_w, down_w, h, out=None):
         """SwiGLU MLP of ``h [T, H]``; added onto ``out`` by the down GEMM when given."""
-        return gemm.linear(swiglu.swiglu(gemm.linear(h, gu_w)), down_w, out=out, accumulate=out is not None)
+        return Target._swiglu_down(gemm.linear(h, gu_w), down_w, out)
+
+    @staticmethod
+    def _swiglu_down(gu, down_w, out=None):
+        """down(silu(g) * u) of a gate/up product ``gu [T, 2I]``; added onto ``out`` when given."""
+        return gemm.linear(swiglu.swiglu(gu), down_w, out=out, accumulate=out is not None)
 
     def _moe(self, L, h, out=None):
         """The MoE layer's output ``[T, H]`` (routed experts + shared expert); added onto ``out`` when given."""
@@ -268,9 +273,7 @@ class Target:
     def _shared_expert(L, shared_gu, out=None):
         """The shared expert's down(silu(g) * u) from its gate/up ``[T, 2 Is]``, added onto ``out`` when given;
         ``out`` itself when the layer has no shared expert."""
-        if shared_gu is None:
-            return out
-        return gemm.linear(swiglu.swiglu(shared_gu), L["shared_down"], out=out, accumulate=out is not None)
+        return out if shared_gu is None else Target._swiglu_down(shared_gu, L["shared_down"], out)
 
     # ---------------------------------------------------------------------------------------- conveniences
     @_on_backend
