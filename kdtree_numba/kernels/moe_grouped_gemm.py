@@ -38,9 +38,11 @@ v1 -> v2 1.08 -> 0.94 ms at T = 1, 30.7 -> 25.8 ms at T = 64, 51.2 -> 41.7 ms at
 memory floor (expert bytes touched / copy bandwidth) and 1.46x / 0.97x / 1.11x the per-expert cuBLAS path with its
 host read that it replaced (0.82x at T = 16). Prefill-sized T is compute-bound and a SIMT tile of 4 outputs per
 thread is far from cuBLAS there (0.23x at T = 4096): a register-blocked or tensor-core tile is the next step.
-Variant 3, ``_grouped_gemv_kernel`` (same grid and block work, above the variant table): for decode-sized T, where
-v2 streams W at 37 % of the floor, warps own output columns and stream W rows with coalesced loads and no shared
-tiles or barriers; tested against the reference, not yet measured (bench_moe.py times it beside v1 and v2).
+Variant 3, ``_grouped_gemv_kernel`` (same grid and block work, above the variant table): for decode-sized T a
+warp streams one output column's W row at a time, 8 loads in flight per lane, no shared tiles or barriers. The
+launcher's default takes it while rows <= experts / GEMV_ROWS_PER_EXPERT, v2 above. Measured on the H200 (bench_moe,
+same shapes, device events): T = 1: 0.759 ms against v2's 0.906 (graph-replayed 0.628, 44 % of the memory floor);
+T = 4: 2.73 against 3.01; T = 16: 9.62 against 9.41 (v2 from here on); T = 64: 36.8 against 25.4.
 
 Shapes: xs [N, Kdim] float32, W [E, M, Kdim] float32 (HF [out, in] per expert: Target's experts_gu [E, 2I, H],
 experts_down [E, H, I]), offsets [E+1] int32 (offsets[0] = 0, non-decreasing, offsets[E] = N) -> out [N, M] float32.
@@ -298,40 +300,41 @@ def tile_table(offsets, out=None, sim_kernel: bool = True):
 
 # ------------------------------------------------------------------------------------------------ v3: grouped GEMV
 # Decode-shaped variant (an expert with one or a few rows: the GEMM is a GEMV streaming W[e]). Same grid and block
-# work as v1/v2 (row tile x TN output columns), different mapping: warp w owns TN / warps output columns, taken 4
-# at a time; its lanes stride over Kdim (lane l reads k = l, l + 32, .. of 4 rows of W[e]: coalesced 128-byte
-# loads, 4 independent streams per lane) and over up to 4 of the tile's rows at once (16 named accumulators:
-# a local array stayed in local memory in v1's first version); then a butterfly warp sum per (row, column) and
-# lane 0 stores. No shared tiles and no barriers: W is read once per 4 rows of an expert, straight from global
-# memory. Not the default until a measurement says it pays (bench_moe.py times every variant).
-@cuda.jit(device=True, inline=True)
-def _w4(W, e, c, k, M):
-    """W[e, c .. c + 3, k], zeros past M."""
-    return (W[e, c, k] if c < M else float32(0.0), W[e, c + 1, k] if c + 1 < M else float32(0.0),
-            W[e, c + 2, k] if c + 2 < M else float32(0.0), W[e, c + 3, k] if c + 3 < M else float32(0.0))
+# work as v1/v2 (row tile x TN output columns), different mapping: warp w owns TN / warps output columns and takes
+# them one at a time; its lanes stream that column's W row (lane l reads k = l, l + 32, ..: coalesced 128-byte
+# loads), GEMV_UNROLL of them issued before the first multiply, one row of the tile at a time (a second row re-reads
+# the W row from L1/L2); a butterfly warp sum and lane 0 stores. No shared tiles, no barriers.
+# Registers decide it (ptxas, sm_90): the first version (4 columns x 4 rows in 16 named accumulators) took 104, ran
+# 2 blocks per SM and streamed W at 27 % of the memory floor (1.31 ms against v2's 0.93 at T = 1); signed indices
+# cost a negative-index select and a 64-bit address per load (96); unsigned offsets and one row at a time: 64, four
+# blocks per SM, 0.76 ms.
+GEMV_UNROLL = 8                          # W loads in flight per lane (k0 + 32 j, j < 8: _load8 names them)
+GEMV_STEP = 32 * GEMV_UNROLL             # Kdim covered by one unrolled step of a warp
+GEMV_ROWS_PER_EXPERT = 4                 # the launcher's default takes v3 while rows <= experts / this (a decode step)
+
+
+_U32 = np.uint64(32)                     # unsigned offsets: numba emits no negative-index wraparound for them,
+#                                          so the 8 loads share one address (+128 B each) instead of 8 selects
 
 
 @cuda.jit(device=True, inline=True)
-def _fma4(x, w0, w1, w2, w3, s0, s1, s2, s3):
-    """One row's four column sums plus x times the four W values."""
-    return s0 + x * w0, s1 + x * w1, s2 + x * w2, s3 + x * w3
+def _load8(v, k):
+    """v[k], v[k + 32], .., v[k + 224] (k unsigned)."""
+    k1 = k + _U32
+    k2 = k1 + _U32
+    k3 = k2 + _U32
+    k4 = k3 + _U32
+    k5 = k4 + _U32
+    k6 = k5 + _U32
+    k7 = k6 + _U32
+    return v[k], v[k1], v[k2], v[k3], v[k4], v[k5], v[k6], v[k7]
 
 
 @cuda.jit(device=True, inline=True)
-def _store_row(out, buf, r, c, M, s0, s1, s2, s3):
-    """Warp sums of one row's four column partials; lane 0 writes the columns that exist."""
-    s0 = warp_sum(s0, buf)
-    s1 = warp_sum(s1, buf)
-    s2 = warp_sum(s2, buf)
-    s3 = warp_sum(s3, buf)
-    if cuda.threadIdx.x % 32 == 0:
-        out[r, c] = s0
-        if c + 1 < M:
-            out[r, c + 1] = s1
-        if c + 2 < M:
-            out[r, c + 2] = s2
-        if c + 3 < M:
-            out[r, c + 3] = s3
+def _dot8(x, k, w0, w1, w2, w3, w4, w5, w6, w7):
+    """sum_j x[k + 32 j] * w_j over the step's 8 W values (x: one row of xs)."""
+    a0, a1, a2, a3, a4, a5, a6, a7 = _load8(x, k)
+    return a0 * w0 + a1 * w1 + a2 * w2 + a3 * w3 + a4 * w4 + a5 * w5 + a6 * w6 + a7 * w7
 
 
 @cuda.jit
@@ -344,34 +347,26 @@ def _grouped_gemv_kernel(xs, W, offsets, tiles, out):
     per_warp = TN // (cuda.blockDim.x // 32)            # output columns of this warp
     c_lo = col0 + cuda.threadIdx.x // 32 * per_warp
     K = xs.shape[1]
-    M = W.shape[1]
-    for c in range(c_lo, min(c_lo + per_warp, M), 4):
-        for r in range(row0, row0 + nrows, 4):
-            nr = min(4, row0 + nrows - r)
-            a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = float32(0.0)
-            d0 = d1 = d2 = d3 = f0 = f1 = f2 = f3 = float32(0.0)
-            for k in range(lane, K, 32):
-                w0, w1, w2, w3 = _w4(W, e, c, k, M)
-                a0, a1, a2, a3 = _fma4(xs[r, k], w0, w1, w2, w3, a0, a1, a2, a3)
-                if nr > 1:
-                    b0, b1, b2, b3 = _fma4(xs[r + 1, k], w0, w1, w2, w3, b0, b1, b2, b3)
-                if nr > 2:
-                    d0, d1, d2, d3 = _fma4(xs[r + 2, k], w0, w1, w2, w3, d0, d1, d2, d3)
-                if nr > 3:
-                    f0, f1, f2, f3 = _fma4(xs[r + 3, k], w0, w1, w2, w3, f0, f1, f2, f3)
-            _store_row(out, buf, r, c, M, a0, a1, a2, a3)
-            if nr > 1:
-                _store_row(out, buf, r + 1, c, M, b0, b1, b2, b3)
-            if nr > 2:
-                _store_row(out, buf, r + 2, c, M, d0, d1, d2, d3)
-            if nr > 3:
-                _store_row(out, buf, r + 3, c, M, f0, f1, f2, f3)
+    k_main = K - K % GEMV_STEP                          # unrolled part; the rest one load at a time
+    for c in range(c_lo, min(c_lo + per_warp, W.shape[1])):
+        wc = W[e, c]                                    # [K] this column's weights
+        for r in range(row0, row0 + nrows):
+            x = xs[r]                                   # [K]
+            s = float32(0.0)
+            for k in range(np.uint64(lane), np.uint64(k_main), np.uint64(GEMV_STEP)):
+                w0, w1, w2, w3, w4, w5, w6, w7 = _load8(wc, k)
+                s += _dot8(x, k, w0, w1, w2, w3, w4, w5, w6, w7)
+            for k in range(np.uint64(k_main + lane), np.uint64(K), _U32):
+                s += x[k] * wc[k]
+            s = warp_sum(s, buf)
+            if lane == 0:
+                out[r, c] = s
 
 
 _KERNELS = {1: _grouped_gemm_kernel, 2: _grouped_gemm_v2_kernel, 3: _grouped_gemv_kernel}
 
 
-def grouped_linear(xs, W, offsets, out=None, tiles=None, sim_kernel: bool = True, variant: int = 2,
+def grouped_linear(xs, W, offsets, out=None, tiles=None, sim_kernel: bool = True, variant: int | None = None,
                    per_expert_above: bool = True):
     """``out[offsets[e]:offsets[e+1]] = xs[offsets[e]:offsets[e+1]] @ W[e].T`` for every expert, in one launch
     (two with the tile table); ``offsets`` is never read on the host.
@@ -379,8 +374,9 @@ def grouped_linear(xs, W, offsets, out=None, tiles=None, sim_kernel: bool = True
     tiles: ``tile_table(offsets)`` when the caller runs several GEMMs over the same grouping (the MoE's gate/up and
     down), else computed here. Backends: numpy runs the reference; cuda the kernels; sim the kernels too, unless
     ``sim_kernel=False``: then the reference, as every model GEMM on the simulator (gemm.linear) - the kernel takes
-    seconds per tiny GEMM there. variant: 1 the plain kernel, 2 (default) the prefetching one, 3 the grouped GEMV
-    (decode-shaped: few rows per expert; not measured yet).
+    seconds per tiny GEMM there. variant: 1 the plain kernel, 2 the prefetching one, 3 the grouped GEMV; None
+    (default): 3 while rows <= experts / ``GEMV_ROWS_PER_EXPERT`` (a decode step: most experts get one row or none),
+    else 2.
     Above ``CUBLAS_ROWS`` rows (a prefill chunk; ``per_expert_above=False`` turns this off) the cuda launcher
     reads ``offsets`` once and runs one cuBLAS GEMM per expert instead: compute-bound there, where cuBLAS was
     2.5-4x faster than this SIMT tile (docstring above); a decode step or a tree verify stays under it."""
@@ -390,8 +386,8 @@ def grouped_linear(xs, W, offsets, out=None, tiles=None, sim_kernel: bool = True
     E, M = W.shape[0], W.shape[1]
     offsets = _checks.array(offsets, "offsets", dtype=np.int32, shape=(E + 1,))
     out = _checks.out_array(out, "out", (N, M), np.float32)
-    if variant not in _KERNELS:
-        raise ValueError(f"variant: expected 1, 2 or 3, got {variant!r}")
+    if variant is not None and variant not in _KERNELS:
+        raise ValueError(f"variant: expected 1, 2, 3 or None, got {variant!r}")
     if backend.name == "numpy" or (backend.name == "sim" and not sim_kernel):
         off = np.asarray(offsets)
         if off[0] != 0 or off[-1] != N or np.any(np.diff(off) < 0):
@@ -414,5 +410,7 @@ def grouped_linear(xs, W, offsets, out=None, tiles=None, sim_kernel: bool = True
     else:
         tiles = _checks.array(tiles, "tiles", dtype=np.int32, shape=(E + 1,))
     grid = (row_tile_bound(N, E), -(-M // TN))
+    if variant is None:
+        variant = 3 if N * GEMV_ROWS_PER_EXPERT <= E else 2
     backend.launch(_KERNELS[variant], grid, THREADS, xs, W, offsets, tiles, out)
     return out

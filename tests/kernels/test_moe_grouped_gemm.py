@@ -42,6 +42,7 @@ CASES = {
     "empty_experts_rows_off_tile": ([6, 0, 1, 2, 8], 37, 21),       # N 17, an expert over two row tiles
     "one_expert_has_every_row": ([0, 0, 20, 0], 20, 10),            # three row tiles of one expert, K 20
     "empty_ends_one_row_each": ([0, 1, 1, 0, 3, 0], 40, 24),        # K 40 = 2.5 steps, M 24 = 3 column tiles
+    "kdim_past_one_gemv_step": ([2, 0, 1], 296, 16),                # v3: one unrolled step of 256 + a tail of 40
 }
 
 
@@ -133,7 +134,7 @@ def test_moe_reads_nothing_back_to_the_host(monkeypatch):
     (lambda: mg.grouped_linear(np.zeros((4, 3), np.float64), np.zeros((2, 5, 3), np.float32),
                                np.array([0, 2, 4], np.int32)), "xs: expected dtype float32"),
     (lambda: mg.grouped_linear(np.zeros((4, 3), np.float32), np.zeros((2, 5, 3), np.float32),
-                               np.array([0, 2, 4], np.int32), variant=4), "variant: expected 1, 2 or 3"),
+                               np.array([0, 2, 4], np.int32), variant=4), "variant: expected 1, 2, 3 or None"),
 ])
 def test_bad_input(call, msg):
     with pytest.raises(ValueError, match=msg):
