@@ -123,6 +123,24 @@ def test_choose_argmax_and_samples_match_reference():
     assert H(sampling.choose_tokens(bad, 0.0))[4] == -1
 
 
+@pytest.mark.parametrize("chunk", [16, 25, 77])
+def test_choose_split_over_chunks_is_the_one_block_choice(chunk):
+    """Rows longer than ``chunk`` go through chunk maxima, chunk winners and a pick among them: the same tokens as
+    the reference (ties across chunks: the lower id; T > 0 scores against the whole row's max; NaN in one chunk)."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 77)).astype(np.float32)                  # [3, 77]: 5, 4 and 1 chunks
+    x[0, [20, 60]] = 9.0                                                 # a tie in two different chunks
+    x[2, 70] = np.nan
+    want0 = sampling.choose_tokens_ref(x, 0.0)
+    got0 = H(sampling.choose_tokens(x, 0.0, chunk=chunk))
+    np.testing.assert_array_equal(got0, want0)
+    assert got0[0] == 20 and got0[2] == -1
+    got = H(sampling.choose_tokens(x, 0.7, 9, 4, chunk=chunk))
+    np.testing.assert_array_equal(got, sampling.choose_tokens_ref(x, 0.7, 9, 4))
+    with pytest.raises(ValueError, match="chunk: expected"):
+        sampling.choose_tokens(x, 0.0, chunk=0)
+
+
 def test_sampler_uniforms_are_uniform():
     u = sampling.uniforms_ref(3, 1, 0, 200_000)
     assert 0 < u.min() and u.max() < 1
