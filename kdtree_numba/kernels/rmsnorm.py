@@ -6,7 +6,9 @@ gives the row's sum; then every thread scales its elements from the shared copy,
 (columns past STAGE = 8192 are read again from global memory). Each thread issues four independent loads per loop
 step (elements c, c + n, c + 2n, c + 3n for n threads): with one load in flight per thread the kernel reached 35 %
 of the H200's copy bandwidth (latency-bound). Re-reading the row from L2 instead of the shared copy: 65 %; with the
-shared copy: 70 % (device time, docs/PERFORMANCE.md).
+shared copy: 70 % (device time, docs/PERFORMANCE.md). Blocks are 256 threads, 1024 for rows of WIDE_ROW columns
+and more (a decode step's single Kimi row of 7168: 11.5 -> 8.6 us on the H200, graph-replayed; 1024 threads walk it
+in two loop steps instead of seven). mla_latent's latent norm (512 wide) shares the 256-thread sum order.
 Shapes: x [T, H] float32, w [H] float32 -> y [T, H] float32.
 Example: rmsnorm([[3, 4]], [1, 1], 0) -> [[0.8485, 1.1314]]   (mean square 12.5, 1/sqrt(12.5) = 0.2828)
 """
@@ -22,6 +24,7 @@ from . import _checks
 from .primitives import smem_sum
 
 MAX_THREADS = 1024  # shared reduction buffer size; launch block sizes are powers of two <= this
+WIDE_ROW = 4096     # rows at least this wide get 1024-thread blocks
 STAGE = 8192        # row values kept in shared memory between the two passes (32 KB; Kimi/DeepSeek H = 7168)
 
 
@@ -103,6 +106,6 @@ def rmsnorm(x, w, eps: float, out=None):
         return out
     if x.shape[0] == 0:
         return out
-    threads = backend.block_size(256, 16)
+    threads = backend.block_size(1024 if x.shape[1] >= WIDE_ROW else 256, 16)
     backend.launch(_rmsnorm_kernel, x.shape[0], threads, x, w, out, np.float32(eps))
     return out
