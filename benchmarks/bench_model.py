@@ -9,6 +9,13 @@ Memory floor of a decode step = bytes it must read (all attention and dense weig
 experts it uses, the router, one embedding row, lm_head, the latent cache) / the copy bandwidth measured now.
 
     PYTHONPATH=$PWD python3 benchmarks/bench_model.py
+
+Where a replayed decode step goes, per kernel (NVIDIA Nsight Compute on the GPU machine; --profile N profiles one
+replayed generation of N tokens after the timings above and exits before the transformers part):
+
+    ncu --profile-from-start off --clock-control none --cache-control none --metrics gpu__time_duration.sum \
+        --csv --page raw python3 benchmarks/bench_model.py --profile 4 > kimi.csv
+    python3 benchmarks/profile_kernels.py --summarize kimi.csv
 """
 import time
 
@@ -16,7 +23,11 @@ import numpy as np
 
 from _common import args, copy_bandwidth_gbs, kd, save, steady_pair, sync, table
 
-a = args(__doc__, lambda p: p.add_argument("--context", type=int, default=4096))
+a = args(__doc__, lambda p: (p.add_argument("--context", type=int, default=4096),
+                             p.add_argument("--profile", type=int, default=0, metavar="N",
+                                            help="then profile N replayed decode steps for ncu and exit")))
+if a.context < 1 or a.profile < 0:
+    raise SystemExit(f"--context must be positive and --profile non-negative, got {a.context} and {a.profile}")
 xp = kd.backend.xp
 from kdtree_numba.model.target import Target  # noqa: E402
 
@@ -101,6 +112,15 @@ ours_decode = float(np.median(step_ms[1:] if len(step_ms) > 1 else step_ms))
 # steady-state ms per token of graph-replayed greedy decoding: an n- and a 2n-token generation's difference over n
 g1, g2 = steady_pair(lambda m: kd.generate(target, prompt, m, replay=True), 3 * steps)
 ours_replayed = 1e3 * (g2.seconds - g1.seconds) / (3 * steps)
+if a.profile:
+    import cupy
+    sync()
+    cupy.cuda.runtime.profilerStart()
+    kd.generate(target, prompt, a.profile, replay=True)
+    sync()
+    cupy.cuda.runtime.profilerStop()
+    print(f"profiled one replayed generation of {a.profile} tokens (decode {ours_replayed:.2f} ms/step replayed)")
+    raise SystemExit(0)
 
 # memory floor of one decode step
 per_layer_attn = sum(int(layers[0][k].nbytes) for k in ("q_a", "q_b", "kv_a", "w_uk", "w_uv_t", "o"))
