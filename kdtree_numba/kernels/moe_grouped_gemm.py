@@ -366,6 +366,13 @@ def _grouped_gemv_kernel(xs, W, offsets, tiles, out):
 _KERNELS = {1: _grouped_gemm_kernel, 2: _grouped_gemm_v2_kernel, 3: _grouped_gemv_kernel}
 
 
+def default_variant(rows: int, experts: int) -> int:
+    """The launcher's choice for ``rows`` assignments over ``experts``: 3 (GEMV) while rows <= experts /
+    GEMV_ROWS_PER_EXPERT, else 2. Expert parallelism passes the whole layer's counts, so every rank runs the kernel
+    one rank would (the same sums, bit for bit). Example: default_variant(8, 384) -> 3 (a Kimi decode step)."""
+    return 3 if rows * GEMV_ROWS_PER_EXPERT <= experts else 2
+
+
 def grouped_linear(xs, W, offsets, out=None, tiles=None, sim_kernel: bool = True, variant: int | None = None,
                    per_expert_above: bool = True):
     """``out[offsets[e]:offsets[e+1]] = xs[offsets[e]:offsets[e+1]] @ W[e].T`` for every expert, in one launch
@@ -411,6 +418,6 @@ def grouped_linear(xs, W, offsets, out=None, tiles=None, sim_kernel: bool = True
         tiles = _checks.array(tiles, "tiles", dtype=np.int32, shape=(E + 1,))
     grid = (row_tile_bound(N, E), -(-M // TN))
     if variant is None:
-        variant = 3 if N * GEMV_ROWS_PER_EXPERT <= E else 2
+        variant = default_variant(N, E)
     backend.launch(_KERNELS[variant], grid, THREADS, xs, W, offsets, tiles, out)
     return out

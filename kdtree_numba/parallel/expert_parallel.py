@@ -91,12 +91,14 @@ def _route(h, layer, cfg):
     return idx, w, shared_gu
 
 
-def _experts(xs, layer, offsets):
-    """The local experts' SwiGLU MLPs over expert-major rows ``xs`` (local ``offsets [E/N + 1]``)."""
+def _experts(xs, layer, offsets, variant: int):
+    """The local experts' SwiGLU MLPs over expert-major rows ``xs`` (local ``offsets [E/N + 1]``); ``variant``:
+    the grouped GEMM the single-rank layer would run (moe_grouped_gemm.default_variant of its rows and experts)."""
     tiles = moe_grouped_gemm.tile_table(offsets, sim_kernel=False)
-    gu = moe_grouped_gemm.grouped_linear(xs, layer["experts_gu"], offsets, tiles=tiles, sim_kernel=False)
+    gu = moe_grouped_gemm.grouped_linear(xs, layer["experts_gu"], offsets, tiles=tiles, sim_kernel=False,
+                                         variant=variant)
     return moe_grouped_gemm.grouped_linear(swiglu.swiglu(gu), layer["experts_down"], offsets, tiles=tiles,
-                                           sim_kernel=False)
+                                           sim_kernel=False, variant=variant)
 
 
 def ep_moe(h, layer: dict, cfg, comm: Communicator, reduce: str = "tokens", out=None):
@@ -116,7 +118,8 @@ def ep_moe(h, layer: dict, cfg, comm: Communicator, reduce: str = "tokens", out=
     ys = backend.zeros((T * k, H), np.float32)                                        # [T*k, H] expert-major
     if hi > lo:
         xs = xp.take(h, order[lo:hi] // k, axis=0)                                    # [hi-lo, H] local rows
-        ys[lo:hi] = _experts(xs, layer, backend.asarray((off - lo).astype(np.int32)))
+        ys[lo:hi] = _experts(xs, layer, backend.asarray((off - lo).astype(np.int32)),
+                             moe_grouped_gemm.default_variant(T * k, cfg.n_routed_experts))
     if reduce == "assignments":
         return moe_routing.combine(comm.all_reduce(ys), w, slot, out=Target._shared_expert(layer, shared_gu, out))
     y = comm.all_reduce(moe_routing.combine(ys, w, slot))                             # [T, H]
@@ -203,7 +206,8 @@ def ep_moe_all_to_all(h, layer: dict, cfg, comm: Communicator):
     ys = backend.zeros((xr.shape[0], H), np.float32)
     if xr.shape[0]:
         xs = xp.take(xr, backend.asarray(recv.order), axis=0)                      # [R, H] expert-major
-        ys = _experts(xs, layer, backend.asarray(recv.offsets))
+        ys = _experts(xs, layer, backend.asarray(recv.offsets),
+                      moe_grouped_gemm.default_variant(xs.shape[0], len(recv.offsets) - 1))
     ys_recv = xp.take(ys, backend.asarray(recv.slot), axis=0)                      # [R, H] receive layout
     back = comm.all_to_all_v(_split(ys_recv, recv.recv_counts))                    # per destination, send order
     ys_sent = xp.concatenate(back, axis=0)                                         # [A, H] = expert-major

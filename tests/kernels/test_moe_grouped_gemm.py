@@ -58,6 +58,13 @@ def test_kernel_matches_reference(case, variant, kernel_backend):
     np.testing.assert_allclose(H(got), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
+def test_default_variant_is_the_gemv_for_decode_sized_rows():
+    assert mg.default_variant(8, 384) == 3                                  # Kimi decode: T 1 x top-8
+    assert mg.default_variant(384 // mg.GEMV_ROWS_PER_EXPERT, 384) == 3
+    assert mg.default_variant(384 // mg.GEMV_ROWS_PER_EXPERT + 1, 384) == 2
+    assert mg.default_variant(130, 8) == 2                                  # the default pair's DDTree verify
+
+
 def test_tile_table_matches_reference(kernel_backend):
     rng = np.random.default_rng(5)
     counts = rng.integers(0, 3 * mg.TM, 70)                             # three chunks of 32 experts
