@@ -29,7 +29,11 @@ def fail(message: str) -> None:
     sys.exit(2)
 
 
-MARKERS = {"ddtree": "topk_block::_topk_kernel", "ar": "sampling::_choose_kernel"}   # DDTree's first: it samples too
+# the kernel that delimits a round (DDTree: its first, the top-K; checked first, as a round samples too) or a step
+# (plain decoding: its last, the sampler - the one-block kernel, or the pick among chunk winners for rows of more
+# than sampling.CHUNK columns, e.g. a Kimi-sized vocabulary)
+MARKERS = {"ddtree": ("topk_block::_topk_kernel",),
+           "ar": ("sampling::_choose_kernel", "sampling::_choose_parts_kernel")}
 
 
 def kernel_name(raw: str) -> str:
@@ -56,7 +60,7 @@ def summarize(path: str, top: int) -> None:
     launches = [(kernel_name(r[ki]), float(r[ti].replace(",", "")) * scale) for r in rows[head + 2:] if len(r) > ti]
     marker = next((m for m in MARKERS.values() if any(n.startswith(m) for n, _ in launches)), None)
     if marker is None:
-        fail(f"{path}: none of the step markers {sorted(MARKERS.values())} was profiled")
+        fail(f"{path}: none of the step markers {sorted(sum(MARKERS.values(), ()))} was profiled")
     at = [i for i, (n, _) in enumerate(launches) if n.startswith(marker)]
     first = at[0] if marker == MARKERS["ddtree"] else at[0] + 1        # a step ends with its sampler
     body = launches[first:at[-1] + (0 if marker == MARKERS["ddtree"] else 1)]
