@@ -84,7 +84,8 @@ check("walk_ref bonus == 11", np.array([bonus_ref]), np.array([11]))
 #   (value, index) - at T > 0 the value is `logit / T + Gumbel(u)`, u from the counter-based generator
 #   Philox4x32-10 keyed by (seed, stream, row, token) - then a shared-memory arg-max reduction (lower index on
 #   ties). A counter-based generator needs no RNG state, so a run is reproducible from its seed and the reference
-#   (`choose_tokens_ref`) computes the very same u.
+#   (`choose_tokens_ref`) computes the very same u. Rows wider than `sampling.CHUNK` (4096; a Kimi vocabulary is
+#   163840) are split over blocks - chunk maxima, chunk winners, a pick among them - for the same token.
 # * `tree_accept._walk_kernel` - **one block**: at each step (at most L + 1) every thread scans a strided share of
 #   the nodes for the child whose token matches, a barrier, and thread 0 records the step. It writes the accepted
 #   node indices, their count and one packed row `[m, token_1 .. token_{m-1}, bonus]` - the only thing the decode
