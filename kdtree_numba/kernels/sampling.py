@@ -141,27 +141,40 @@ def _strided_best(x, row, v0, v1, temperature, top, k0, k1, stream, nan_flag):
     return best, best_i
 
 
-@cuda.jit
-def _choose_kernel(x, temperature0, temperature_dev, seed_lo, seed_hi, seed_dev, stream0, stream_dev, out):
-    """One block per row: the row max (T > 0), then the row's arg-max of the scores."""
-    row = cuda.blockIdx.x
-    V = x.shape[1]
+@cuda.jit(device=True, inline=True)
+def _block_best(x, row, v0, v1, temperature, k0, k1, stream, part_max, max_from_parts):
+    """The block's best (score, v) over x[row, v0:v1] and its NaN flag, to every thread. At T > 0 the scores are
+    taken against the row max: the max of the chunk maxima ``part_max[row]`` when ``max_from_parts``, else this
+    block's own max over v0:v1 (the whole row)."""
     red_v = cuda.shared.array(MAX_THREADS, float64)
     red_i = cuda.shared.array(MAX_THREADS, int32)
     nan_flag = cuda.shared.array(1, int32)
     if cuda.threadIdx.x == 0:
         nan_flag[0] = 0
     cuda.syncthreads()
+    top = float64(0.0)
+    if temperature > 0 and max_from_parts:        # exact: max is the same in any order
+        top = -math.inf
+        for j in range(part_max.shape[1]):
+            top = max(top, float64(part_max[row, j]))
+    elif temperature > 0:                         # the row max: scores (x - top) / T stay in [-inf, 0]
+        top = smem_max(_strided_max(x, row, v0, v1), red_v)
+        cuda.syncthreads()                        # everyone has read red_v before the arg-max reuses it
+    best, best_i = _strided_best(x, row, v0, v1, temperature, top, k0, k1, stream, nan_flag)
+    best, best_i = smem_argmax(best, best_i, red_v, red_i)   # its barriers also publish nan_flag
+    return best, best_i, nan_flag[0]
+
+
+@cuda.jit
+def _choose_kernel(x, temperature0, temperature_dev, seed_lo, seed_hi, seed_dev, stream0, stream_dev, out):
+    """One block per row: the row max (T > 0), then the row's arg-max of the scores."""
+    row = cuda.blockIdx.x
+    V = x.shape[1]
     temperature, k0, k1, stream = _key_and_settings(temperature0, temperature_dev, seed_lo, seed_hi, seed_dev,
                                                     stream0, stream_dev)
-    top = float64(0.0)
-    if temperature > 0:                           # the row max: scores (x - top) / T stay in [-inf, 0]
-        top = smem_max(_strided_max(x, row, 0, V), red_v)
-        cuda.syncthreads()                        # everyone has read red_v before the arg-max reuses it
-    best, best_i = _strided_best(x, row, 0, V, temperature, top, k0, k1, stream, nan_flag)
-    win = smem_argmax(best, best_i, red_v, red_i)[1]      # the row's (score, index) winner's index; V if none
+    _, win, nan = _block_best(x, row, 0, V, temperature, k0, k1, stream, x, False)
     if cuda.threadIdx.x == 0:
-        out[row] = -1 if nan_flag[0] or win >= V else win
+        out[row] = -1 if nan or win >= V else win
 
 
 @cuda.jit
@@ -180,54 +193,36 @@ def _chunk_max_kernel(x, temperature0, temperature_dev, chunk, part_max):
 
 @cuda.jit
 def _chunk_best_kernel(x, temperature0, temperature_dev, seed_lo, seed_hi, seed_dev, stream0, stream_dev, chunk,
-                       part_max, part_v, part_i, part_nan):
-    """Block (row, c): the best (score, v) of chunk c -> part_v / part_i [row, c], its NaN flag -> part_nan."""
+                       part_max, part_v, part_i):
+    """Block (row, c): the best (score, v) of chunk c -> part_v / part_i [row, c]; (+inf, -1) if it met a NaN."""
     row = cuda.blockIdx.x
     c = cuda.blockIdx.y
-    red_v = cuda.shared.array(MAX_THREADS, float64)
-    red_i = cuda.shared.array(MAX_THREADS, int32)
-    nan_flag = cuda.shared.array(1, int32)
-    if cuda.threadIdx.x == 0:
-        nan_flag[0] = 0
-    cuda.syncthreads()
     temperature, k0, k1, stream = _key_and_settings(temperature0, temperature_dev, seed_lo, seed_hi, seed_dev,
                                                     stream0, stream_dev)
-    top = float64(0.0)
-    if temperature > 0:                           # the row max from the chunk maxima (exact: max is order-free)
-        top = -math.inf
-        for j in range(part_max.shape[1]):
-            top = max(top, part_max[row, j])
     v0 = c * chunk
-    best, best_i = _strided_best(x, row, v0, min(v0 + chunk, x.shape[1]), temperature, top, k0, k1, stream,
-                                 nan_flag)
-    best, best_i = smem_argmax(best, best_i, red_v, red_i)
+    best, best_i, nan = _block_best(x, row, v0, min(v0 + chunk, x.shape[1]), temperature, k0, k1, stream, part_max,
+                                    True)
     if cuda.threadIdx.x == 0:
-        part_v[row, c] = best
-        part_i[row, c] = best_i
-        part_nan[row, c] = nan_flag[0]
+        part_v[row, c] = math.inf if nan else best
+        part_i[row, c] = -1 if nan else best_i
 
 
 @cuda.jit
-def _choose_parts_kernel(part_v, part_i, part_nan, V, out):
-    """One block per row: the arg-max of the row's chunk winners (lower index on ties, as over the whole row)."""
+def _choose_parts_kernel(part_v, part_i, V, out):
+    """One block per row: the arg-max of the row's chunk winners (lower index on ties, as over the whole row); a
+    chunk that met a NaN is (+inf, -1), which beats every other winner, so the row gets -1."""
     row = cuda.blockIdx.x
     red_v = cuda.shared.array(MAX_THREADS, float64)
     red_i = cuda.shared.array(MAX_THREADS, int32)
-    nan_flag = cuda.shared.array(1, int32)
-    if cuda.threadIdx.x == 0:
-        nan_flag[0] = 0
-    cuda.syncthreads()
     best = -math.inf
     best_i = V
     for c in range(cuda.threadIdx.x, part_v.shape[1], cuda.blockDim.x):
-        if part_nan[row, c]:
-            nan_flag[0] = 1
         if argmax_beats(part_v[row, c], part_i[row, c], best, best_i):
             best = part_v[row, c]
             best_i = part_i[row, c]
     win = smem_argmax(best, best_i, red_v, red_i)[1]
     if cuda.threadIdx.x == 0:
-        out[row] = -1 if nan_flag[0] or win >= V else win
+        out[row] = -1 if win < 0 or win >= V else win
 
 
 # ------------------------------------------------------------------------------------------------ launchers
@@ -295,9 +290,8 @@ def choose_tokens(logits, temperature: float = 0.0, seed: int = 0, stream: int =
     part_max = backend.empty((M, C), np.float64)                            # [M, C] chunk maxima (T > 0)
     part_v = backend.empty((M, C), np.float64)                              # [M, C] chunk winners' scores
     part_i = backend.empty((M, C), np.int32)                                # [M, C] and their columns
-    part_nan = backend.empty((M, C), np.int32)                              # [M, C] a NaN in the chunk
     backend.launch(_chunk_max_kernel, (M, C), threads, x, t_host, t_dev, chunk, part_max)
     backend.launch(_chunk_best_kernel, (M, C), threads, x, t_host, t_dev, lo, hi, s_dev, stream0, stream_dev, chunk,
-                   part_max, part_v, part_i, part_nan)
-    backend.launch(_choose_parts_kernel, M, backend.block_size(64, 32), part_v, part_i, part_nan, V, out)
+                   part_max, part_v, part_i)
+    backend.launch(_choose_parts_kernel, M, backend.block_size(64, 32), part_v, part_i, V, out)
     return out
