@@ -31,9 +31,10 @@ memory floor at Kimi's decode shapes; most likely the array stayed in local memo
 before it.)
 GPU tiles: TM = 16, TN = 64, TK = 32, 256 threads (8 KB of W per block and step). The simulator runs the same
 kernels at TM = 4, TN = 16, TK = 16, 32 threads (one OS thread per CUDA thread there).
-Faster variant ``_grouped_gemm_v2_kernel`` (the launcher's default): the next step's ten loads are issued right
-after the barrier, before this step's multiply, so a block's loads overlap its own compute. Measured on the H200
-(benchmarks/bench_moe.py, Kimi's experts H 7168, I 2048, 384 experts top-8, one layer's gate/up + SwiGLU + down):
+Faster variant ``_grouped_gemm_v2_kernel`` (the launcher's default above decode-sized rows): the next step's ten
+loads are issued right after the barrier, before this step's multiply, so a block's loads overlap its own compute.
+Measured on the H200 (benchmarks/bench_moe.py, Kimi's experts H 7168, I 2048, 384 experts top-8, one layer's
+gate/up + SwiGLU + down):
 v1 -> v2 1.08 -> 0.94 ms at T = 1, 30.7 -> 25.8 ms at T = 64, 51.2 -> 41.7 ms at T = 256; that is 37-48 % of the
 memory floor (expert bytes touched / copy bandwidth) and 1.46x / 0.97x / 1.11x the per-expert cuBLAS path with its
 host read that it replaced (0.82x at T = 16). Prefill-sized T is compute-bound and a SIMT tile of 4 outputs per
