@@ -42,6 +42,19 @@ def test_rounds_split_at_the_top_k_and_prefill_left_out(tmp_path):
     assert next(iter(rows)) == "tree_verify::_tree_attention_v2_kernel"   # largest share first
 
 
+@pytest.mark.parametrize("sampler", ["sampling::_choose_kernel[abi:v3](Array<float, 2>)",
+                                     "sampling::_choose_parts_kernel[abi:v3](Array<double, 2>)"])
+def test_plain_steps_end_with_either_sampler(tmp_path, sampler):
+    """A step ends with its sampler: the one-block kernel, or (rows wider than sampling.CHUNK, a Kimi vocabulary)
+    the pick among chunk winners; the prefill and its own sampler come before the first step."""
+    best = "sampling::_chunk_best_kernel[abi:v3](Array<float, 2>)"
+    step = [(GEMM, 200_000), (best, 12_000), (sampler, 3_000)]
+    write_csv(tmp_path / "ar.csv", [(GEMM, 900_000), (sampler, 3_000)] + step * 2)
+    r = summarize(tmp_path / "ar.csv")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0].startswith("2 steps, 3 kernels and 215.0 us per step")
+
+
 @pytest.mark.parametrize("text, why", [("no header here\n", "no ncu raw CSV header"),
                                        ('"ID","Kernel Name"\n"",""\n', "gpu__time_duration.sum")])
 def test_a_bad_csv_is_one_line_and_exit_2(tmp_path, text, why):
