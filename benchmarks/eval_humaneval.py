@@ -19,13 +19,14 @@ never runs while the worker processes of the acceptance part are alive):
    total rounds`` and ``forwards/token = total target forwards (prefill included) / total generated tokens``;
    the per-prompt means of both are given too. Every chain / DDTree output is compared with the autoregressive
    output token by token; the number of mismatching runs is reported (must be 0).
-3. **tokens/s** (current backend, main process). Autoregressive, chain and DDTree at ``--speed-budget`` (64) on
-   the first ``--speed-subset`` (8) prompts (task ids named in the output). Per method one untimed warm-up
-   generation per subset prompt (compiles; with ``replay=True`` captures the program of every cache capacity the
-   prompts need, as a server captures its graphs at start-up), then one generation per prompt timed by wall clock
-   around ``kd.generate`` (prefill included); tokens/s = total new tokens / total wall seconds. The backend and device
-   name are reported. ``--replay`` adds the same three methods with ``replay=True`` (graph-replayed steps and
-   rounds), timed in the same run.
+3. **tokens/s** (current backend, main process). Autoregressive, chain and DDTree at each ``--speed-budget`` (64;
+   comma-separated for several) on the first ``--speed-subset`` (8) prompts (task ids named in the output). Per
+   method one untimed warm-up generation per subset prompt (compiles; with ``replay=True`` captures the program of
+   every cache capacity the prompts need, as a server captures its graphs at start-up), then ``--repeats`` (1)
+   passes of one generation per prompt timed by wall clock around ``kd.generate`` (prefill included); tokens/s =
+   total new tokens / total wall seconds of the median pass (every pass's rate is kept: the table shows their
+   range). The backend and device name are reported. ``--replay`` adds the same methods with ``replay=True``
+   (graph-replayed steps and rounds), timed in the same run.
 
 Usage::
 
@@ -90,7 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="DDTree node budgets (default 8,16,32,64,128,256)")
     p.add_argument("--max-new-tokens", type=_positive, default=128)
     p.add_argument("--speed-subset", type=_positive, default=8, help="tokens/s on the first K prompts (default 8)")
-    p.add_argument("--speed-budget", type=_positive, default=64, help="DDTree budget of the speed part (default 64)")
+    p.add_argument("--speed-budget", type=_int_list, default=[64],
+                   help="DDTree budgets of the speed part, comma-separated (default 64)")
+    p.add_argument("--repeats", type=_positive, default=1,
+                   help="timed passes per method over the speed prompts; tokens/s is the median pass's (default 1)")
     p.add_argument("--workers", type=_nonneg, default=None,
                    help="numpy worker processes for the tau part (0: the main process on the current backend; "
                         "default 2 on CPU backends, 0 on cuda)")
@@ -316,11 +320,27 @@ def _loadavg():
         return None
 
 
-def run_speed(kd, target, drafter, prompts: list, max_new_tokens: int, budget: int, replay: bool = False) -> dict:
+def _timed_pass(kd, target, ids: list, max_new_tokens: int, kw: dict) -> tuple:
+    """One timed generation per prompt: (seconds, new tokens, tokens/s after prefill, tokens) lists."""
+    secs, toks, post, texts = [], [], [], []
+    for x in ids:
+        kd.backend.synchronize()
+        t = time.perf_counter()
+        g = kd.generate(target, x, max_new_tokens, **kw)
+        kd.backend.synchronize()
+        secs.append(time.perf_counter() - t)
+        toks.append(len(g.tokens))
+        post.append(g.tokens_per_second)
+        texts.append(g.tokens)
+    return secs, toks, post, texts
+
+
+def run_speed(kd, target, drafter, prompts: list, max_new_tokens: int, budgets: list, replay: bool = False,
+              repeats: int = 1) -> dict:
     import numpy as np
 
     methods = {"autoregressive": dict(), "chain": dict(drafter=drafter, chain=True),
-               f"ddtree@{budget}": dict(drafter=drafter, budget=budget)}
+               **{f"ddtree@{b}": dict(drafter=drafter, budget=b) for b in budgets}}
     if replay:                   # the same three with their step / round replayed from CUDA graphs (same tokens)
         methods.update({f"{name} (replay)": dict(kw, replay=True) for name, kw in list(methods.items())})
     ids = [np.asarray(target.tokenizer.encode(p["prompt"]), np.int32) for p in prompts]
@@ -329,31 +349,28 @@ def run_speed(kd, target, drafter, prompts: list, max_new_tokens: int, budget: i
     for name, kw in methods.items():
         for x in sorted(ids, key=len, reverse=True):    # warm-up, untimed: compiles, and (replay) captures every
             kd.generate(target, x, max_new_tokens, **kw)  # cache capacity used, longest first (bench_round.py: why)
-        secs, toks, post, texts = [], [], [], []
-        for x in ids:
-            kd.backend.synchronize()
-            t = time.perf_counter()
-            g = kd.generate(target, x, max_new_tokens, **kw)
-            kd.backend.synchronize()
-            secs.append(time.perf_counter() - t)
-            toks.append(len(g.tokens))
-            post.append(g.tokens_per_second)
-            texts.append(g.tokens)
+        passes = [_timed_pass(kd, target, ids, max_new_tokens, kw) for _ in range(repeats)]
+        rates = [sum(p[1]) / sum(p[0]) for p in passes]
+        secs, toks, post, texts = passes[sorted(range(repeats), key=rates.__getitem__)[(repeats - 1) // 2]]
         same = out["autoregressive"]["outputs"] if out else texts
-        out[name] = {"tokens_per_second": sum(toks) / sum(secs), "seconds": secs, "tokens": toks, "outputs": texts,
-                     "mismatches_vs_autoregressive": sum(u != v for u, v in zip(texts, same)),
+        out[name] = {"tokens_per_second": sum(toks) / sum(secs), "tokens_per_second_passes": rates,
+                     "seconds": secs, "tokens": toks, "outputs": texts,
+                     "mismatches_vs_autoregressive": sum(u != v for p in passes for u, v in zip(p[3], same)),
                      "median_generation_seconds": float(np.median(secs)),
                      "tokens_per_second_after_prefill_mean": float(np.mean(post))}
+        spread = f"; passes {min(rates):.1f} .. {max(rates):.1f}" if repeats > 1 else ""
         _log(f"[speed] {name}: {out[name]['tokens_per_second']:.1f} tokens/s "
-             f"({sum(toks)} tokens in {sum(secs):.2f}s)")
+             f"({sum(toks)} tokens in {sum(secs):.2f}s{spread})")
     ar = out["autoregressive"]["tokens_per_second"]
     for v in out.values():
         v["speedup_vs_autoregressive"] = v["tokens_per_second"] / ar
         del v["outputs"]
-    return {"definition": "per method: one untimed warm-up generation per subset prompt, then one "
-                          "generation per subset prompt timed by wall clock around kd.generate (prefill included); "
-                          "tokens_per_second = total new tokens / total seconds",
-            "task_ids": [p["task_id"] for p in prompts], "max_new_tokens": max_new_tokens, "budget": budget,
+    return {"definition": "per method: one untimed warm-up generation per subset prompt, then "
+                          f"{'one pass' if repeats == 1 else f'{repeats} passes'} of one generation per subset "
+                          "prompt timed by wall clock around kd.generate (prefill included); tokens_per_second = "
+                          "total new tokens / total seconds" + (" of the median pass" if repeats > 1 else ""),
+            "task_ids": [p["task_id"] for p in prompts], "max_new_tokens": max_new_tokens, "budget": budgets[0],
+            "budgets": budgets, "repeats": repeats,
             "backend": kd.backend.name, "device": device_name(kd), "cpu_count": os.cpu_count(),
             "load_average_1min": {"before": load_before, "after": _loadavg()}, "methods": out}
 
@@ -384,9 +401,11 @@ def markdown(res: dict) -> str:
         named = f"{ids[0]} .. {ids[-1]}" if len(ids) > 1 else ids[0]
         lines += [f"**Speed** ({s['backend']} backend, {s['device']}; {len(ids)} prompts {named} x "
                   f"{s['max_new_tokens']} tokens, wall clock incl. prefill, after one warm-up per prompt):", "",
-                  "| method | tokens/s | speedup vs AR |", "|---|---|---|"]
+                  "| method | tokens/s | speedup vs AR | passes (min .. max) |", "|---|---|---|---|"]
         for name, v in s["methods"].items():
-            lines.append(f"| {name} | {v['tokens_per_second']:.1f} | {v['speedup_vs_autoregressive']:.2f}x |")
+            r = v.get("tokens_per_second_passes") or [v["tokens_per_second"]]
+            lines.append(f"| {name} | {v['tokens_per_second']:.1f} | {v['speedup_vs_autoregressive']:.2f}x | "
+                         f"{len(r)} ({min(r):.1f} .. {max(r):.1f}) |")
         lines.append("")
     return "\n".join(lines)
 
@@ -408,7 +427,8 @@ def main(argv=None) -> int:
            "prompts_file": os.path.relpath(a.prompts_file, ROOT), "prompts": len(prompts),
            "task_ids": [prompts[0]["task_id"], prompts[-1]["task_id"]], "settings": {
                "max_new_tokens": a.max_new_tokens, "budgets": a.budgets, "temperature": 0.0,
-               "speed_subset": a.speed_subset, "speed_budget": a.speed_budget, "workers": workers}}
+               "speed_subset": a.speed_subset, "speed_budget": a.speed_budget, "repeats": a.repeats,
+               "workers": workers}}
     _log(f"[eval] {len(prompts)} prompts, backend {kd.backend.process_name}, {res['device']}, "
          f"workers {workers}, BLAS threads {a.blas_threads}")
     t_all = time.perf_counter()
@@ -423,7 +443,7 @@ def main(argv=None) -> int:
         res["tau"] = run_tau(prompts, a.budgets, a.max_new_tokens, workers, a.blas_threads)
     if not a.skip_speed:
         res["speed"] = run_speed(kd, target, drafter, prompts[:a.speed_subset], a.max_new_tokens, a.speed_budget,
-                                 a.replay)
+                                 a.replay, a.repeats)
     res["seconds"] = time.perf_counter() - t_all
     res["markdown"] = markdown(res)
     if a.out:
