@@ -274,11 +274,11 @@ def choose_tokens(logits, temperature: float = 0.0, seed: int = 0, stream: int =
     if stream0 > M32:
         raise ValueError(f"stream: expected an integer <= {M32}, got {stream0}")
     out = _checks.out_array(out, "out", (x.shape[0],), np.int32)
+    chunk = _checks.integer(chunk, "chunk", lo=1)
     if backend.name == "numpy":
         t = t_host + float(t_dev[0])
         out[...] = choose_tokens_ref(x, t, (lo ^ int(s_dev[0])) | (hi ^ int(s_dev[1])) << 32, _checks.host_int(stream))
         return out
-    chunk = _checks.integer(chunk, "chunk", lo=1)
     M, V = x.shape
     if M == 0:
         return out
