@@ -17,6 +17,7 @@ replayed generation of N tokens after the timings above and exits before the tra
         --csv --page raw python3 benchmarks/bench_model.py --profile 4 > kimi.csv
     python3 benchmarks/profile_kernels.py --summarize kimi.csv
 """
+import sys
 import time
 
 import numpy as np
@@ -27,7 +28,9 @@ a = args(__doc__, lambda p: (p.add_argument("--context", type=int, default=4096)
                              p.add_argument("--profile", type=int, default=0, metavar="N",
                                             help="then profile N replayed decode steps for ncu and exit")))
 if a.context < 1 or a.profile < 0:
-    raise SystemExit(f"--context must be positive and --profile non-negative, got {a.context} and {a.profile}")
+    print(f"bench_model.py: --context expects a positive integer and --profile a non-negative one, got "
+          f"{a.context} and {a.profile}", file=sys.stderr)
+    sys.exit(2)
 xp = kd.backend.xp
 from kdtree_numba.model.target import Target  # noqa: E402
 
