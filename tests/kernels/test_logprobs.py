@@ -142,6 +142,28 @@ def test_choose_split_over_chunks_is_the_one_block_choice(chunk):
             sampling.choose_tokens(x, 0.0, chunk=0)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [0.0, 0.8])
+def test_choose_split_over_chunks_replays_from_a_cuda_graph(T):
+    """The chunked path (its partials allocated during the capture, kept by CapturedStep) inside a CUDA graph:
+    replays with new logits written in place and a new stream give the reference's tokens, as a captured Kimi
+    decode step does (163840 columns = 40 chunks)."""
+    from kdtree_numba.decode.replay import CapturedStep
+    rng = np.random.default_rng(8)
+    x = kd.backend.asarray(rng.standard_normal((3, 163840)).astype(np.float32))      # [3, V]
+    stream = kd.backend.asarray(np.array([0], np.int32))                             # [1] device-side stream
+    out = kd.backend.empty((3,), np.int32)
+    sampling.choose_tokens(x, T, 5, stream, out=out)                                 # direct once: compile
+    step = CapturedStep(lambda: sampling.choose_tokens(x, T, 5, stream, out=out), "the sampler")
+    for r in range(3):
+        new = rng.standard_normal((3, 163840)).astype(np.float32)
+        new[1, 100000 + r] = 50.0                                                    # a clear winner in chunk 24
+        x[...] = kd.backend.asarray(new)
+        stream[...] = r
+        step.replay()
+        np.testing.assert_array_equal(H(out), sampling.choose_tokens_ref(new, T, 5, r))
+
+
 def test_sampler_uniforms_are_uniform():
     u = sampling.uniforms_ref(3, 1, 0, 200_000)
     assert 0 < u.min() and u.max() < 1
