@@ -27,6 +27,9 @@ from _common import args, copy_bandwidth_gbs, kd, save, steady_pair, sync, table
 a = args(__doc__, lambda p: (p.add_argument("--context", type=int, default=4096),
                              p.add_argument("--profile", type=int, default=0, metavar="N",
                                             help="then profile N replayed decode steps for ncu and exit")))
+if a.profile and kd.backend.name != "cuda":
+    print("bench_model.py: --profile needs the GPU (KDTREE_BACKEND=cuda) and ncu", file=sys.stderr)
+    sys.exit(2)
 if a.context < 1 or a.profile < 0:
     print(f"bench_model.py: --context expects a positive integer and --profile a non-negative one, got "
           f"{a.context} and {a.profile}", file=sys.stderr)
