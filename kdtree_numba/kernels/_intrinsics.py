@@ -5,11 +5,21 @@
   here only ever need exp(x - max) <= 1, where a flushed 1e-38 changes nothing.
 - ``fmax(a, b)`` / ``fmin(a, b)``: one FMNMX (numba's ``max`` on floats is a compare and a select). A NaN operand
   is ignored (the other one is returned), as in C's fmaxf.
+- ``copy_async(dst, dst_off, src, src_off, width, keep)``: ``dst.flat[dst_off : dst_off + width] =
+  src.flat[src_off : ...]`` if ``keep`` else zeros, for float32 arrays (dst in shared memory, src in global memory,
+  ``width`` 4 or 1 floats, a compile-time constant in practice) as one ``cp.async`` (LDGSTS): the copy goes from
+  L2 to shared memory without passing through registers, so a thread issues all its copies of a tile back to back
+  with no register buffer and no index math between a load and its store. ``keep`` false zero-fills (src-size 0:
+  nothing is read). The offsets are flat element offsets (any ndim: the array's data pointer + offset), so the
+  caller pays one add per copy instead of numba's per-axis index arithmetic. Width 4 needs both addresses 16-byte
+  aligned. ``copy_async_wait()`` (``cp.async.wait_all``) waits for this thread's copies; a block barrier after it
+  makes every thread's copies visible to the block.
 
 The simulator's libdevice stubs return NaN, so there each is plain Python (ex2 rounded once to float32, without
 the flush to zero). ``SIM`` says which one runs. Warp and block collectives (shuffles, reductions, scans, the
 bitonic sort) and the streaming-softmax step live in kernels/primitives.py.
-Example: ex2(float32(-1.0)) = 0.5; fmax(float32(nan), float32(2.0)) = 2.0.
+Example: ex2(float32(-1.0)) = 0.5; fmax(float32(nan), float32(2.0)) = 2.0; copy_async(tile, 8, cache, 576 * r, 4, r >= 0)
+then copy_async_wait() and a barrier: tile.flat[8:12] = cache[r, 0:4] for a row r >= 0, else zeros.
 """
 from __future__ import annotations
 
@@ -35,6 +45,17 @@ if SIM:
     @cuda.jit(device=True)
     def fmin(a, b):
         return b if a != a or b < a else a
+
+    @cuda.jit(device=True)
+    def copy_async(dst, dst_off, src, src_off, width, keep):
+        d = dst.reshape(-1)
+        s = src.reshape(-1)
+        for i in range(width):
+            d[dst_off + i] = s[src_off + i] if keep else float32(0.0)
+
+    @cuda.jit(device=True)
+    def copy_async_wait():
+        pass
 else:
     @intrinsic
     def _ex2_approx(typingctx, t):
@@ -61,6 +82,56 @@ else:
 
     _max_f32 = _binary_f32("max.f32")
     _min_f32 = _binary_f32("min.f32")
+
+    def _element_address(context, builder, aryty, ary, off, offty):
+        """The i64 address of element ``off`` (flat) of a float32 array: its data pointer + off (no index checks)."""
+        data = context.make_array(aryty)(context, builder, value=ary).data
+        return builder.ptrtoint(builder.gep(data, [context.cast(builder, off, offty, types.int64)]),
+                                ir.IntType(64))
+
+    def _cp_async(nbytes, cache_op):
+        """An intrinsic (dst, dst_off, src, src_off, keep) emitting one ``cp.async.<cache_op>`` of ``nbytes``."""
+        @intrinsic
+        def impl(typingctx, dst, dst_off, src, src_off, keep):
+            if not (isinstance(dst, types.Array) and isinstance(src, types.Array) and dst.dtype == types.float32
+                    and src.dtype == types.float32):
+                return None
+
+            def codegen(context, builder, sig, args):
+                i64, i32 = ir.IntType(64), ir.IntType(32)
+                dst_a = _element_address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+                src_a = _element_address(context, builder, sig.args[2], args[2], args[3], sig.args[3])
+                keep = context.cast(builder, args[4], sig.args[4], types.boolean)
+                size = builder.select(keep, ir.Constant(i32, nbytes), ir.Constant(i32, 0))
+                asm = ("{ .reg .u64 sa; cvta.to.shared.u64 sa, $0; "
+                       f"cp.async.{cache_op}.shared.global [sa], [$1], {nbytes}, $2; }}")
+                fnty = ir.FunctionType(ir.VoidType(), [i64, i64, i32])
+                builder.call(ir.InlineAsm(fnty, asm, "l,l,r,~{memory}", side_effect=True), [dst_a, src_a, size])
+                return context.get_dummy_value()
+            return types.void(dst, dst_off, src, src_off, keep), codegen
+        return impl
+
+    _cp_async16 = _cp_async(16, "cg")          # 16 bytes: L2 only (.cg), the tile is read once per block
+    _cp_async4 = _cp_async(4, "ca")            # 4 bytes (.ca: the only cache op for sizes under 16)
+
+    @intrinsic
+    def _cp_async_wait_all(typingctx):
+        def codegen(context, builder, sig, args):
+            fnty = ir.FunctionType(ir.VoidType(), [])
+            builder.call(ir.InlineAsm(fnty, "cp.async.wait_all;", "~{memory}", side_effect=True), [])
+            return context.get_dummy_value()
+        return types.void(), codegen
+
+    @cuda.jit(device=True)
+    def copy_async(dst, dst_off, src, src_off, width, keep):
+        if width == 4:
+            _cp_async16(dst, dst_off, src, src_off, keep)
+        else:
+            _cp_async4(dst, dst_off, src, src_off, keep)
+
+    @cuda.jit(device=True)
+    def copy_async_wait():
+        _cp_async_wait_all()
 
     @cuda.jit(device=True)
     def ex2(t):

@@ -34,19 +34,29 @@ and one key split z: grid (ceil(T N / 32), splits), 8 warps. The tile's key list
 lists (causal: rows 0 .. start + t_last, row k visible to row (t, h) iff k <= start + t - a mask inside the
 tile, needed only in the last key tile or two). Per key tile of KT = 16 cache rows:
   1. rows -> shared ``ks [16, 580]`` (D = 576 padded: stride 580 = 4 mod 32, so the score B-fragment loads
-     ks[key g, dim t] of a warp hit 32 different banks); columns D..575 hold zeros, as do rows past the list
+     ks[key g, dim t] of a warp hit 32 different banks) by asynchronous 16-byte copies (cp.async, L2 -> shared
+     with no register staging; 4-byte copies when rows are not 16-byte aligned); columns D..575 hold zeros, as do
+     rows past the list
   2. scores S [32, 16] = Q K^T: warp w takes m16 block w // 4 and k-part w % 4 (144 of the 576 dims: 18 k8
-     steps x 2 n8 blocks; A fragments straight from global q, L1-cached, B from ks); the 4 partial tiles go to
-     shared ``sp [4, 32, 16]``, the kernel sums them, scales and masks (-inf) with its key list
-  3. online softmax, one thread per query row (m, l, alpha); sp[0] becomes P = exp(S - m)
+     steps x 2 n8 blocks; A fragments straight from global q, L1-cached, B from ks); the three TF32 products of
+     3xTF32 accumulate separately (six independent MMA chains per warp) and the 4 k-parts' partial tiles go to
+     shared ``sp [4, 32, 16]``
+  3. online softmax, 8 lanes per query row (2 keys each): the k-parts summed, scaled and masked (-inf) with the
+     key list, row max and sum by shuffles; sp[0] becomes P = exp(S - m), one lane updates (m, l, alpha)
   4. O = alpha O + P V: warp w owns m16 block w // 4 and Lkv columns (w % 4) * 128 .. + 127: 16 n8 fragments,
      i.e. 64 fp32 accumulators per thread in registers; 2 k8 steps (the 16 keys) per tile
-  Every product is 3xTF32: three TF32 MMAs per m16n8k8 with fp32 accumulation, ~1e-6 relative per dot product.
-  Splits and their combine as in v1. Budget: shared 37,120 (ks) + 8,192 (sp) + 384 (m, l, alpha) + 64 (key
-  table; tree: 192) bytes = 45,760 static (< 48 KB); registers (ptxas, sm_90, CUDA 13.0, numba-cuda 0.30.4): 181
-  per thread (tree: 184), no spills, the 64 accumulators in registers - so one block (8 warps) per SM; see
-  V2_MIN_BLOCKS for the 2-block trade. Work per block and key tile: 32 x 16 x (576 + 512) x 2 = 1.1 MFLOP as
-  8 x 204 = 1,632 MMA instructions, for one 36 KB read of the tile (v1: 4 query rows per read).
+  Every product is 3xTF32 with the truncating split (mma.split_tf32_fast): ~3e-6 relative per product, fp32-grade
+  dot products. Splits and their combine as in v1. Budget: shared 37,120 (ks) + 8,192 (sp) + 384 (m, l, alpha) +
+  64 (key table; tree: 192) bytes = 45,760 static (< 48 KB); registers (ptxas, sm_90, CUDA 13.0, numba-cuda
+  0.30.4): 191 per thread (tree: 197), no spills, the 64 accumulators in registers - so one block (8 warps) per
+  SM. Work per block and key tile: 32 x 16 x (576 + 512) x 2 = 1.1 MFLOP as 8 x 204 = 1,632 MMA instructions,
+  for one 36 KB read of the tile (v1: 4 query rows per read).
+  What made it 4x faster than its first version (H200, docs/PERFORMANCE.md): the first filled the tile with a
+  64-bit division per element and ran ~50 instructions per MMA (ncu: 2.7 G instructions for 54 M MMAs at
+  4096 x 64 x 64); the copy plan advances by adds, indices are unsigned, the softmax runs on every lane, the
+  block's splits are constants, and the PV loop has no per-fragment guard when all 16 fragments are in use (a
+  guard put each fragment's three dependent MMAs in their own basic block). A second key tile in flight
+  (cp.async groups, 74 KB of dynamic shared memory) measured 10-15 % slower and was dropped.
   On the simulator (a thread per CUDA thread) the block is 2 warps (4 or 8 when Lkv > 128 / 256): warp w takes
   m16 block w // (warps / 2) with warps / 2 k-parts and column groups - the same code.
 Example (v2): T = 3 tokens, N = 20 heads, start 100 -> 60 query rows, 2 tiles. Tile 0 = rows 0..31 = token 0
@@ -62,12 +72,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda, float32, int32
+from numba import cuda, float32, int32, uint64
 
 from .. import backend
 from . import _checks
-from .primitives import online_softmax_row
-from .mma import SCRATCH_SHAPE, SIM, mma_m16n8k8_3xtf32, split_tf32
+from ._intrinsics import copy_async, copy_async_wait
+from .primitives import GROUP_BUF, group_max, group_sum, online_softmax_row
+from .mma import SCRATCH_SHAPE, SIM, mma_m16n8k8_3xtf32, mma_m16n8k8_tf32, split_tf32_fast
 
 VARIANTS = ("v1", "v2")
 NEG_INF = -math.inf
@@ -92,8 +103,9 @@ FRAGS = 16        # most n8 output fragments per warp: 16 x 8 = 128 of the Lkv c
 ACC = 64          # FRAGS * 4 accumulators per thread
 WARPS = 8         # warps per block on the GPU (MB * KPARTS)
 assert MT == 16 * MB and ACC == 4 * FRAGS and WARPS == MB * KPARTS and KT == 16 and ROW_T >= MAX_D
+TILE_ALIGN = None if SIM else 16  # the key tile's byte alignment: copy_async's 16-byte copies (the simulator
+                                  # takes no alignment argument; its arrays are numpy's). Rows: ROW_T * 4 = 16 * 145.
 SPLIT_TARGET = 264  # blocks the key splits aim for: two per SM of the H200's 132
-LOADS = 8          # global loads a thread keeps in flight while filling a key tile (_v2_load_keys)
 MIN_SPLIT_TILES = 1  # v2 key splits down to one tile: a small decode's few blocks each wait for one tile, not four
 # Launch bounds (256 threads, V2_MIN_BLOCKS blocks per SM) for ptxas. With 1 (sm_90, CUDA 13.0): 181 registers,
 # no spills -> one block of 8 warps per SM. With 2: capped at 128 registers for 2 blocks (16 warps) per SM, and
@@ -267,6 +279,14 @@ def _attention_kernel(q, cache, start0, start_dev, scale, split_len, direct, out
 
 # ------------------------------------------------------------------------------------------------ v2 kernels
 @cuda.jit(device=True)
+def _v2_warps():
+    """Warps per v2 block: the constant WARPS on the GPU (so every split of the block below - k-parts, column
+    groups, lanes per softmax row - is a shift, not a division by a launch value, repeated for every key tile);
+    the launch's count on the simulator (``v2_warps``)."""
+    return cuda.blockDim.x // 32 if SIM else WARPS
+
+
+@cuda.jit(device=True)
 def _v2_begin(acc, ks, m_run, l_run, D):
     """Accumulators and softmax state cleared; the key tile's columns D..MAX_D-1 zeroed once (never loaded: the
     score's k-parts may step past D there). Ends with a barrier."""
@@ -283,116 +303,159 @@ def _v2_begin(acc, ks, m_run, l_run, D):
 
 
 @cuda.jit(device=True)
-def _v2_load_keys(cache, rows, ks, D):
-    """The key tile: ks[j, :D] = cache[rows[j], :D], zeros where rows[j] < 0 (past the list, or a skipped slot).
-    Element i = j * D + d of the tile goes to thread i % threads; a thread issues LOADS of its loads before it
-    stores any (a store to shared memory may alias a later global load for the compiler, so load-store pairs
-    would each wait a full memory latency: 16 of them per tile when D <= threads - the tiny model's decode)."""
+def _v2_copy_plan(D, width):
+    """This thread's first copy of a key tile and its stride, computed once per block: the tile is KT rows of
+    dq = D / width copies of ``width`` floats; copy p = u * threads + tid is row p // dq, column (p % dq) * width.
+    Returns (dq, row, column unit, row step, column-unit step)."""
     tid = cuda.threadIdx.x
-    nt = cuda.blockDim.x
-    n = KT * D
-    buf = cuda.local.array(LOADS, float32)               # registers: the loop below unrolls
-    for base in range(0, n, LOADS * nt):
-        for u in range(LOADS):
-            i = base + u * nt + tid
-            v = float32(0.0)
-            if i < n:
-                row = rows[i // D]
-                if row >= 0:
-                    v = cache[row, i % D]
-            buf[u] = v
-        for u in range(LOADS):
-            i = base + u * nt + tid
-            if i < n:
-                ks[i // D, i % D] = buf[u]
+    nt = 32 * _v2_warps()
+    dq = D // width
+    j = tid // dq
+    dj = nt // dq
+    return dq, j, tid - j * dq, dj, nt - dj * dq
+
+
+@cuda.jit(device=True)
+def _v2_load_keys(cache, rows, ks, D, width, plan):
+    """The key tile: ks[j, :D] = cache[rows[j], :D], zeros where rows[j] < 0 (past the list, or a skipped slot), as
+    asynchronous copies of ``width`` floats (kernels/_intrinsics.copy_async: L2 -> shared with no register staging);
+    returns once this thread's copies landed (the caller's barrier publishes them). ``plan``: _v2_copy_plan's.
+    The (row, column) of successive copies advance by adds, not by a division per copy."""
+    dq, j, c, dj, dc = plan
+    while j < KT:
+        row = rows[j]
+        copy_async(ks, uint64(j * ROW_T + c * width), cache, uint64(max(row, 0) * D + c * width), width, row >= 0)
+        j += dj
+        c += dc
+        if c >= dq:
+            c -= dq
+            j += 1
+    copy_async_wait()
 
 
 @cuda.jit(device=True)
 def _v2_scores(q, ks, sp, r0, D, scratch):
     """Partial scores on tensor cores: warp w -> m16 block mb = w // kparts, k-part kp = w % kparts;
     sp[kp, 16 mb .. 16 mb + 15, 0..15] = Q[rows, dims of kp] @ ks[0..15, dims of kp]^T (unscaled, 3xTF32).
-    A fragments (the query rows) come straight from global q, B fragments (the keys) from the shared tile."""
+    A fragments (the query rows) come straight from global q, B fragments (the keys) from the shared tile.
+    The three TF32 products (lo.hi, hi.lo, hi.hi) go to three accumulator sets, summed at the end: six
+    independent MMA chains per warp instead of two chains three times as long (an MMA waits for the one before it
+    on the same accumulators). Indices are unsigned: numba's negative-index test costs a compare and a select per
+    axis of every load."""
     tid = cuda.threadIdx.x
     lane = tid % 32
     g = lane // 4
     t = lane % 4
-    kparts = cuda.blockDim.x // 32 // MB
+    kparts = _v2_warps() // MB
     mb = tid // 32 // kparts
     kp = tid // 32 % kparts
     last = q.shape[0] - 1
-    ra = min(r0 + mb * 16 + g, last)                     # this lane's two query rows (rows past the end: any
-    rb = min(r0 + mb * 16 + g + 8, last)                 # valid row; their scores are masked by the kernel)
+    ra = uint64(min(r0 + mb * 16 + g, last))             # this lane's two query rows (rows past the end: any
+    rb = uint64(min(r0 + mb * 16 + g + 8, last))         # valid row; their scores are masked by the kernel)
     steps = ((D + 7) // 8 + kparts - 1) // kparts        # k8 steps per k-part (the same count for every warp)
-    s = cuda.local.array(8, float32)                     # [n8 block][c0..c3]
-    for i in range(8):
+    s = cuda.local.array(24, float32)                    # [product][n8 block][c0..c3]
+    for i in range(24):
         s[i] = float32(0.0)
     for kk in range(kp * steps, kp * steps + steps):
         d = kk * 8 + t
-        da = min(d, D - 1)                               # past D the key tile holds zeros: any finite q will do
-        db = min(d + 4, D - 1)
-        ah0, al0 = split_tf32(q[ra, da])
-        ah1, al1 = split_tf32(q[rb, da])
-        ah2, al2 = split_tf32(q[ra, db])
-        ah3, al3 = split_tf32(q[rb, db])
+        da = uint64(min(d, D - 1))                       # past D the key tile holds zeros: any finite q will do
+        db = uint64(min(d + 4, D - 1))
+        ah0, al0 = split_tf32_fast(q[ra, da])
+        ah1, al1 = split_tf32_fast(q[rb, da])
+        ah2, al2 = split_tf32_fast(q[ra, db])
+        ah3, al3 = split_tf32_fast(q[rb, db])
         for nb in range(KT // 8):                        # B[k][n] = K^T[dim][key] = ks[8 nb + n, dim]
-            bh0, bl0 = split_tf32(ks[nb * 8 + g, d])
-            bh1, bl1 = split_tf32(ks[nb * 8 + g, d + 4])
-            s[4 * nb], s[4 * nb + 1], s[4 * nb + 2], s[4 * nb + 3] = mma_m16n8k8_3xtf32(
-                ah0, ah1, ah2, ah3, al0, al1, al2, al3, bh0, bh1, bl0, bl1,
-                s[4 * nb], s[4 * nb + 1], s[4 * nb + 2], s[4 * nb + 3], scratch)
+            bh0, bl0 = split_tf32_fast(ks[uint64(nb * 8 + g), uint64(d)])
+            bh1, bl1 = split_tf32_fast(ks[uint64(nb * 8 + g), uint64(d + 4)])
+            i = 4 * nb
+            s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+                al0, al1, al2, al3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+            i = 8 + 4 * nb
+            s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+                ah0, ah1, ah2, ah3, bl0, bl1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+            i = 16 + 4 * nb
+            s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+                ah0, ah1, ah2, ah3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
     for nb in range(KT // 8):
-        sp[kp, mb * 16 + g, nb * 8 + 2 * t] = s[4 * nb]
-        sp[kp, mb * 16 + g, nb * 8 + 2 * t + 1] = s[4 * nb + 1]
-        sp[kp, mb * 16 + g + 8, nb * 8 + 2 * t] = s[4 * nb + 2]
-        sp[kp, mb * 16 + g + 8, nb * 8 + 2 * t + 1] = s[4 * nb + 3]
+        i = 4 * nb
+        sp[kp, mb * 16 + g, nb * 8 + 2 * t] = (s[i] + s[8 + i]) + s[16 + i]
+        sp[kp, mb * 16 + g, nb * 8 + 2 * t + 1] = (s[i + 1] + s[9 + i]) + s[17 + i]
+        sp[kp, mb * 16 + g + 8, nb * 8 + 2 * t] = (s[i + 2] + s[10 + i]) + s[18 + i]
+        sp[kp, mb * 16 + g + 8, nb * 8 + 2 * t + 1] = (s[i + 3] + s[11 + i]) + s[19 + i]
 
 
 @cuda.jit(device=True)
-def _v2_score(sp, r, j, scale, visible):
-    """Score of query row r (of the tile) and key j: the k-parts summed and scaled, or -inf where the kernel's key
-    list hides key j from row r. Written to sp[0, r, j] by the one thread that reads it."""
-    s = float32(0.0)
-    for p in range(cuda.blockDim.x // 32 // MB):
-        s += sp[p, r, j]
-    sp[0, r, j] = s * scale if visible else float32(NEG_INF)
+def _v2_row():
+    """This thread's share of the tile's softmax: (query row r, first key j0, keys per thread). The block's threads
+    split into MT groups of G = threads / MT consecutive lanes (8 on the GPU), one group per query row, each lane
+    taking KT / G consecutive keys (2 on the GPU)."""
+    tid = cuda.threadIdx.x
+    G = 32 * _v2_warps() // MT
+    return tid // G, tid % G * (KT // G), KT // G
 
 
 @cuda.jit(device=True)
-def _v2_softmax(sp, m_run, l_run, alpha):
-    """Online softmax of the tile, one thread per query row: m = max(m, max_j s_j); alpha = exp(m_old - m);
-    sp[0, r, j] = exp(s_j - m); l = alpha l + sum_j. A row whose keys are all hidden so far keeps m = -inf, l = 0
-    and gets alpha = 1, p = 0 (a split past a token's last key, a tree slot of another token)."""
-    r = cuda.threadIdx.x
-    if r < MT:
-        mx = m_run[r]
-        for j in range(KT):
-            mx = max(mx, sp[0, r, j])
-        if mx == NEG_INF:
-            alpha[r] = float32(1.0)
-            for j in range(KT):
-                sp[0, r, j] = float32(0.0)
-        else:
-            a = float32(math.exp(m_run[r] - mx))
-            lsum = l_run[r] * a
-            for j in range(KT):
-                e = float32(math.exp(sp[0, r, j] - mx))
-                sp[0, r, j] = e
-                lsum += e
-            m_run[r] = mx
-            l_run[r] = lsum
-            alpha[r] = a
+def _v2_softmax(sp, vis, scale, m_run, l_run, alpha, buf):
+    """The tile's scores and online softmax, every thread of the block (``_v2_row``'s mapping): this lane's keys'
+    scores s_j = scale * sum of the k-parts (or -inf where bit j - j0 of ``vis`` is clear: the kernel's mask), the
+    row's m = max(m, max_j s_j) and sum over its G lanes (group_max / group_sum: shuffles), alpha = exp(m_old - m),
+    sp[0, r, j] = P = exp(s_j - m), l = alpha l + sum_j P. A row whose keys are all hidden so far keeps m = -inf,
+    l = 0 and gets alpha = 1, P = 0 (a split past a token's last key, a tree slot of another token).
+    ``buf``: primitives.GROUP_BUF floats of shared scratch (the simulator's)."""
+    r, j0, kpt = _v2_row()
+    G = 32 * _v2_warps() // MT
+    parts = _v2_warps() // MB
+    s = cuda.local.array(KT, float32)                    # this lane's scores (registers: kpt <= KT, unrolled)
+    m_old = m_run[r]
+    mx = m_old
+    for jj in range(KT):
+        if jj < kpt:
+            v = float32(0.0)
+            for p in range(KPARTS):
+                if p < parts:
+                    v += sp[p, r, j0 + jj]
+            v = v * scale if (vis >> jj) & 1 else float32(NEG_INF)
+            s[jj] = v
+            mx = max(mx, v)
+    mx = group_max(mx, G, buf)
+    a = float32(1.0)
+    lsum = float32(0.0)
+    for jj in range(KT):
+        if jj < kpt:
+            e = float32(0.0) if mx == NEG_INF else float32(math.exp(s[jj] - mx))
+            sp[0, r, j0 + jj] = e
+            lsum += e
+    lsum = group_sum(lsum, G, buf)
+    if mx != NEG_INF:
+        a = float32(math.exp(m_old - mx))
+    if cuda.threadIdx.x % G == 0:
+        m_run[r] = mx
+        l_run[r] = l_run[r] * a + lsum
+        alpha[r] = a
+
+
+@cuda.jit(device=True)
+def _v2_pv(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ks, ka, kb, c, acc, f, scratch):
+    """acc fragment f += P V for one k8 step: B = V [keys ka, kb; column c + 8 f] from the key tile."""
+    bh0, bl0 = split_tf32_fast(ks[ka, c + f * 8])
+    bh1, bl1 = split_tf32_fast(ks[kb, c + f * 8])
+    acc[4 * f], acc[4 * f + 1], acc[4 * f + 2], acc[4 * f + 3] = mma_m16n8k8_3xtf32(
+        ah0, ah1, ah2, ah3, al0, al1, al2, al3, bh0, bh1, bl0, bl1,
+        acc[4 * f], acc[4 * f + 1], acc[4 * f + 2], acc[4 * f + 3], scratch)
 
 
 @cuda.jit(device=True)
 def _v2_accumulate(sp, ks, acc, alpha, lkv, scratch):
     """O = alpha O + P V on tensor cores: warp w -> m16 block mb = w // groups and the Lkv columns of column group
     w % groups (``frags`` n8 fragments from column cg * 8 * frags); acc[4 f + i] holds this lane's d_i of fragment
-    f (rows g and g + 8, columns 2t and 2t + 1). P comes from sp[0], V from the key tile ks[:, :Lkv]."""
+    f (rows g and g + 8, columns 2t and 2t + 1). P comes from sp[0], V from the key tile ks[:, :Lkv].
+    With all FRAGS fragments in use (Lkv = 512 on the GPU) the loop has no guard: a guard per fragment puts each
+    fragment's three dependent MMAs in their own basic block, and ptxas then cannot interleave the fragments."""
     tid = cuda.threadIdx.x
     lane = tid % 32
     g = lane // 4
     t = lane % 4
-    groups = cuda.blockDim.x // 32 // MB
+    groups = _v2_warps() // MB
     mb = tid // 32 // groups
     frags = (lkv + 8 * groups - 1) // (8 * groups)
     col0 = tid // 32 % groups * frags * 8
@@ -404,18 +467,23 @@ def _v2_accumulate(sp, ks, acc, alpha, lkv, scratch):
             acc[4 * f + 1] *= xa
             acc[4 * f + 2] *= xb
             acc[4 * f + 3] *= xb
+    pa = uint64(mb * 16 + g)
+    pb = uint64(mb * 16 + g + 8)
     for kk in range(KT // 8):
-        ah0, al0 = split_tf32(sp[0, mb * 16 + g, kk * 8 + t])           # A = P [rows, keys]
-        ah1, al1 = split_tf32(sp[0, mb * 16 + g + 8, kk * 8 + t])
-        ah2, al2 = split_tf32(sp[0, mb * 16 + g, kk * 8 + t + 4])
-        ah3, al3 = split_tf32(sp[0, mb * 16 + g + 8, kk * 8 + t + 4])
-        for f in range(FRAGS):
-            if f < frags:                                                  # B = V [keys, columns]
-                bh0, bl0 = split_tf32(ks[kk * 8 + t, col0 + f * 8 + g])
-                bh1, bl1 = split_tf32(ks[kk * 8 + t + 4, col0 + f * 8 + g])
-                acc[4 * f], acc[4 * f + 1], acc[4 * f + 2], acc[4 * f + 3] = mma_m16n8k8_3xtf32(
-                    ah0, ah1, ah2, ah3, al0, al1, al2, al3, bh0, bh1, bl0, bl1,
-                    acc[4 * f], acc[4 * f + 1], acc[4 * f + 2], acc[4 * f + 3], scratch)
+        ah0, al0 = split_tf32_fast(sp[0, pa, uint64(kk * 8 + t)])       # A = P [rows, keys]
+        ah1, al1 = split_tf32_fast(sp[0, pb, uint64(kk * 8 + t)])
+        ah2, al2 = split_tf32_fast(sp[0, pa, uint64(kk * 8 + t + 4)])
+        ah3, al3 = split_tf32_fast(sp[0, pb, uint64(kk * 8 + t + 4)])
+        ka = uint64(kk * 8 + t)                                           # B = V [keys, columns]
+        kb = uint64(kk * 8 + t + 4)
+        c = uint64(col0 + g)
+        if frags == FRAGS:
+            for f in range(FRAGS):
+                _v2_pv(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ks, ka, kb, c, acc, f, scratch)
+        else:
+            for f in range(FRAGS):
+                if f < frags:
+                    _v2_pv(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ks, ka, kb, c, acc, f, scratch)
 
 
 @cuda.jit(device=True)
@@ -428,7 +496,7 @@ def _v2_end(acc, m_run, l_run, r0, z, direct, out, o_part, m_part, l_part):
     t = lane % 4
     n_rows = out.shape[0]
     lkv = out.shape[1]
-    groups = cuda.blockDim.x // 32 // MB
+    groups = _v2_warps() // MB
     mb = tid // 32 // groups
     frags = (lkv + 8 * groups - 1) // (8 * groups)
     col0 = tid // 32 % groups * frags * 8
@@ -459,16 +527,18 @@ def _v2_store(out, o_part, z, direct, r, c, v0, v1):
 
 
 @cuda.jit(**V2_JIT)
-def _attention_v2_kernel(q, cache, start0, start_dev, scale, n_heads, split_len, direct, out, o_part, m_part,
+def _attention_v2_kernel(q, cache, start0, start_dev, scale, n_heads, width, split_len, direct, out, o_part, m_part,
                          l_part):
-    """Causal v2: q [T*N, D] (rows token-major), out [T*N, Lkv], o_part [splits, T*N, Lkv], m/l_part [splits, T*N]."""
-    ks = cuda.shared.array((KT, ROW_T), float32)         # the key tile: KT cache rows [c_kv ; k_rot]
+    """Causal v2: q [T*N, D] (rows token-major), out [T*N, Lkv], o_part [splits, T*N, Lkv], m/l_part [splits, T*N];
+    ``width``: floats per asynchronous copy of a key row (4 when rows are 16-byte aligned, else 1)."""
+    ks = cuda.shared.array((KT, ROW_T), float32, alignment=TILE_ALIGN)   # the key tile: KT cache rows
     sp = cuda.shared.array((KPARTS, MT, KT), float32)    # partial scores per k-part; sp[0]: scores, then P
     m_run = cuda.shared.array(MT, float32)
     l_run = cuda.shared.array(MT, float32)
     alpha = cuda.shared.array(MT, float32)
     rows = cuda.shared.array(KT, int32)                  # the key tile's cache rows (-1: none)
     scratch = cuda.shared.array(SCRATCH_SHAPE, float32)  # the simulator's MMA exchange (GPU: unused)
+    buf = cuda.shared.array(GROUP_BUF, float32)          # the simulator's group scratch (GPU: unused)
     acc = cuda.local.array(ACC, float32)                 # this thread's output accumulators (registers)
     tid = cuda.threadIdx.x
     n_rows = q.shape[0]
@@ -480,21 +550,25 @@ def _attention_v2_kernel(q, cache, start0, start_dev, scale, n_heads, split_len,
     t_last = (min(r0 + MT, n_rows) - 1) // n_heads
     k_lo = z * split_len
     k_hi = min(start + t_last + 1, k_lo + split_len)     # the tile's list: rows 0 .. start + t_last
+    plan = _v2_copy_plan(D, width)
+    r, j0, kpt = _v2_row()
+    last_key = start + (r0 + r) // n_heads               # this thread's query row sees cache rows <= last_key
     _v2_begin(acc, ks, m_run, l_run, D)
     for k0 in range(k_lo, k_hi, KT):
         if tid < KT:
             rows[tid] = k0 + tid if k0 + tid < k_hi else -1
         cuda.syncthreads()
-        _v2_load_keys(cache, rows, ks, D)
+        _v2_load_keys(cache, rows, ks, D, width, plan)
         cuda.syncthreads()
         _v2_scores(q, ks, sp, r0, D, scratch)
         cuda.syncthreads()
-        for e in range(tid, MT * KT, cuda.blockDim.x):  # causal mask: row r = (t, h) sees cache rows <= start + t
-            r = e // KT
-            j = e % KT
-            _v2_score(sp, r, j, scale, rows[j] >= 0 and rows[j] <= start + (r0 + r) // n_heads)
-        cuda.syncthreads()
-        _v2_softmax(sp, m_run, l_run, alpha)
+        vis = 0                                          # causal mask of this thread's keys
+        for jj in range(KT):
+            if jj < kpt:
+                row = rows[j0 + jj]
+                if row >= 0 and row <= last_key:
+                    vis |= 1 << jj
+        _v2_softmax(sp, vis, scale, m_run, l_run, alpha, buf)
         cuda.syncthreads()
         _v2_accumulate(sp, ks, acc, alpha, out.shape[1], scratch)
         cuda.syncthreads()
@@ -623,6 +697,12 @@ def v2_warps(lkv: int) -> int:
     return next(w for w in (2, 4, 8) if lkv <= 8 * FRAGS * (w // MB))
 
 
+def copy_width(cache) -> int:
+    """Floats per asynchronous copy of a key row: 4 (16 bytes) when every row starts 16-byte aligned, else 1."""
+    iface = getattr(cache, "__cuda_array_interface__", None) or cache.__array_interface__
+    return 4 if cache.shape[1] % 4 == 0 and iface["data"][0] % 16 == 0 else 1
+
+
 def launch_v2(kernel, q, cache, start, scale, lkv, out, max_keys, splits, *extra):
     """Launch a v2 kernel (``_attention_v2_kernel`` or tree_verify's) on grid (ceil(T N / MT), splits) with the
     rows flattened (views, no copies), then the combine when there are several splits."""
@@ -635,7 +715,8 @@ def launch_v2(kernel, q, cache, start, scale, lkv, out, max_keys, splits, *extra
     flat = (o_part.reshape(splits, rows, lkv), m_part.reshape(splits, rows), l_part.reshape(splits, rows)) \
         if not direct else (o_part.reshape(1, 1, 1), m_part.reshape(1, 1), l_part.reshape(1, 1))
     backend.launch(kernel, (tiles, splits), 32 * v2_warps(lkv), q.reshape(rows, D), cache, start0, start_dev,
-                   np.float32(scale), N, int(split_len), direct, out.reshape(rows, lkv), *flat, *extra)
+                   np.float32(scale), N, copy_width(cache), int(split_len), direct, out.reshape(rows, lkv), *flat,
+                   *extra)
     if not direct:
         _combine(o_part, m_part, l_part, out)
     return out

@@ -34,6 +34,12 @@ TF32 product: a 576-long dot product of the attention comes out at fp32-like acc
 sum |a_k b_k|; the GPU test holds it to 1e-6 of float64), for three tensor-core MMAs instead of one. Order: the
 small products first (lo_a hi_b, hi_a lo_b), then hi_a hi_b, so the small terms are not lost against a large C.
 
+``split_tf32_fast`` is the cheaper split the attention kernels use: hi = x with its 13 low mantissa bits cleared
+(truncation: one LOP3 instead of a cvt), lo = x - hi (exact), and lo handed to the MMA unrounded (the tensor core
+reads a TF32 operand's top 19 bits). |lo| < 2^-10 |x| and the MMA keeps lo to 2^-10 of itself, so a product
+carries ~3 * 2^-20 ~ 3e-6 relative error instead of ~7e-7: measured on the H200, attention outputs moved from
+2.6e-5 to 3.1e-5 max error against float64 (tolerance 1e-4), for 12 % less time.
+
 Example (one warp): A = eye(16)[:, :8] (rows 0..7 are e_0..e_7, rows 8..15 zero), B = ones((8, 8)), C = 0.
 Lane 4g + t passes a0 = [g == t], a1 = 0, a2 = [g == t + 4], a3 = 0, b0 = b1 = 1, c = 0 and gets back
 d0 = d1 = 1 (row g of A @ B is all ones) and d2 = d3 = 0 (row g + 8 is zero). A k-loop accumulates: pass the d's
@@ -70,6 +76,10 @@ MMA_PTX = ("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
            "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};")
 
 if SIM:
+    def _trunc_host(x):
+        """x with its 13 low mantissa bits cleared (TF32 by truncation)."""
+        return (np.float32(x).view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+
     def _tf32_host(x):
         """Round a float32 to TF32 (nearest, ties away from zero: add half a TF32 ulp to the magnitude bits and
         clear the 13 low mantissa bits), as ``cvt.rna.tf32.f32`` does."""
@@ -79,6 +89,10 @@ if SIM:
     @cuda.jit(device=True)
     def to_tf32(x):
         return float32(_tf32_host(x))
+
+    @cuda.jit(device=True)
+    def trunc_tf32(x):
+        return float32(_trunc_host(x))
 
     def _exchange(vals, scratch):
         """Every lane's fragments -> scratch (slot alternating per call), one barrier: the warp's [32, k] view."""
@@ -158,6 +172,20 @@ else:
     def to_tf32(x):
         return _cvt_tf32(float32(x))
 
+    @intrinsic
+    def _trunc_tf32(typingctx, x):
+        if x != types.float32:
+            return None
+
+        def codegen(context, builder, sig, args):
+            fnty = ir.FunctionType(ir.FloatType(), [ir.FloatType()])
+            return builder.call(ir.InlineAsm(fnty, "and.b32 $0, $1, -8192;", "=f,f"), args)
+        return types.float32(types.float32), codegen
+
+    @cuda.jit(device=True)
+    def trunc_tf32(x):
+        return _trunc_tf32(float32(x))
+
     @cuda.jit(device=True)
     def mma_m16n8k8_tf32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, scratch):
         return _mma_tf32(float32(a0), float32(a1), float32(a2), float32(a3), float32(b0), float32(b1),
@@ -175,3 +203,11 @@ def split_tf32(x):
     """(hi, lo): hi = tf32(x), lo = tf32(x - hi); x = hi + lo up to u^2 |x| (module docstring)."""
     hi = to_tf32(x)
     return hi, to_tf32(x - hi)
+
+
+@cuda.jit(device=True)
+def split_tf32_fast(x):
+    """(hi, lo): hi = x truncated to TF32, lo = x - hi exactly (the MMA reads lo's TF32 part); two instructions.
+    Example: x = 1 + 2^-12 -> hi = 1, lo = 2^-12."""
+    hi = trunc_tf32(x)
+    return hi, float32(x - hi)

@@ -10,6 +10,10 @@ Device functions in families named by what they need from the launch:
   with a __syncwarp: ptxas cannot prove the lanes converged after a branch or a barrier and guards the shuffles
   with a divergence test; measured (ncu), every warp of the top-K scan took the slow, emulated path there until
   the explicit reconvergence.
+``group_*`` - the same butterfly over aligned groups of ``width`` consecutive lanes (2, 4, 8, 16 or 32):
+    group_max / group_sum(v, width, buf)     -> the group's max / sum, to every lane of the group
+  On the simulator they go through ``buf`` (shared float32 [>= threads]) with two barriers, so every thread of the
+  block calls, and blocks of any number of whole warps work there too.
 ``block_*`` - a warp collective, the warps' partials through a shared ``wpart`` [>= warps] and one barrier, then
   a warp collective over the partials: block_min, block_prefix_sum, block_suffix_sum.
   Whole warps, every thread of the block calls; two calls that share ``wpart`` need a barrier between them.
@@ -177,6 +181,55 @@ else:                      # the simulator's stand-ins: same results through sha
                 best_v = vals[lane]
                 best_i = idx[lane]
         return best_v, best_i
+
+
+# ------------------------------------------------------------------------------------------------ group collectives
+GROUP_BUF = 256 if SIM else 1      # floats of the simulator's group scratch (the most threads its callers run)
+
+if not SIM:
+    @cuda.jit(device=True)
+    def group_max(v, width, buf):
+        """The largest v of this lane's group (lanes width * k .. width * k + width - 1), to each of them; a
+        log2(width)-step shfl_xor butterfly. Example: width 4, lanes holding their id -> lanes 4..7 get 7."""
+        cuda.syncwarp(FULL)
+        s = width // 2
+        while s > 0:
+            v = max(v, cuda.shfl_xor_sync(FULL, v, s))
+            s >>= 1
+        return v
+
+    @cuda.jit(device=True)
+    def group_sum(v, width, buf):
+        """The sum of v over this lane's group, to each of them (butterfly order). As group_max."""
+        cuda.syncwarp(FULL)
+        s = width // 2
+        while s > 0:
+            v += cuda.shfl_xor_sync(FULL, v, s)
+            s >>= 1
+        return v
+else:
+    @cuda.jit(device=True)
+    def _group_values(v, width, buf):
+        """The group's values, as a list (two block barriers: every thread of the block calls)."""
+        tid = cuda.threadIdx.x
+        buf[tid] = v
+        cuda.syncthreads()
+        base = tid - tid % width
+        vals = [buf[base + i] for i in range(width)]
+        cuda.syncthreads()
+        return vals
+
+    @cuda.jit(device=True)
+    def group_max(v, width, buf):
+        return max(_group_values(v, width, buf))
+
+    @cuda.jit(device=True)
+    def group_sum(v, width, buf):
+        vals = _group_values(v, width, buf)
+        s = vals[0]
+        for u in vals[1:]:
+            s += u
+        return s
 
 
 # ------------------------------------------------------------------------------------------------ block collectives

@@ -38,9 +38,11 @@ from numba import cuda, float32, int32
 
 from .. import backend
 from . import _checks
+from .primitives import GROUP_BUF
 from .mla_attention import (ACC, BK, HG, KPARTS, KT, MAX_D, MAX_LKV, MAX_SUBS, MT, PAIRS, ROW, ROW_T,
                             SCRATCH_SHAPE, V2_JIT, _v1_begin, _v1_end, _v1_tile, _v2_accumulate, _v2_begin, _v2_end,
-                            _v2_load_keys, _v2_score, _v2_scores, _v2_softmax, check_qkv, check_variant,
+                            TILE_ALIGN, _v2_copy_plan, _v2_load_keys, _v2_row, _v2_scores, _v2_softmax, check_qkv,
+                            check_variant,
                             launch_v1, launch_v2, masked_attention_fast, masked_attention_ref)
 
 
@@ -118,11 +120,11 @@ def _tree_key(paths, depths, start, t_first, width, k, k_hi, j, rows, kdep, knod
 
 
 @cuda.jit(**V2_JIT)
-def _tree_attention_v2_kernel(q, cache, start0, start_dev, scale, n_heads, split_len, direct, out, o_part, m_part,
-                              l_part, paths, depths, width):
-    """Tree v2: q [(n+1)*N, D] (rows token-major), out [(n+1)*N, Lkv], partials as ``_attention_v2_kernel``;
-    ``width`` path slots per token (max_depth + 1)."""
-    ks = cuda.shared.array((KT, ROW_T), float32)         # the key tile
+def _tree_attention_v2_kernel(q, cache, start0, start_dev, scale, n_heads, copy_w, split_len, direct, out, o_part,
+                              m_part, l_part, paths, depths, width):
+    """Tree v2: q [(n+1)*N, D] (rows token-major), out [(n+1)*N, Lkv], partials and ``copy_w`` as
+    ``_attention_v2_kernel``; ``width`` path slots per token (max_depth + 1)."""
+    ks = cuda.shared.array((KT, ROW_T), float32, alignment=TILE_ALIGN)   # the key tile
     sp = cuda.shared.array((KPARTS, MT, KT), float32)    # partial scores; sp[0]: scores, then P
     m_run = cuda.shared.array(MT, float32)
     l_run = cuda.shared.array(MT, float32)
@@ -131,6 +133,7 @@ def _tree_attention_v2_kernel(q, cache, start0, start_dev, scale, n_heads, split
     kdep = cuda.shared.array(KT, int32)                  # -1: committed row; else the tree depth of the key
     knode = cuda.shared.array(KT, int32)                 # the tree node of the key
     scratch = cuda.shared.array(SCRATCH_SHAPE, float32)  # the simulator's MMA exchange (GPU: unused)
+    buf = cuda.shared.array(GROUP_BUF, float32)          # the simulator's group scratch (GPU: unused)
     acc = cuda.local.array(ACC, float32)                 # this thread's output accumulators (registers)
     tid = cuda.threadIdx.x
     n_rows = q.shape[0]
@@ -143,24 +146,28 @@ def _tree_attention_v2_kernel(q, cache, start0, start_dev, scale, n_heads, split
     t_last = (min(r0 + MT, n_rows) - 1) // n_heads
     k_lo = z * split_len
     k_hi = min(start + (t_last - t_first + 1) * width, k_lo + split_len)   # committed rows, then the path slots
+    plan = _v2_copy_plan(D, copy_w)
+    r, j0, kpt = _v2_row()
+    real = r0 + r < n_rows                               # this thread's query row exists (else all masked)
+    i = min(r0 + r, n_rows - 1) // n_heads               # ... and is tree token i
+    depth_i = depths[i]
     _v2_begin(acc, ks, m_run, l_run, D)
     for k0 in range(k_lo, k_hi, KT):
         if tid < KT:
             _tree_key(paths, depths, start, t_first, width, k0 + tid, k_hi, tid, rows, kdep, knode)
         cuda.syncthreads()
-        _v2_load_keys(cache, rows, ks, D)
+        _v2_load_keys(cache, rows, ks, D, copy_w, plan)
         cuda.syncthreads()
         _v2_scores(q, ks, sp, r0, D, scratch)
         cuda.syncthreads()
-        for e in range(tid, MT * KT, cuda.blockDim.x):  # tree mask: a tree key is seen by the tokens on whose
-            r = e // KT                                  # path its node lies
-            j = e % KT
-            i = (r0 + r) // n_heads
-            d = kdep[j]
-            _v2_score(sp, r, j, scale, rows[j] >= 0 and r0 + r < n_rows
-                      and (d < 0 or (depths[i] >= d and paths[i, d] == knode[j])))
-        cuda.syncthreads()
-        _v2_softmax(sp, m_run, l_run, alpha)
+        vis = 0                                          # tree mask: a committed row is seen by every token, a
+        for jj in range(KT):                             # tree key by the tokens on whose path its node lies
+            if jj < kpt:
+                j = j0 + jj
+                d = kdep[j]
+                if real and rows[j] >= 0 and (d < 0 or (depth_i >= d and paths[i, d] == knode[j])):
+                    vis |= 1 << jj
+        _v2_softmax(sp, vis, scale, m_run, l_run, alpha, buf)
         cuda.syncthreads()
         _v2_accumulate(sp, ks, acc, alpha, out.shape[1], scratch)
         cuda.syncthreads()

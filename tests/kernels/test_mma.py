@@ -54,6 +54,13 @@ def _round_kernel(x, hi, lo, rounded):
         hi[i], lo[i] = mma.split_tf32(x[i])
 
 
+@cuda.jit
+def _fast_split_kernel(x, out):
+    i = cuda.grid(1)
+    if i < x.shape[0]:
+        out[i, 0], out[i, 1] = mma.split_tf32_fast(x[i])
+
+
 def product(a, b, c, three: bool):
     d = poisoned((16, 8))
     args = [kd.backend.asarray(x) for x in (a, b, c)]            # held until the result is read
@@ -96,6 +103,16 @@ def test_tf32_rounding_and_split():
     assert (r.view(np.uint32) & 0x1FFF == 0).all()                     # 13 low mantissa bits cleared
     err = np.abs(H(hi).astype(np.float64) + H(lo) - x) / np.maximum(np.abs(x), 1e-38)
     assert err.max() <= 2.0 ** -21                                     # hi + lo = x up to ~u^2
+
+
+def test_fast_split_truncates_and_is_exact():
+    x = np.array([1 + 2.0 ** -12, -3.14159265, 1e-30, 7.0], np.float32)
+    out = poisoned((4, 2))
+    kd.backend.launch(_fast_split_kernel, 1, 4, kd.backend.asarray(x), out)
+    hi, lo = H(out)[:, 0], H(out)[:, 1]
+    np.testing.assert_array_equal(hi.view(np.uint32) & np.uint32(0x1FFF), 0)      # 13 low bits cleared
+    np.testing.assert_array_equal(hi + lo, x)                                      # exact
+    assert np.all(np.abs(lo) < np.abs(x) * 2.0 ** -10) and (hi[0], lo[0]) == (1.0, np.float32(2.0 ** -12))
 
 
 def test_3xtf32_is_fp32_grade_and_tf32_is_not():

@@ -1,5 +1,6 @@
 """The warp / block primitives (kernels/primitives.py), each in a tiny test kernel vs NumPy: warp collectives and
-arg-max with ties, the block collectives, the shared-memory tree reductions (the float sum bit for bit against the
+arg-max with ties, the group collectives at every width, the asynchronous copy (kernels/_intrinsics.py) at both
+widths with zero fill, the block collectives, the shared-memory tree reductions (the float sum bit for bit against the
 same tree in NumPy), the scan at block sizes off a power of two, the bitonic sort at any n, the softmax step."""
 import numpy as np
 import pytest
@@ -7,12 +8,15 @@ from numba import cuda, float32, int32, uint64
 
 import kdtree_numba as kd
 from kdtree_numba.kernels import primitives as P
+from kdtree_numba.kernels._intrinsics import copy_async, copy_async_wait
 
 from ..helpers import poisoned
 
 pytestmark = pytest.mark.usefixtures("kernel_backend")
 H = kd.backend.to_host
 A = kd.backend.asarray
+TILE_ALIGN = None if P.SIM else 16   # the simulator takes no alignment argument
+GROUP_BUF = P.GROUP_BUF   # shared sizes must be module constants on a GPU
 MAXT = 64                  # the largest test block (shared sizes must be literals on a GPU)
 MAXW = 2                   # its warps
 SORT_MAX = 128             # keys per sorted row
@@ -139,6 +143,34 @@ def _tree_sum_ref(x):
     return red[..., 0]
 
 
+@cuda.jit
+def _group_kernel(x, out):
+    """Two warps; block b reduces over groups of width 2 << b: out[b, t] = (group max, group sum) of x[t]."""
+    b = cuda.blockIdx.x
+    t = cuda.threadIdx.x
+    buf = cuda.shared.array(GROUP_BUF, float32)
+    width = 2 << b
+    out[b, t, 0] = P.group_max(x[t], width, buf)
+    out[b, t, 1] = P.group_sum(x[t], width, buf)
+
+
+@cuda.jit
+def _copy_kernel(src, rows, width, out):
+    """Row rows[j] of src (or zeros where rows[j] < 0) -> row j of a 16-byte aligned shared tile with a padded
+    stride of 12 floats, by copies of ``width`` floats; then the tile -> out."""
+    tile = cuda.shared.array((4, 12), float32, alignment=TILE_ALIGN)
+    t = cuda.threadIdx.x
+    D = src.shape[1]
+    for p in range(t, 4 * (D // width), cuda.blockDim.x):
+        j = p // (D // width)
+        c = p % (D // width) * width
+        copy_async(tile, uint64(j * 12 + c), src, uint64(max(rows[j], 0) * D + c), width, rows[j] >= 0)
+    copy_async_wait()
+    cuda.syncthreads()
+    for p in range(t, 4 * D, cuda.blockDim.x):
+        out[p // D, p % D] = tile[p // D, p % D]
+
+
 def _exclusive(c):
     return np.cumsum(c, axis=-1) - c
 
@@ -168,6 +200,27 @@ def test_warp_collectives_and_argmax_ties(rng=np.random.default_rng(0)):
     np.testing.assert_array_equal(f[..., 4], bv[:, None] * col)
     np.testing.assert_array_equal(i[..., 3], bj[:, None] * col)
     assert (f[1, 0, 4], i[1, 0, 3]) == (7, 1)
+
+
+def test_group_collectives_every_width(rng=np.random.default_rng(6)):
+    x = rng.integers(-50, 50, 64).astype(np.float32)                 # integers: sums exact in any order
+    out = poisoned((5, 64, 2))
+    kd.backend.launch(_group_kernel, 5, 64, A(x), out)
+    for b in range(5):
+        w = 2 << b                                                   # 2, 4, 8, 16, 32 lanes
+        groups = x.reshape(-1, w)
+        np.testing.assert_array_equal(H(out)[b, :, 0], np.repeat(groups.max(1), w))
+        np.testing.assert_array_equal(H(out)[b, :, 1], np.repeat(groups.sum(1), w))
+
+
+@pytest.mark.parametrize("width", [4, 1])
+def test_copy_async_rows_and_zero_fill(width, rng=np.random.default_rng(7)):
+    src = rng.standard_normal((6, 8)).astype(np.float32)
+    rows = np.array([5, -1, 0, 3], np.int32)                         # row 1: zero fill
+    out = poisoned((4, 8))
+    kd.backend.launch(_copy_kernel, 1, 32, A(src), A(rows), width, out)
+    want = src[np.maximum(rows, 0)] * (rows >= 0)[:, None]
+    np.testing.assert_array_equal(H(out), want)
 
 
 def test_block_min_and_block_scans(rng=np.random.default_rng(1)):
