@@ -57,15 +57,20 @@ if SIM:
     def copy_async_wait():
         pass
 else:
-    @intrinsic
-    def _ex2_approx(typingctx, t):
-        if t != types.float32:
-            return None
+    def unary_f32(text):
+        """An intrinsic (x: float32) -> float32 emitting the PTX statement ``text`` ($0 the result, $1 x)."""
+        @intrinsic
+        def impl(typingctx, x):
+            if x != types.float32:
+                return None
 
-        def codegen(context, builder, sig, args):
-            fnty = ir.FunctionType(ir.FloatType(), [ir.FloatType()])
-            return builder.call(ir.InlineAsm(fnty, "ex2.approx.ftz.f32 $0, $1;", "=f,f"), args)
-        return types.float32(types.float32), codegen
+            def codegen(context, builder, sig, args):
+                fnty = ir.FunctionType(ir.FloatType(), [ir.FloatType()])
+                return builder.call(ir.InlineAsm(fnty, text, "=f,f"), args)
+            return types.float32(types.float32), codegen
+        return impl
+
+    _ex2_approx = unary_f32("ex2.approx.ftz.f32 $0, $1;")
 
     def _binary_f32(inst):
         """An intrinsic (a: float32, b: float32) -> float32 emitting the one PTX instruction ``inst``."""

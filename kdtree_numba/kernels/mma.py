@@ -172,15 +172,8 @@ else:
     def to_tf32(x):
         return _cvt_tf32(float32(x))
 
-    @intrinsic
-    def _trunc_tf32(typingctx, x):
-        if x != types.float32:
-            return None
-
-        def codegen(context, builder, sig, args):
-            fnty = ir.FunctionType(ir.FloatType(), [ir.FloatType()])
-            return builder.call(ir.InlineAsm(fnty, "and.b32 $0, $1, -8192;", "=f,f"), args)
-        return types.float32(types.float32), codegen
+    from ._intrinsics import unary_f32
+    _trunc_tf32 = unary_f32("and.b32 $0, $1, -8192;")        # the 13 low mantissa bits cleared
 
     @cuda.jit(device=True)
     def trunc_tf32(x):
