@@ -47,7 +47,7 @@ tile, needed only in the last key tile or two). Per key tile of KT = 16 cache ro
      i.e. 64 fp32 accumulators per thread in registers; 2 k8 steps (the 16 keys) per tile
   Every product is 3xTF32 with the truncating split (mma.split_tf32_fast): ~3e-6 relative per product, fp32-grade
   dot products. Splits and their combine as in v1. Budget: shared 37,120 (ks) + 8,192 (sp) + 384 (m, l, alpha) +
-  64 (key table; tree: 192) bytes = 45,760 static (< 48 KB); registers (ptxas, sm_90, CUDA 13.0, numba-cuda
+  64 (key table; tree: 192) bytes = 45,760 static (< 48 KB; +8 for the simulator's 1-float placeholders); registers (ptxas, sm_90, CUDA 13.0, numba-cuda
   0.30.4): 191 per thread (tree: 197), no spills, the 64 accumulators in registers - so one block (8 warps) per
   SM. Work per block and key tile: 32 x 16 x (576 + 512) x 2 = 1.1 MFLOP as 8 x 204 = 1,632 MMA instructions,
   for one 36 KB read of the tile (v1: 4 query rows per read).
@@ -62,7 +62,8 @@ tile, needed only in the last key tile or two). Per key tile of KT = 16 cache ro
 Example (v2): T = 3 tokens, N = 20 heads, start 100 -> 60 query rows, 2 tiles. Tile 0 = rows 0..31 = token 0
 (heads 0..19) + token 1 (heads 0..11); its list is rows 0..101 (token 1's): 7 key tiles (6 of 16, one of 6), and
 in the last one key 101 is masked (-inf) for token 0's 20 rows. Tile 1 = token 1 (heads 12..19) + token 2: rows
-0..102. Kimi decode (T = 1, N = 64, 32768 rows): 2 tiles x 128 splits of 256 rows, then the combine.
+0..102. Kimi decode (T = 1, N = 64, start 32767: 32768 keys): 2 tiles x 128 splits of 256 rows, then the combine
+(start 32768: 129 splits, the last of one key).
 Shapes: q [T, N, D] float32, cache [C, D] float32 (D = Lkv + R <= 576, Lkv <= 512) -> out [T, N, Lkv] float32.
 Example: one head, D = 2, Lkv = 1, scale 1, cache [[1, 0], [0, 1]], start 0, q [[[0, 0]], [[ln 3, 0]]]:
 token 0 sees row 0 -> out 1; token 1 sees rows 0, 1 with weights 3/4, 1/4 -> out 0.75.
@@ -107,9 +108,9 @@ TILE_ALIGN = None if SIM else 16  # the key tile's byte alignment: copy_async's 
                                   # takes no alignment argument; its arrays are numpy's). Rows: ROW_T * 4 = 16 * 145.
 SPLIT_TARGET = 264  # blocks the key splits aim for: two per SM of the H200's 132
 MIN_SPLIT_TILES = 1  # v2 key splits down to one tile: a small decode's few blocks each wait for one tile, not four
-# Launch bounds (256 threads, V2_MIN_BLOCKS blocks per SM) for ptxas. With 1 (sm_90, CUDA 13.0): 181 registers,
-# no spills -> one block of 8 warps per SM. With 2: capped at 128 registers for 2 blocks (16 warps) per SM, and
-# 188 B of spill stores / 392 B of spill loads in the code - the trade to measure (benchmarks/bench_verify.py).
+# Launch bounds (256 threads, V2_MIN_BLOCKS blocks per SM) for ptxas. With 1 (sm_90, CUDA 13.0): 191 registers
+# (tree: 197), no spills -> one block of 8 warps per SM. With 2: capped at 128 registers for 2 blocks (16 warps)
+# per SM and spills (measured on the first v2: 188 B of spill stores / 392 B of loads) - not yet timed.
 # The simulator's jit takes no launch bounds.
 V2_MIN_BLOCKS = 1
 V2_JIT = {} if SIM else {"launch_bounds": (32 * WARPS, V2_MIN_BLOCKS)}
@@ -726,7 +727,8 @@ def mla_attention(q, cache, start, scale: float, lkv: int, out=None, splits: int
                   variant: str | None = None):
     """Causal absorbed-MLA attention of ``q [T, N, D]`` over ``cache [C, D]`` rows ``0 .. start + T - 1``.
 
-    ``lkv``: the latent width (values are ``cache[:, :lkv]``); ``splits`` forces the number of key splits (tests).
+    ``lkv``: the latent width (values are ``cache[:, :lkv]``); ``splits`` asks for that many key splits (tests): the
+    launch runs ceil(keys / split_len) of them, split_len rounded up to whole tiles, which can be fewer.
     ``start``: an int, or a device int32 [1] array the kernel reads (graph replay: decode/replay.py); the grid then
     covers every cache row and splits past a token's last key contribute nothing.
     ``variant``: "v1" | "v2" | None (``default_variant()``); the numpy backend runs the reference for any.
