@@ -389,19 +389,7 @@ def mma_kernel(a, b, c, three, frag, dfrag):
         if k0 == 0:
             frag[lane, 0], frag[lane, 1], frag[lane, 2], frag[lane, 3] = a0, a1, a2, a3
             frag[lane, 4], frag[lane, 5] = b0, b1
-        if three:
-            ah0, al0 = mma.split_tf32(a0)
-            ah1, al1 = mma.split_tf32(a1)
-            ah2, al2 = mma.split_tf32(a2)
-            ah3, al3 = mma.split_tf32(a3)
-            bh0, bl0 = mma.split_tf32(b0)
-            bh1, bl1 = mma.split_tf32(b1)
-            c0, c1, c2, c3 = mma.mma_m16n8k8_3xtf32(ah0, ah1, ah2, ah3, al0, al1, al2, al3, bh0, bh1, bl0, bl1,
-                                                    c0, c1, c2, c3, scratch)
-        else:
-            c0, c1, c2, c3 = mma.mma_m16n8k8_tf32(mma.to_tf32(a0), mma.to_tf32(a1), mma.to_tf32(a2),
-                                                  mma.to_tf32(a3), mma.to_tf32(b0), mma.to_tf32(b1),
-                                                  c0, c1, c2, c3, scratch)
+        c0, c1, c2, c3 = mma.mma_fp32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, three, scratch)
     dfrag[lane, 0], dfrag[lane, 1], dfrag[lane, 2], dfrag[lane, 3] = c0, c1, c2, c3
 
 

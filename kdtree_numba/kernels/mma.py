@@ -204,3 +204,21 @@ def split_tf32_fast(x):
     Example: x = 1 + 2^-12 -> hi = 1, lo = 2^-12."""
     hi = trunc_tf32(x)
     return hi, float32(x - hi)
+
+
+@cuda.jit(device=True)
+def mma_fp32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, three, scratch):
+    """One m16n8k8 step from plain fp32 fragments (the layout table above): D = A B + C as 3xTF32 (``three``: split
+    both operands, three MMAs; fp32-grade) or as one TF32 MMA (operands rounded; ~1e-3 relative). Returns
+    (d0, d1, d2, d3). Every lane of the warp calls (warp-uniform ``three``)."""
+    if three:
+        ah0, al0 = split_tf32(a0)
+        ah1, al1 = split_tf32(a1)
+        ah2, al2 = split_tf32(a2)
+        ah3, al3 = split_tf32(a3)
+        bh0, bl0 = split_tf32(b0)
+        bh1, bl1 = split_tf32(b1)
+        return mma_m16n8k8_3xtf32(ah0, ah1, ah2, ah3, al0, al1, al2, al3, bh0, bh1, bl0, bl1, c0, c1, c2, c3,
+                                  scratch)
+    return mma_m16n8k8_tf32(to_tf32(a0), to_tf32(a1), to_tf32(a2), to_tf32(a3), to_tf32(b0), to_tf32(b1),
+                            c0, c1, c2, c3, scratch)

@@ -27,19 +27,7 @@ def _product_kernel(a, b, c, d, three):
     for k0 in range(0, a.shape[1], 8):
         a0, a1, a2, a3 = a[g, k0 + t], a[g + 8, k0 + t], a[g, k0 + t + 4], a[g + 8, k0 + t + 4]
         b0, b1 = b[k0 + t, g], b[k0 + t + 4, g]
-        if three:
-            ah0, al0 = mma.split_tf32(a0)
-            ah1, al1 = mma.split_tf32(a1)
-            ah2, al2 = mma.split_tf32(a2)
-            ah3, al3 = mma.split_tf32(a3)
-            bh0, bl0 = mma.split_tf32(b0)
-            bh1, bl1 = mma.split_tf32(b1)
-            c0, c1, c2, c3 = mma.mma_m16n8k8_3xtf32(ah0, ah1, ah2, ah3, al0, al1, al2, al3, bh0, bh1, bl0, bl1,
-                                                    c0, c1, c2, c3, scratch)
-        else:
-            c0, c1, c2, c3 = mma.mma_m16n8k8_tf32(mma.to_tf32(a0), mma.to_tf32(a1), mma.to_tf32(a2),
-                                                  mma.to_tf32(a3), mma.to_tf32(b0), mma.to_tf32(b1),
-                                                  c0, c1, c2, c3, scratch)
+        c0, c1, c2, c3 = mma.mma_fp32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, three, scratch)
     d[g, 2 * t] = c0
     d[g, 2 * t + 1] = c1
     d[g + 8, 2 * t] = c2
