@@ -935,7 +935,7 @@ check_true("quoted numbers consistent: 7.96 / 2.02 = 3.9x (the section's title);
                                           for _, v1, v2, q1, sd, q2 in FULL), f"{total:.2f}x")
 print("Same section: errors vs float64 stayed within the tests' 1e-4 (4096 / 64 / 64: 2.6e-5); 191 registers "
       "(tree 197), no spills, one 8-warp block per SM; 38-40 % of the fp32 roofline on the large cells; >= 1.0x "
-      "SDPA in 13 of 18 tree cells and every decode step, 0.62-0.97x in the rest.")
+      "SDPA in 11 of 18 tree cells and every decode step, 0.62-0.996x in the rest.")
 
 # %%
 finish()
