@@ -47,9 +47,9 @@ tile, needed only in the last key tile or two). Per key tile of KT = 16 cache ro
      i.e. 64 fp32 accumulators per thread in registers; 2 k8 steps (the 16 keys) per tile
   Every product is 3xTF32 with the truncating split (mma.split_tf32_fast): ~3e-6 relative per product, fp32-grade
   dot products. Splits and their combine as in v1. Budget: shared 37,120 (ks) + 8,192 (sp) + 384 (m, l, alpha) +
-  64 (key table; tree: 192) bytes = 45,760 static (< 48 KB; +8 for the simulator's 1-float placeholders); registers (ptxas, sm_90, CUDA 13.0, numba-cuda
-  0.30.4): 191 per thread (tree: 197), no spills, the 64 accumulators in registers - so one block (8 warps) per
-  SM. Work per block and key tile: 32 x 16 x (576 + 512) x 2 = 1.1 MFLOP as 8 x 204 = 1,632 MMA instructions,
+  64 (key table; tree: 192) + 8 (the 1-float placeholders of the simulator's scratch arrays) bytes = 45,768
+  static (< 48 KB); registers (ptxas, sm_90, CUDA 13.0, numba-cuda 0.30.4): 191 per thread (tree: 197), no spills,
+  the 64 accumulators in registers - so one block (8 warps) per SM. Work per block and key tile: 32 x 16 x (576 + 512) x 2 = 1.1 MFLOP as 8 x 204 = 1,632 MMA instructions,
   for one 36 KB read of the tile (v1: 4 query rows per read).
   What made it 4x faster than its first version (H200, docs/PERFORMANCE.md): the first filled the tile with a
   64-bit division per element and ran ~50 instructions per MMA (ncu: 2.7 G instructions for 54 M MMAs at
