@@ -18,8 +18,9 @@
 The simulator's libdevice stubs return NaN, so there each is plain Python (ex2 rounded once to float32, without
 the flush to zero). ``SIM`` says which one runs. Warp and block collectives (shuffles, reductions, scans, the
 bitonic sort) and the streaming-softmax step live in kernels/primitives.py.
-Example: ex2(float32(-1.0)) = 0.5; fmax(float32(nan), float32(2.0)) = 2.0; copy_async(tile, 8, cache, 576 * r, 4, r >= 0)
-then copy_async_wait() and a barrier: tile.flat[8:12] = cache[r, 0:4] for a row r >= 0, else zeros.
+Example: ex2(float32(-1.0)) = 0.5; fmax(float32(nan), float32(2.0)) = 2.0;
+copy_async(tile, 8, cache, 576 * r, 4, r >= 0), then copy_async_wait() and a barrier: tile.flat[8:12] =
+cache[r, 0:4] for a row r >= 0, else zeros.
 """
 from __future__ import annotations
 

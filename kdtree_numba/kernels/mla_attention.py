@@ -49,8 +49,9 @@ tile, needed only in the last key tile or two). Per key tile of KT = 16 cache ro
   dot products. Splits and their combine as in v1. Budget: shared 37,120 (ks) + 8,192 (sp) + 384 (m, l, alpha) +
   64 (key table; tree: 192) + 8 (the 1-float placeholders of the simulator's scratch arrays) bytes = 45,768
   static (< 48 KB); registers (ptxas, sm_90, CUDA 13.0, numba-cuda 0.30.4): 191 per thread (tree: 197), no spills,
-  the 64 accumulators in registers - so one block (8 warps) per SM. Work per block and key tile: 32 x 16 x (576 + 512) x 2 = 1.1 MFLOP as 8 x 204 = 1,632 MMA instructions,
-  for one 36 KB read of the tile (v1: 4 query rows per read).
+  the 64 accumulators in registers - so one block (8 warps) per SM. Work per block and key tile:
+  32 x 16 x (576 + 512) x 2 = 1.1 MFLOP as 8 x 204 = 1,632 MMA instructions, for one 36 KB read of the tile (v1: 4
+  query rows per read).
   What made it 4x faster than its first version (H200, docs/PERFORMANCE.md): the first filled the tile with a
   64-bit division per element and ran ~50 instructions per MMA (ncu: 2.7 G instructions for 54 M MMAs at
   4096 x 64 x 64); the copy plan advances by adds, indices are unsigned, the softmax runs on every lane, the
