@@ -34,6 +34,7 @@ import kdtree_numba as kd
 from numba import cuda, float32, int32
 from kdtree_numba.kernels import mla_attention as mla
 from kdtree_numba.kernels import mma, tree as kt, tree_verify as tv
+from kdtree_numba.kernels._intrinsics import copy_async_wait
 from kdtree_numba.kernels.mma import SCRATCH_SHAPE
 from kdtree_numba.kernels.primitives import GROUP_BUF
 
@@ -44,6 +45,7 @@ KERNELS = kd.backend.name != "numpy"          # False: the package's calls run r
 GPU = kd.backend.name == "cuda"
 BIG = args.size == "large" and kd.backend.name != "sim"   # Kimi-sized shapes; the simulator stays tiny
 MT, MB, KT, ROW_T, KPARTS, FRAGS, WARPS = mla.MT, mla.MB, mla.KT, mla.ROW_T, mla.KPARTS, mla.FRAGS, mla.WARPS
+TILE_ALIGN = mla.TILE_ALIGN      # a global of this module: numba's shared-array alignment must be a constant here
 if args.size == "large" and not BIG:
     print("note: --size large on the simulator keeps the tiny shapes (a v2 launch costs seconds there)")
 print(f"v2 constants: MT {MT} query rows per tile (MB {MB} m16 blocks), KT {KT} keys per key tile, ROW_T {ROW_T} "
@@ -578,7 +580,7 @@ save_figure(fig, args, "14_copy_plan.png")
 def key_tile_kernel(cache, rows_in, width, plan_out, tile_out):
     """The package's _v2_copy_plan + _v2_load_keys into a NaN-poisoned (KT, ROW_T) shared tile; each thread's plan
     -> plan_out [threads, 5], the tile's first D columns -> tile_out [KT, D]."""
-    ks = cuda.shared.array((KT, ROW_T), float32, alignment=mla.TILE_ALIGN)
+    ks = cuda.shared.array((KT, ROW_T), float32, alignment=TILE_ALIGN)
     rows = cuda.shared.array(KT, int32)
     tid = cuda.threadIdx.x
     D = cache.shape[1]
@@ -590,7 +592,8 @@ def key_tile_kernel(cache, rows_in, width, plan_out, tile_out):
     plan = mla._v2_copy_plan(D, width)
     dq, j, c, dj, dc = plan
     plan_out[tid, 0], plan_out[tid, 1], plan_out[tid, 2], plan_out[tid, 3], plan_out[tid, 4] = dq, j, c, dj, dc
-    mla._v2_load_keys(cache, rows, ks, D, width, plan)  # copy_async per copy, copy_async_wait at the end
+    mla._v2_load_keys(cache, rows, ks, D, width, plan, D, 0, 0)  # copy_async per copy: row r from r * D + 0,
+    copy_async_wait()                                            # to tile column 0; then wait for them
     cuda.syncthreads()
     for i in range(tid, KT * D, cuda.blockDim.x):
         tile_out[i // D, i % D] = ks[i // D, i % D]
@@ -861,8 +864,8 @@ check("token 0 ignores the rows after start + 0 that its tile loads (bit for bit
       host(out_a)[0], exact=True)
 if KERNELS:
     tiles_a, Z_a, _ = v2_plan(Tc, Nc, start_a, None)
-    check_true("launched: _attention_v2_kernel on grid (ceil(T N / 32), splits), 32 x v2_warps(Lkv) threads",
-               launches_a[0] == ("_attention_v2_kernel", (tiles_a, Z_a), 32 * mla.v2_warps(Lkv))
+    check_true("launched: _attention_v2_kernel on grid (ceil(T N / 32), splits, 1 kv head), 32 x v2_warps(Lkv) threads",
+               launches_a[0] == ("_attention_v2_kernel", (tiles_a, Z_a, 1), 32 * mla.v2_warps(Lkv))
                and [n for n, _, _ in launches_a[1:]] == (["_combine_kernel"] if Z_a > 1 else []),
                f"{launches_a}")
 
@@ -873,7 +876,7 @@ if KERNELS:
     tiles_b, Z_b, L_b = v2_plan(Tc, Nc, start_b, 2)
     check_true(f"launched: the v2 grid ({tiles_b}, {Z_b}) (split length {L_b}), then _combine_kernel",
                [n for n, _, _ in launches_b] == ["_attention_v2_kernel", "_combine_kernel"]
-               and launches_b[0][1] == (tiles_b, Z_b) and (BIG or (tiles_b, Z_b, L_b) == (p_tiles, p_Z, p_L)),
+               and launches_b[0][1] == (tiles_b, Z_b, 1) and (BIG or (tiles_b, Z_b, L_b) == (p_tiles, p_Z, p_L)),
                f"{launches_b}")
 
 parents = np.concatenate([[-1], [R.integers(max(0, j - 3), j) for j in range(1, tree_n + 1)]]).astype(np.int64)

@@ -318,28 +318,52 @@ def _v2_copy_plan(D, width):
 
 
 @cuda.jit(device=True)
-def _v2_load_keys(cache, rows, ks, D, width, plan):
-    """The key tile: ks[j, :D] = cache[rows[j], :D], zeros where rows[j] < 0 (past the list, or a skipped slot), as
-    asynchronous copies of ``width`` floats (kernels/_intrinsics.copy_async: L2 -> shared with no register staging);
-    returns once this thread's copies landed (the caller's barrier publishes them). ``plan``: _v2_copy_plan's.
-    The (row, column) of successive copies advance by adds, not by a division per copy."""
+def _v2_load_keys(src, rows, ks, D, width, plan, stride, base, col):
+    """Issue the key tile's copies: ks[j, col .. col + D - 1] = the D floats at flat offset rows[j] * stride + base
+    of ``src`` (C-contiguous; a cache [C, D]: stride D, base 0; a kv head b of k [S, B, D]: stride B D, base b D),
+    zeros where rows[j] < 0 (past the list, or a skipped slot), as asynchronous copies of ``width`` floats
+    (kernels/_intrinsics.copy_async: L2 -> shared with no register staging). The caller waits for them
+    (copy_async_wait) and its barrier publishes them. ``plan``: _v2_copy_plan(D, width)'s. The (row, column) of
+    successive copies advance by adds, not by a division per copy."""
     dq, j, c, dj, dc = plan
     while j < KT:
         row = rows[j]
-        copy_async(ks, uint64(j * ROW_T + c * width), cache, uint64(max(row, 0) * D + c * width), width, row >= 0)
+        copy_async(ks, uint64(j * ROW_T + col + c * width), src, uint64(max(row, 0) * stride + base + c * width),
+                   width, row >= 0)
         j += dj
         c += dc
         if c >= dq:
             c -= dq
             j += 1
-    copy_async_wait()
 
 
 @cuda.jit(device=True)
-def _v2_scores(q, ks, sp, r0, D, scratch):
+def _v2_qrow(r, n, G, nq, b):
+    """The row of the flat query / output arrays ``[T * Nq, .]`` that tile row r of kv head b stands for: a kv
+    head's tile rows are its G query heads of each token, token-major (r = t G + j -> token t, query head
+    b G + j); r past the head's n = T G rows clamps to the last. Absorbed MLA (one kv head, G = Nq): r itself."""
+    r = min(r, n - 1)
+    t = r // G
+    return uint64(t * nq + b * G + (r - t * G))
+
+
+@cuda.jit(device=True)
+def _v2_lane_rows(r0, n, G, nq, b):
+    """This lane's two query rows in the scores (``_v2_scores``' warp mapping: m16 block w // kparts, rows g and
+    g + 8 of it), as rows of q (``_v2_qrow``; rows past the end clamp to a valid row - their scores are masked by
+    the kernel). Computed once per block."""
+    tid = cuda.threadIdx.x
+    g = tid % 32 // 4
+    mb = tid // 32 // (_v2_warps() // MB)
+    return _v2_qrow(r0 + mb * 16 + g, n, G, nq, b), _v2_qrow(r0 + mb * 16 + g + 8, n, G, nq, b)
+
+
+@cuda.jit(device=True)
+def _v2_scores(q, ks, sp, ra, rb, D, scratch):
     """Partial scores on tensor cores: warp w -> m16 block mb = w // kparts, k-part kp = w % kparts;
     sp[kp, 16 mb .. 16 mb + 15, 0..15] = Q[rows, dims of kp] @ ks[0..15, dims of kp]^T (unscaled, 3xTF32).
-    A fragments (the query rows) come straight from global q, B fragments (the keys) from the shared tile.
+    A fragments (the query rows: this lane's q rows ra, rb from ``_v2_lane_rows``) come straight from global q, B
+    fragments (the keys, columns 0 .. D - 1 of the tile) from the shared tile; no k8 step starts at or past D.
     The three TF32 products (lo.hi, hi.lo, hi.hi) go to three accumulator sets, summed at the end: six
     independent MMA chains per warp instead of two chains three times as long (an MMA waits for the one before it
     on the same accumulators). Indices are unsigned: numba's negative-index test costs a compare and a select per
@@ -351,14 +375,12 @@ def _v2_scores(q, ks, sp, r0, D, scratch):
     kparts = _v2_warps() // MB
     mb = tid // 32 // kparts
     kp = tid // 32 % kparts
-    last = q.shape[0] - 1
-    ra = uint64(min(r0 + mb * 16 + g, last))             # this lane's two query rows (rows past the end: any
-    rb = uint64(min(r0 + mb * 16 + g + 8, last))         # valid row; their scores are masked by the kernel)
-    steps = ((D + 7) // 8 + kparts - 1) // kparts        # k8 steps per k-part (the same count for every warp)
+    ksteps = (D + 7) // 8
+    steps = (ksteps + kparts - 1) // kparts              # k8 steps per k-part (the last part may have fewer)
     s = cuda.local.array(24, float32)                    # [product][n8 block][c0..c3]
     for i in range(24):
         s[i] = float32(0.0)
-    for kk in range(kp * steps, kp * steps + steps):
+    for kk in range(kp * steps, min(kp * steps + steps, ksteps)):
         d = kk * 8 + t
         da = uint64(min(d, D - 1))                       # past D the key tile holds zeros: any finite q will do
         db = uint64(min(d + 4, D - 1))
@@ -447,10 +469,11 @@ def _v2_pv(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ks, ka, kb, c, acc, f, scratc
 
 
 @cuda.jit(device=True)
-def _v2_accumulate(sp, ks, acc, alpha, lkv, scratch):
+def _v2_accumulate(sp, ks, acc, alpha, lkv, vo, scratch):
     """O = alpha O + P V on tensor cores: warp w -> m16 block mb = w // groups and the Lkv columns of column group
     w % groups (``frags`` n8 fragments from column cg * 8 * frags); acc[4 f + i] holds this lane's d_i of fragment
-    f (rows g and g + 8, columns 2t and 2t + 1). P comes from sp[0], V from the key tile ks[:, :Lkv].
+    f (rows g and g + 8, columns 2t and 2t + 1). P comes from sp[0], V from the key tile ks[:, vo .. vo + Lkv - 1]
+    (absorbed MLA: vo = 0, the latent itself; separate values: after the keys).
     With all FRAGS fragments in use (Lkv = 512 on the GPU) the loop has no guard: a guard per fragment puts each
     fragment's three dependent MMAs in their own basic block, and ptxas then cannot interleave the fragments."""
     tid = cuda.threadIdx.x
@@ -478,7 +501,7 @@ def _v2_accumulate(sp, ks, acc, alpha, lkv, scratch):
         ah3, al3 = split_tf32_fast(sp[0, pb, uint64(kk * 8 + t + 4)])
         ka = uint64(kk * 8 + t)                                           # B = V [keys, columns]
         kb = uint64(kk * 8 + t + 4)
-        c = uint64(col0 + g)
+        c = uint64(col0 + g + vo)
         if frags == FRAGS:
             for f in range(FRAGS):
                 _v2_pv(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ks, ka, kb, c, acc, f, scratch)
@@ -489,50 +512,60 @@ def _v2_accumulate(sp, ks, acc, alpha, lkv, scratch):
 
 
 @cuda.jit(device=True)
-def _v2_end(acc, m_run, l_run, r0, z, direct, out, o_part, m_part, l_part):
-    """The normalised rows out[r0 + r, :] = O / l (one split), or this split's (O, m, l) for ``_combine_kernel``.
-    Same warp -> (m16 block, columns) mapping as ``_v2_accumulate``."""
+def _v2_end(acc, m_run, l_run, r0, n, G, nq, b, z, direct, out, o_part, m_part, l_part):
+    """The normalised rows O / l of tile rows r0 .. r0 + 31 (< n) of kv head b, at their query rows (``_v2_qrow``)
+    of ``out`` (one split), or this split's (O, m, l) for ``_combine_kernel``. Same warp -> (m16 block, columns)
+    mapping as ``_v2_accumulate``."""
     tid = cuda.threadIdx.x
     lane = tid % 32
     g = lane // 4
     t = lane % 4
-    n_rows = out.shape[0]
     lkv = out.shape[1]
     groups = _v2_warps() // MB
     mb = tid // 32 // groups
     frags = (lkv + 8 * groups - 1) // (8 * groups)
     col0 = tid // 32 % groups * frags * 8
-    ra = r0 + mb * 16 + g                                # this lane's rows: g and g + 8 of its m16 block
-    rb = ra + 8
-    ia = float32(1.0) / l_run[mb * 16 + g] if direct and ra < n_rows else float32(1.0)
-    ib = float32(1.0) / l_run[mb * 16 + g + 8] if direct and rb < n_rows else float32(1.0)
+    ta = r0 + mb * 16 + g                                # this lane's tile rows: g and g + 8 of its m16 block
+    tb = ta + 8
+    ra = _v2_qrow(ta, n, G, nq, b)
+    rb = _v2_qrow(tb, n, G, nq, b)
+    ia = float32(1.0) / l_run[mb * 16 + g] if direct and ta < n else float32(1.0)
+    ib = float32(1.0) / l_run[mb * 16 + g + 8] if direct and tb < n else float32(1.0)
     for f in range(FRAGS):
         c = col0 + f * 8 + 2 * t                         # this lane's columns: c and c + 1
         if f < frags:
-            _v2_store(out, o_part, z, direct, ra, c, acc[4 * f] * ia, acc[4 * f + 1] * ia)
-            _v2_store(out, o_part, z, direct, rb, c, acc[4 * f + 2] * ib, acc[4 * f + 3] * ib)
-    if not direct and tid < MT and r0 + tid < n_rows:
-        m_part[z, r0 + tid] = m_run[tid]
-        l_part[z, r0 + tid] = l_run[tid]
+            if ta < n:
+                _v2_store(out, o_part, z, direct, ra, c, acc[4 * f] * ia, acc[4 * f + 1] * ia)
+            if tb < n:
+                _v2_store(out, o_part, z, direct, rb, c, acc[4 * f + 2] * ib, acc[4 * f + 3] * ib)
+    if not direct and tid < MT and r0 + tid < n:
+        r = _v2_qrow(r0 + tid, n, G, nq, b)
+        m_part[z, r] = m_run[tid]
+        l_part[z, r] = l_run[tid]
 
 
 @cuda.jit(device=True)
 def _v2_store(out, o_part, z, direct, r, c, v0, v1):
     """Row r, columns c and c + 1 of the output (direct) or of split z's partial, where they exist."""
-    if r < out.shape[0]:
-        for e in range(2):
-            if c + e < out.shape[1]:
-                if direct:
-                    out[r, c + e] = v0 if e == 0 else v1
-                else:
-                    o_part[z, r, c + e] = v0 if e == 0 else v1
+    for e in range(2):
+        if c + e < out.shape[1]:
+            if direct:
+                out[r, c + e] = v0 if e == 0 else v1
+            else:
+                o_part[z, r, c + e] = v0 if e == 0 else v1
 
 
 @cuda.jit(**V2_JIT)
-def _attention_v2_kernel(q, cache, start0, start_dev, scale, n_heads, width, split_len, direct, out, o_part, m_part,
-                         l_part):
-    """Causal v2: q [T*N, D] (rows token-major), out [T*N, Lkv], o_part [splits, T*N, Lkv], m/l_part [splits, T*N];
-    ``width``: floats per asynchronous copy of a key row (4 when rows are 16-byte aligned, else 1)."""
+def _attention_v2_kernel(q, k, v, start0, start_dev, scale, group, causal, width, split_len, direct, out, o_part,
+                         m_part, l_part):
+    """v2 over kv heads (grid z = kv head b): q [T*Nq, Dk] (rows token-major), k [S, B, Dk] C-contiguous, B kv
+    heads of ``group`` = G = Nq / B query heads each. Values: v [S, B, Dv] C-contiguous, its rows landing in the
+    tile at column vo = Dk rounded up to 8 (the score's k8 steps never reach them); or, for absorbed MLA (B = 1,
+    G = Nq), a 1-d placeholder: the values are the key rows' first Dv columns, one copy per row (v's number of
+    dimensions is part of its type, so this kernel is compiled once per case and the absorbed one carries no
+    value-copy code: a runtime flag cost it 10 % on the H200). ``causal``: token t sees rows 0 .. start + t; else
+    every token sees rows 0 .. start + T - 1. out [T*Nq, Dv], o_part [splits, T*Nq, Dv], m/l_part [splits, T*Nq];
+    ``width``: floats per asynchronous copy of a row (4 when k's and v's rows are 16-byte aligned, else 1)."""
     ks = cuda.shared.array((KT, ROW_T), float32, alignment=TILE_ALIGN)   # the key tile: KT cache rows
     sp = cuda.shared.array((KPARTS, MT, KT), float32)    # partial scores per k-part; sp[0]: scores, then P
     m_run = cuda.shared.array(MT, float32)
@@ -543,26 +576,36 @@ def _attention_v2_kernel(q, cache, start0, start_dev, scale, n_heads, width, spl
     buf = cuda.shared.array(GROUP_BUF, float32)          # the simulator's group scratch (GPU: unused)
     acc = cuda.local.array(ACC, float32)                 # this thread's output accumulators (registers)
     tid = cuda.threadIdx.x
-    n_rows = q.shape[0]
-    D = q.shape[1]
-    r0 = cuda.blockIdx.x * MT                            # the tile's first query row
+    B = k.shape[1]
+    Dk = q.shape[1]
+    Dv = out.shape[1]
+    nq = B * group
+    T = q.shape[0] // nq
+    n = T * group                                        # kv head b's tile rows (t, j): token t, query head b G + j
+    vo = (Dk + 7) // 8 * 8 if v.ndim == 3 else 0         # the values' first tile column (absorbed: 0)
+    r0 = cuda.blockIdx.x * MT                            # the tile's first row
     z = cuda.blockIdx.y
+    b = cuda.blockIdx.z
     start = start0 + start_dev[0]                        # the host part + the device part (graph replay)
 
-    t_last = (min(r0 + MT, n_rows) - 1) // n_heads
+    t_last = (min(r0 + MT, n) - 1) // group if causal else T - 1
     k_lo = z * split_len
     k_hi = min(start + t_last + 1, k_lo + split_len)     # the tile's list: rows 0 .. start + t_last
-    plan = _v2_copy_plan(D, width)
+    plan = _v2_copy_plan(Dk, width)
+    ra, rb = _v2_lane_rows(r0, n, group, nq, b)
     r, j0, kpt = _v2_row()
-    last_key = start + (r0 + r) // n_heads               # this thread's query row sees cache rows <= last_key
-    _v2_begin(acc, ks, m_run, l_run, D)
+    last_key = start + ((r0 + r) // group if causal else T - 1)   # this thread's query row sees rows <= last_key
+    _v2_begin(acc, ks, m_run, l_run, Dk)
     for k0 in range(k_lo, k_hi, KT):
         if tid < KT:
             rows[tid] = k0 + tid if k0 + tid < k_hi else -1
         cuda.syncthreads()
-        _v2_load_keys(cache, rows, ks, D, width, plan)
+        _v2_load_keys(k, rows, ks, Dk, width, plan, B * Dk, b * Dk, 0)
+        if v.ndim == 3:                                  # separate values (their plan: a few integer ops a tile)
+            _v2_load_keys(v, rows, ks, Dv, width, _v2_copy_plan(Dv, width), B * Dv, b * Dv, vo)
+        copy_async_wait()
         cuda.syncthreads()
-        _v2_scores(q, ks, sp, r0, D, scratch)
+        _v2_scores(q, ks, sp, ra, rb, Dk, scratch)
         cuda.syncthreads()
         vis = 0                                          # causal mask of this thread's keys
         for jj in range(KT):
@@ -572,9 +615,9 @@ def _attention_v2_kernel(q, cache, start0, start_dev, scale, n_heads, width, spl
                     vis |= 1 << jj
         _v2_softmax(sp, vis, scale, m_run, l_run, alpha, buf)
         cuda.syncthreads()
-        _v2_accumulate(sp, ks, acc, alpha, out.shape[1], scratch)
+        _v2_accumulate(sp, ks, acc, alpha, Dv, vo, scratch)
         cuda.syncthreads()
-    _v2_end(acc, m_run, l_run, r0, z, direct, out, o_part, m_part, l_part)
+    _v2_end(acc, m_run, l_run, r0, n, group, nq, b, z, direct, out, o_part, m_part, l_part)
 
 
 # ------------------------------------------------------------------------------------------------ combine
@@ -660,6 +703,16 @@ def plan_splits(blocks: int, max_keys: int, tile: int, min_len: int, splits: int
     return -(-max(max_keys, 1) // split_len), split_len
 
 
+def _placeholder():
+    """A 1-element float32 array on the backend (cached): the kernels' stand-in for an argument not in use."""
+    if backend.name not in _PLACEHOLDER:
+        _PLACEHOLDER[backend.name] = backend.zeros((1,), np.float32)
+    return _PLACEHOLDER[backend.name]
+
+
+_PLACEHOLDER = {}
+
+
 def _partials(splits: int, T: int, N: int, lkv: int):
     """(direct, o_part [splits, T, N, Lkv], m_part, l_part [splits, T, N]); 1-element placeholders when direct."""
     if splits == 1:
@@ -699,15 +752,47 @@ def v2_warps(lkv: int) -> int:
     return next(w for w in (2, 4, 8) if lkv <= 8 * FRAGS * (w // MB))
 
 
-def copy_width(cache) -> int:
-    """Floats per asynchronous copy of a key row: 4 (16 bytes) when every row starts 16-byte aligned, else 1."""
-    iface = getattr(cache, "__cuda_array_interface__", None) or cache.__array_interface__
-    return 4 if cache.shape[1] % 4 == 0 and iface["data"][0] % 16 == 0 else 1
+def copy_width(*arrays) -> int:
+    """Floats per asynchronous copy of a key (or value) row: 4 (16 bytes) when every row of every array starts
+    16-byte aligned (C-contiguous rows of a multiple of 4 floats from an aligned base), else 1."""
+    for a in arrays:
+        iface = getattr(a, "__cuda_array_interface__", None) or a.__array_interface__
+        if a.shape[-1] % 4 or iface["data"][0] % 16:
+            return 1
+    return 4
+
+
+def attention_v2(q, k, v, start0: int, start_dev, scale: float, causal: bool, out, max_keys: int, splits):
+    """Launch ``_attention_v2_kernel``: q [T, Nq, Dk], k [S, B, Dk], v [S, B, Dv] (or None: absorbed MLA, values =
+    the key rows' first Dv columns), out [T, Nq, Dv]; grid (ceil(T G / MT), splits, B) with G = Nq / B,
+    rows flattened (views, no copies), then the combine when there are several splits. start = start0 +
+    start_dev[0] (``_checks.device_int``'s parts). ``max_keys``: the longest key list any block may have (every
+    row it may read: the grid is fixed before a device-side start is read)."""
+    T, Nq, Dk = q.shape
+    B = k.shape[1]
+    Dv = out.shape[2]
+    rows = T * Nq
+    tiles = -(-(T * (Nq // B)) // MT)
+    splits, split_len = plan_splits(tiles * B, max_keys, KT, MIN_SPLIT_TILES * KT, splits)
+    direct, o_part, m_part, l_part = _partials(splits, T, Nq, Dv)
+    flat = (o_part.reshape(splits, rows, Dv), m_part.reshape(splits, rows), l_part.reshape(splits, rows)) \
+        if not direct else (o_part.reshape(1, 1, 1), m_part.reshape(1, 1), l_part.reshape(1, 1))
+    if v is None:
+        v = _placeholder()
+        width = copy_width(k)
+    else:
+        width = copy_width(k, v)
+    backend.launch(_attention_v2_kernel, (tiles, splits, B), 32 * v2_warps(Dv), q.reshape(rows, Dk), k, v, start0,
+                   start_dev, np.float32(scale), Nq // B, bool(causal), width, int(split_len), direct,
+                   out.reshape(rows, Dv), *flat)
+    if not direct:
+        _combine(o_part, m_part, l_part, out)
+    return out
 
 
 def launch_v2(kernel, q, cache, start, scale, lkv, out, max_keys, splits, *extra):
-    """Launch a v2 kernel (``_attention_v2_kernel`` or tree_verify's) on grid (ceil(T N / MT), splits) with the
-    rows flattened (views, no copies), then the combine when there are several splits."""
+    """Launch tree_verify's v2 kernel on grid (ceil(T N / MT), splits) with the rows flattened (views, no
+    copies), then the combine when there are several splits."""
     start0, start_dev = _checks.device_int(start, "start")
     T, N, D = q.shape
     rows = T * N
@@ -750,6 +835,7 @@ def mla_attention(q, cache, start, scale: float, lkv: int, out=None, splits: int
     if T == 0:
         return out
     max_keys = cache.shape[0] if device_start else start0 + T
-    launch = launch_v1 if variant == "v1" else launch_v2
-    kernel = _attention_kernel if variant == "v1" else _attention_v2_kernel
-    return launch(kernel, q, cache, start, scale, lkv, out, max_keys, splits)
+    if variant == "v1":
+        return launch_v1(_attention_kernel, q, cache, start, scale, lkv, out, max_keys, splits)
+    keys = cache.reshape(cache.shape[0], 1, cache.shape[1])                        # [C, 1, D]: one kv head
+    return attention_v2(q, keys, None, *_checks.device_int(start, "start"), scale, True, out, max_keys, splits)

@@ -38,10 +38,11 @@ from numba import cuda, float32, int32
 
 from .. import backend
 from . import _checks
+from ._intrinsics import copy_async_wait
 from .primitives import GROUP_BUF
 from .mla_attention import (ACC, BK, HG, KPARTS, KT, MAX_D, MAX_LKV, MAX_SUBS, MT, PAIRS, ROW, ROW_T,
                             SCRATCH_SHAPE, V2_JIT, _v1_begin, _v1_end, _v1_tile, _v2_accumulate, _v2_begin, _v2_end,
-                            TILE_ALIGN, _v2_copy_plan, _v2_load_keys, _v2_row, _v2_scores, _v2_softmax, check_qkv,
+                            TILE_ALIGN, _v2_copy_plan, _v2_lane_rows, _v2_load_keys, _v2_row, _v2_scores, _v2_softmax, check_qkv,
                             check_variant,
                             launch_v1, launch_v2, masked_attention_fast, masked_attention_ref)
 
@@ -147,6 +148,7 @@ def _tree_attention_v2_kernel(q, cache, start0, start_dev, scale, n_heads, copy_
     k_lo = z * split_len
     k_hi = min(start + (t_last - t_first + 1) * width, k_lo + split_len)   # committed rows, then the path slots
     plan = _v2_copy_plan(D, copy_w)
+    ra, rb = _v2_lane_rows(r0, n_rows, n_heads, n_heads, 0)
     r, j0, kpt = _v2_row()
     real = r0 + r < n_rows                               # this thread's query row exists (else all masked)
     i = min(r0 + r, n_rows - 1) // n_heads               # ... and is tree token i
@@ -156,9 +158,10 @@ def _tree_attention_v2_kernel(q, cache, start0, start_dev, scale, n_heads, copy_
         if tid < KT:
             _tree_key(paths, depths, start, t_first, width, k0 + tid, k_hi, tid, rows, kdep, knode)
         cuda.syncthreads()
-        _v2_load_keys(cache, rows, ks, D, copy_w, plan)
+        _v2_load_keys(cache, rows, ks, D, copy_w, plan, D, 0, 0)
+        copy_async_wait()
         cuda.syncthreads()
-        _v2_scores(q, ks, sp, r0, D, scratch)
+        _v2_scores(q, ks, sp, ra, rb, D, scratch)
         cuda.syncthreads()
         vis = 0                                          # tree mask: a committed row is seen by every token, a
         for jj in range(KT):                             # tree key by the tokens on whose path its node lies
@@ -169,9 +172,9 @@ def _tree_attention_v2_kernel(q, cache, start0, start_dev, scale, n_heads, copy_
                     vis |= 1 << jj
         _v2_softmax(sp, vis, scale, m_run, l_run, alpha, buf)
         cuda.syncthreads()
-        _v2_accumulate(sp, ks, acc, alpha, out.shape[1], scratch)
+        _v2_accumulate(sp, ks, acc, alpha, out.shape[1], 0, scratch)
         cuda.syncthreads()
-    _v2_end(acc, m_run, l_run, r0, z, direct, out, o_part, m_part, l_part)
+    _v2_end(acc, m_run, l_run, r0, n_rows, n_heads, n_heads, 0, z, direct, out, o_part, m_part, l_part)
 
 
 # ------------------------------------------------------------------------------------------------ launcher

@@ -1,0 +1,351 @@
+"""Grouped-query attention on the v2 tensor-core tiles: keys and values in their own arrays, causal or not.
+
+    score[t, h, s] = scale * q[t, h] . k[s, g]          g = h // G, the kv head of query head h (G = Nq / Nkv)
+    out[t, h]      = sum_s softmax_s(score[t, h, :])[s] * v[s, g]     over the rows t may see:
+causal: token t of a chunk that starts at ``start`` sees rows 0 .. start + t (the chunk's own rows are
+start .. start + T - 1 of k and v); not causal: every token sees rows 0 .. start + T - 1.
+
+Two users:
+  * the target's **prefill in MLA's decompressed form** (model/target.py): per head, keys [k_nope (P) ; k_rot (R)]
+    and values v (Vd), decompressed from the latent cache rows by two batched GEMMs, G = 1. For Kimi a (query,
+    key) pair costs 2 (P + R + Vd) = 640 FLOPs per head here against 2 (Lkv + R + Lkv) = 2176 in the absorbed
+    form that decode and the tree verify use (kernels/mla_attention.py; there the latent's bytes are the cost,
+    here the FLOPs are): the decompression (2 Lkv (P + Vd) N FLOPs per key row) pays once a chunk has more than a
+    few dozen queries.
+  * the **DFlash drafter's block attention** (kernels/block_attention.py, variant "v2"): not causal, G = 2.
+
+The kernel is mla_attention's ``_attention_v2_kernel`` (absorbed MLA is its case Nkv = 1, G = Nq, v = k, values =
+the key rows' first Lkv columns); its docstring and tutorial 14 walk through it. Mapping: grid (ceil(T G / 32),
+key splits, kv heads); block (x, z, b) takes the 32 tile rows r = 32 x .. 32 x + 31 of kv head b, r = t G + j
+standing for token t and query head b G + j, and streams b's key rows in tiles of 16 through shared memory: the
+keys in tile columns 0 .. Dk - 1 and the values in columns vo = Dk rounded up to 8 .. vo + Dv - 1 of the same
+tile rows (two cp.async copy plans), scores and P V on tensor cores (3xTF32, fp32-grade), the online softmax on 8
+lanes per row; several splits are merged by mla_attention's combine. Limits: vo + Dv <= 576, Dv <= 512.
+Shapes: q [T, Nq, Dk], k [S, Nkv, Dk], v [S, Nkv, Dv] float32, C-contiguous, S >= start + T -> out [T, Nq, Dv].
+Example: one head, Dk = Dv = 1, scale 1, k = [[[0]], [[0]]] (equal scores), v = [[[1]], [[3]]], start 0, T = 2:
+causal -> token 0 sees row 0: out 1, token 1 sees both: out 2; not causal -> out 2 for both.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, float32, uint64
+
+from .. import backend
+from . import _checks
+from ._intrinsics import copy_async, copy_async_wait
+from .mla_attention import (MAX_D, MAX_LKV, MIN_SPLIT_TILES, NEG_INF, TILE_ALIGN, _combine, _partials, _v2_copy_plan,
+                            _v2_pv, _v2_qrow, _v2_store, attention_v2, copy_width, plan_splits)
+from .mma import SCRATCH_SHAPE, SIM, mma_m16n8k8_tf32, split_tf32_fast
+from .primitives import GROUP_BUF, group_max, group_sum
+
+VARIANTS = ("v2", "v3")
+# v3: a warp per 16 query rows (FlashAttention-2's mapping), for heads of <= 256 key and <= 128 value dims
+QT = 16           # query rows per warp: one m16 MMA block
+KT3 = 16          # key rows per tile
+MAX_DK3 = 256     # widest key (and query) row
+MAX_DV3 = 128     # widest value row: 16 n8 fragments per warp
+FRAGS3 = 16
+ACC3 = 64         # FRAGS3 * 4 output accumulators per thread
+K_STRIDE = 260    # key tile row stride, 4 mod 32: a warp's score B-fragment loads ks[key g, dim t] hit 32 banks
+V_STRIDE = 136    # value tile row stride, 8 mod 32: the P V B-fragment loads vs[key t, column g] hit 32 banks
+P_STRIDE = 20     # a warp's P rows, 4 mod 32: the A-fragment loads P[row g, key t] hit 32 banks
+WARPS3 = 8        # warps per block on the GPU: 128 query rows
+V3_JIT = {} if SIM else {"launch_bounds": (32 * WARPS3, 1)}
+
+
+def value_column(dk: int) -> int:
+    """The key tile column where the values start: Dk rounded up to a multiple of 8 (the score's last k8 step then
+    reads zeros past Dk, never a value)."""
+    return -(-dk // 8) * 8
+
+
+def visible_rows(T: int, start: int, causal: bool) -> np.ndarray:
+    """[T, start + T] bool: which key rows each token sees."""
+    rows = np.arange(start + T)[None, :]
+    return rows <= start + np.arange(T)[:, None] if causal else np.ones((T, start + T), bool)
+
+
+def _attention_numpy(q, k, v, start: int, scale: float, causal: bool, dtype):
+    """The spec in ``dtype`` math (float64: the reference the kernel is tested against; float32: the numpy
+    backend's path, BLAS matmuls)."""
+    T, Nq, Dk = q.shape
+    Nkv = k.shape[1]
+    g = np.arange(Nq) // (Nq // Nkv)                                               # kv head of each query head
+    kk = np.asarray(k, dtype)[:start + T][:, g]                                    # [S, Nq, Dk]
+    vv = np.asarray(v, dtype)[:start + T][:, g]                                    # [S, Nq, Dv]
+    s = np.einsum("thd,shd->hts", np.asarray(q, dtype), kk) * dtype(scale)        # [Nq, T, S]
+    s = np.where(visible_rows(T, start, causal)[None], s, dtype(-np.inf))
+    p = np.exp(s - s.max(axis=2, keepdims=True))
+    p /= p.sum(axis=2, keepdims=True)
+    return np.matmul(p, vv.transpose(1, 0, 2)).transpose(1, 0, 2).astype(np.float32)   # [T, Nq, Dv]
+
+
+def gqa_attention_ref(q, k, v, start: int, scale: float, causal: bool = True):
+    """The spec in float64 NumPy (tests)."""
+    return _attention_numpy(q, k, v, start, scale, causal, np.float64)
+
+
+# ------------------------------------------------------------------------------------------------ v3 kernel
+@cuda.jit(device=True)
+def _v3_warps():
+    """Warps per v3 block: the constant WARPS3 on the GPU, the launch's count on the simulator."""
+    return cuda.blockDim.x // 32 if SIM else WARPS3
+
+
+@cuda.jit(device=True)
+def _v3_load(src, k0, k_hi, tile, D, width, plan, stride, base, tile_stride):
+    """Issue the copies of rows k0 .. k0 + KT3 - 1 (those < k_hi; zeros for the rest) of ``src`` into ``tile``:
+    tile[j, :D] = the D floats at flat offset (k0 + j) * stride + base (``_v2_load_keys`` over a row range instead
+    of a row table). ``plan``: _v2_copy_plan(D, width)'s."""
+    dq, j, c, dj, dc = plan
+    while j < KT3:
+        ok = k0 + j < k_hi
+        copy_async(tile, uint64(j * tile_stride + c * width), src,
+                   uint64((k0 + j if ok else 0) * stride + base + c * width), width, ok)
+        j += dj
+        c += dc
+        if c >= dq:
+            c -= dq
+            j += 1
+
+
+@cuda.jit(device=True)
+def _v3_row_softmax(s0, s1, s2, s3, k_first, lim, scale, m_run, l_run, buf):
+    """One query row's online-softmax step over this lane's four scores of the tile (keys k_first + 0, 1, 8, 9 of
+    the lane's quad layout, visible while < lim), the row's max and sum over the quad's four lanes (shuffles).
+    Returns (p0, p1, p2, p3, m, l, alpha): P = exp(s - m) (0 for hidden keys), the new running max and sum, and
+    the factor the row's accumulators are rescaled by. A row with no visible key so far keeps m = -inf, l = 0."""
+    v0 = s0 * scale if k_first < lim else float32(NEG_INF)
+    v1 = s1 * scale if k_first + 1 < lim else float32(NEG_INF)
+    v2 = s2 * scale if k_first + 8 < lim else float32(NEG_INF)
+    v3 = s3 * scale if k_first + 9 < lim else float32(NEG_INF)
+    mx = group_max(max(max(m_run, v0), max(v1, max(v2, v3))), 4, buf)
+    p0 = p1 = p2 = p3 = float32(0.0)
+    a = float32(1.0)
+    if mx != NEG_INF:
+        p0 = float32(math.exp(v0 - mx))
+        p1 = float32(math.exp(v1 - mx))
+        p2 = float32(math.exp(v2 - mx))
+        p3 = float32(math.exp(v3 - mx))
+        a = float32(math.exp(m_run - mx))
+    lsum = group_sum((p0 + p1) + (p2 + p3), 4, buf)
+    return p0, p1, p2, p3, mx, l_run * a + lsum, a
+
+
+@cuda.jit(**V3_JIT)
+def _gqa_v3_kernel(q, k, v, start0, start_dev, scale, group, causal, width, split_len, direct, out, o_part, m_part,
+                   l_part):
+    """v3: q [T*Nq, Dk] (rows token-major), k [S, B, Dk], v [S, B, Dv] C-contiguous, out [T*Nq, Dv], partials as
+    mla_attention's v2; grid (ceil(T G / (16 warps)), splits, B). Warp w owns tile rows r0 + 16 w .. + 15 of kv
+    head b (``_v2_qrow``): all of their Dk score dims and Dv output columns."""
+    ks = cuda.shared.array((KT3, K_STRIDE), float32, alignment=TILE_ALIGN)   # the key tile
+    vs = cuda.shared.array((KT3, V_STRIDE), float32, alignment=TILE_ALIGN)   # the value tile
+    ps = cuda.shared.array((WARPS3, QT, P_STRIDE), float32)  # each warp's P, from its C layout to its A layout
+    scratch = cuda.shared.array(SCRATCH_SHAPE, float32)  # the simulator's MMA exchange (GPU: unused)
+    buf = cuda.shared.array(GROUP_BUF, float32)          # the simulator's group scratch (GPU: unused)
+    acc = cuda.local.array(ACC3, float32)                # rows g, g + 8 x 16 n8 fragments (registers)
+    s = cuda.local.array(24, float32)                    # scores: [product][n8 block][c0..c3]
+    tid = cuda.threadIdx.x
+    w = tid // 32
+    g = tid % 32 // 4
+    t = tid % 4
+    B = k.shape[1]
+    Dk = q.shape[1]
+    Dv = out.shape[1]
+    nq = B * group
+    T = q.shape[0] // nq
+    n = T * group                                        # kv head b's tile rows
+    rows = QT * _v3_warps()
+    r0 = cuda.blockIdx.x * rows
+    z = cuda.blockIdx.y
+    b = cuda.blockIdx.z
+    start = start0 + start_dev[0]                        # the host part + the device part (graph replay)
+
+    ta = r0 + QT * w + g                                 # this lane's two tile rows, their q rows, and the end of
+    tb = ta + 8                                          # the keys each may see (exclusive)
+    ra = _v2_qrow(ta, n, group, nq, b)
+    rb = _v2_qrow(tb, n, group, nq, b)
+    lim_a = start + (min(ta, n - 1) // group + 1 if causal else T)
+    lim_b = start + (min(tb, n - 1) // group + 1 if causal else T)
+    t_last = (min(r0 + rows, n) - 1) // group if causal else T - 1
+    k_lo = z * split_len
+    k_hi = min(start + t_last + 1, k_lo + split_len)     # the block's keys: k_lo .. k_hi - 1
+    kplan = _v2_copy_plan(Dk, width)
+    vplan = _v2_copy_plan(Dv, width)
+    ksteps = (Dk + 7) // 8
+    frags = (Dv + 7) // 8
+    pad = ksteps * 8 - Dk                                # key columns the last k8 step reads past Dk: zeros
+    for i in range(tid, KT3 * pad, cuda.blockDim.x):
+        ks[i // pad, Dk + i % pad] = float32(0.0)
+    for i in range(ACC3):
+        acc[i] = float32(0.0)
+    m_a = m_b = float32(NEG_INF)
+    l_a = l_b = float32(0.0)
+    for k0 in range(k_lo, k_hi, KT3):
+        _v3_load(k, k0, k_hi, ks, Dk, width, kplan, B * Dk, b * Dk, K_STRIDE)
+        _v3_load(v, k0, k_hi, vs, Dv, width, vplan, B * Dv, b * Dv, V_STRIDE)
+        copy_async_wait()
+        cuda.syncthreads()
+        for i in range(24):
+            s[i] = float32(0.0)
+        for kk in range(ksteps):                         # S [16, 16] = Q K^T, 3xTF32 in three accumulator sets
+            d = kk * 8 + t
+            da = uint64(min(d, Dk - 1))
+            db = uint64(min(d + 4, Dk - 1))
+            ah0, al0 = split_tf32_fast(q[ra, da])
+            ah1, al1 = split_tf32_fast(q[rb, da])
+            ah2, al2 = split_tf32_fast(q[ra, db])
+            ah3, al3 = split_tf32_fast(q[rb, db])
+            for nb in range(2):                          # B[k][n] = K^T[dim][key] = ks[8 nb + n, dim]
+                bh0, bl0 = split_tf32_fast(ks[uint64(nb * 8 + g), uint64(d)])
+                bh1, bl1 = split_tf32_fast(ks[uint64(nb * 8 + g), uint64(d + 4)])
+                i = 4 * nb
+                s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+                    al0, al1, al2, al3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+                i = 8 + 4 * nb
+                s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+                    ah0, ah1, ah2, ah3, bl0, bl1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+                i = 16 + 4 * nb
+                s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+                    ah0, ah1, ah2, ah3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+        kf = k0 + 2 * t                                  # this lane's keys: kf, kf + 1, kf + 8, kf + 9
+        lim = min(lim_a, k_hi)
+        pa0, pa1, pa2, pa3, m_a, l_a, xa = _v3_row_softmax(
+            (s[0] + s[8]) + s[16], (s[1] + s[9]) + s[17], (s[4] + s[12]) + s[20], (s[5] + s[13]) + s[21],
+            kf, lim, scale, m_a, l_a, buf)
+        lim = min(lim_b, k_hi)
+        pb0, pb1, pb2, pb3, m_b, l_b, xb = _v3_row_softmax(
+            (s[2] + s[10]) + s[18], (s[3] + s[11]) + s[19], (s[6] + s[14]) + s[22], (s[7] + s[15]) + s[23],
+            kf, lim, scale, m_b, l_b, buf)
+        ps[w, g, 2 * t] = pa0                            # P in the scores' C layout ...
+        ps[w, g, 2 * t + 1] = pa1
+        ps[w, g, 8 + 2 * t] = pa2
+        ps[w, g, 9 + 2 * t] = pa3
+        ps[w, g + 8, 2 * t] = pb0
+        ps[w, g + 8, 2 * t + 1] = pb1
+        ps[w, g + 8, 8 + 2 * t] = pb2
+        ps[w, g + 8, 9 + 2 * t] = pb3
+        for f in range(FRAGS3):
+            if f < frags:
+                acc[4 * f] *= xa
+                acc[4 * f + 1] *= xa
+                acc[4 * f + 2] *= xb
+                acc[4 * f + 3] *= xb
+        if SIM:
+            cuda.syncthreads()
+        else:
+            cuda.syncwarp()
+        for kk in range(2):                              # ... read back as A fragments: O += P V
+            ah0, al0 = split_tf32_fast(ps[w, g, kk * 8 + t])
+            ah1, al1 = split_tf32_fast(ps[w, g + 8, kk * 8 + t])
+            ah2, al2 = split_tf32_fast(ps[w, g, kk * 8 + t + 4])
+            ah3, al3 = split_tf32_fast(ps[w, g + 8, kk * 8 + t + 4])
+            ka = uint64(kk * 8 + t)
+            kb = uint64(kk * 8 + t + 4)
+            if frags == FRAGS3:
+                for f in range(FRAGS3):
+                    _v2_pv(ah0, ah1, ah2, ah3, al0, al1, al2, al3, vs, ka, kb, uint64(g), acc, f, scratch)
+            else:
+                for f in range(FRAGS3):
+                    if f < frags:
+                        _v2_pv(ah0, ah1, ah2, ah3, al0, al1, al2, al3, vs, ka, kb, uint64(g), acc, f, scratch)
+        cuda.syncthreads()                               # the tiles and P are rewritten next
+    ia = float32(1.0) / l_a if direct and ta < n else float32(1.0)
+    ib = float32(1.0) / l_b if direct and tb < n else float32(1.0)
+    for f in range(FRAGS3):
+        c = f * 8 + 2 * t
+        if f < frags:
+            if ta < n:
+                _v2_store(out, o_part, z, direct, ra, c, acc[4 * f] * ia, acc[4 * f + 1] * ia)
+            if tb < n:
+                _v2_store(out, o_part, z, direct, rb, c, acc[4 * f + 2] * ib, acc[4 * f + 3] * ib)
+    if not direct and t == 0:
+        if ta < n:
+            m_part[z, ra] = m_a
+            l_part[z, ra] = l_a
+        if tb < n:
+            m_part[z, rb] = m_b
+            l_part[z, rb] = l_b
+
+
+def v3_warps() -> int:
+    """Warps per v3 block: WARPS3 on the GPU, 2 on the simulator (its tests use a few blocks of 32 rows)."""
+    return WARPS3 if backend.name == "cuda" else 2
+
+
+def _launch_v3(q, k, v, start0, start_dev, scale, causal, out, max_keys, splits):
+    """Launch ``_gqa_v3_kernel`` on grid (ceil(T G / rows per block), splits, B), then the combine."""
+    T, Nq, Dk = q.shape
+    B = k.shape[1]
+    Dv = out.shape[2]
+    rows = T * Nq
+    tiles = -(-(T * (Nq // B)) // (QT * v3_warps()))
+    splits, split_len = plan_splits(tiles * B, max_keys, KT3, MIN_SPLIT_TILES * KT3, splits)
+    direct, o_part, m_part, l_part = _partials(splits, T, Nq, Dv)
+    flat = (o_part.reshape(splits, rows, Dv), m_part.reshape(splits, rows), l_part.reshape(splits, rows)) \
+        if not direct else (o_part.reshape(1, 1, 1), m_part.reshape(1, 1), l_part.reshape(1, 1))
+    backend.launch(_gqa_v3_kernel, (tiles, splits, B), 32 * v3_warps(), q.reshape(rows, Dk), k, v, start0, start_dev,
+                   np.float32(scale), Nq // B, bool(causal), copy_width(k, v), int(split_len), direct,
+                   out.reshape(rows, Dv), *flat)
+    if not direct:
+        _combine(o_part, m_part, l_part, out)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ launcher
+def default_variant(dk: int, dv: int) -> str:
+    """v3 while the head fits it (Dk <= 256, Dv <= 128), else v2."""
+    return "v3" if dk <= MAX_DK3 and dv <= MAX_DV3 else "v2"
+
+
+def check_gqa(q, k, v, out):
+    """(q, k, v, out) checked: q [T, Nq, Dk], k [S, Nkv, Dk] with Nkv dividing Nq, v [S, Nkv, Dv], out [T, Nq, Dv]."""
+    q = _checks.array(q, "q", dtype=np.float32, ndim=3)
+    T, Nq, Dk = q.shape
+    k = _checks.array(k, "k", dtype=np.float32, ndim=3, shape=(None, None, Dk))
+    S, Nkv = k.shape[0], k.shape[1]
+    if Nkv == 0 or Nq % Nkv:
+        raise ValueError(f"k: expected a number of kv heads that divides q's {Nq} query heads, got shape "
+                         f"{tuple(k.shape)}")
+    v = _checks.array(v, "v", dtype=np.float32, ndim=3, shape=(S, Nkv, None))
+    out = _checks.out_array(out, "out", (T, Nq, v.shape[2]), np.float32)
+    if backend.name != "numpy" and (value_column(Dk) + v.shape[2] > MAX_D or v.shape[2] > MAX_LKV):
+        raise ValueError(f"v: key dim {Dk} and value dim {v.shape[2]} exceed the kernel's tile (key dim rounded up "
+                         f"to 8 + value dim <= {MAX_D}, value dim <= {MAX_LKV}); use the numpy backend")
+    return q, k, v, out
+
+
+def gqa_attention(q, k, v, start, scale: float, causal: bool = True, out=None, splits: int | None = None,
+                  variant: str | None = None):
+    """Grouped-query attention of ``q [T, Nq, Dk]`` over rows of ``k [S, Nkv, Dk]`` / ``v [S, Nkv, Dv]``: causal
+    (token t sees rows 0 .. start + t) or not (every token sees rows 0 .. start + T - 1).
+
+    ``start``: an int, or a device int32 [1] array the kernel reads (graph replay; the grid then covers all S
+    rows). ``splits`` asks for that many key splits (tests), as in ``mla_attention``. ``variant``: "v2" | "v3" |
+    None (``default_variant(Dk, Dv)``); the numpy backend runs the reference for any."""
+    q, k, v, out = check_gqa(q, k, v, out)
+    variant = default_variant(q.shape[2], v.shape[2]) if variant is None else variant
+    if variant not in VARIANTS:
+        raise ValueError(f"variant: expected 'v2', 'v3' or None, got {variant!r}")
+    if variant == "v3" and (q.shape[2] > MAX_DK3 or v.shape[2] > MAX_DV3):
+        raise ValueError(f"variant: v3 takes key dims <= {MAX_DK3} and value dims <= {MAX_DV3}, got {q.shape[2]} "
+                         f"and {v.shape[2]}; use 'v2'")
+    T = q.shape[0]
+    S = k.shape[0]
+    start0, start_dev = _checks.device_int(start, "start")
+    device_start = hasattr(start, "shape")
+    if not device_start and start0 + T > S:
+        raise ValueError(f"start: {start0} + {T} query rows exceed the {S} rows of k")
+    scale = _checks.real(scale, "scale", lo=0.0, lo_open=True)
+    causal = bool(causal)
+    if backend.name == "numpy":
+        out[...] = _attention_numpy(q, k, v, _checks.host_int(start), scale, causal, np.float32)
+        return out
+    if T == 0:
+        return out
+    max_keys = S if device_start else start0 + T
+    if variant == "v3":
+        return _launch_v3(q, k, v, start0, start_dev, scale, causal, out, max_keys, splits)
+    return attention_v2(q, k, v, start0, start_dev, scale, causal, out, max_keys, splits)
