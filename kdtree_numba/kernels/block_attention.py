@@ -7,7 +7,14 @@ drafted in one pass ("block diffusion"). Query head h reads kv head g = h // (Nq
     score[t, h, s] = scale * q[t, h] . k[s, g]                      s = 0 .. n_keys - 1 (context rows, then block)
     out[t, h]      = sum_s softmax_s(score[t, h, :])[s] * v[s, g]
 
-Mapping: one block of threads per (query token t, kv head g) serving the G = Nq / Nkv query heads that share g, so
+Variants (``variant=``; None -> ``default_variant()``: v2 on a GPU, v1 on the simulator, where v2's MMA stand-in
+costs a block barrier per instruction):
+  v1  ``_block_attention_kernel`` below, CUDA-core dot products (the readable version).
+  v2  kernels/gqa_attention.py's tiles on tensor cores (mla_attention's ``_attention_v2_kernel``, not causal): a
+      block takes 32 (token, head) rows of one kv head - the default drafter's whole block of 16 tokens x 2 heads
+      - and streams the keys and values in tiles of 16 rows; the key list is split over blocks and merged.
+
+v1 mapping: one block of threads per (query token t, kv head g) serving the G = Nq / Nkv query heads that share g, so
 each key/value row is loaded from global memory once for G heads. The block walks the keys in tiles of
 ``tile_rows(D)`` rows (as many as TILE_FLOATS floats of shared memory hold: 64 for the default drafter's D = 32,
 27 at D = 128) with an online softmax (running max m, sum l, rescale alpha = exp(m_old - m_new)): every thread
@@ -30,6 +37,8 @@ from numba import cuda, float32
 
 from .. import backend
 from . import _checks
+from .gqa_attention import gqa_attention_ref, value_column
+from .mla_attention import MAX_D as V2_MAX_D, attention_v2
 from .primitives import online_softmax_row
 
 MAX_G = 8         # query heads per kv head (Kimi-K2.5's DFlash drafter: 64 / 8)
@@ -38,6 +47,12 @@ MAX_BK = 64       # most key rows per tile
 TILE_FLOATS = 3584  # shared floats for a tile's keys (rows of D + 1: an odd stride spreads row reads over banks)
 LOADS = 8         # global loads a thread keeps in flight while filling a tile
 NEG_INF = -math.inf
+VARIANTS = ("v1", "v2")
+
+
+def default_variant() -> str:
+    """v2 (tensor cores) on a GPU, v1 on the simulator (tests run v2 there explicitly)."""
+    return "v2" if backend.name == "cuda" else "v1"
 
 
 def tile_rows(D: int) -> int:
@@ -47,16 +62,9 @@ def tile_rows(D: int) -> int:
 
 
 def block_attention_ref(q, k, v, n_keys: int, scale: float):
-    """Non-causal GQA attention in float64 NumPy: every query sees key rows 0 .. n_keys - 1."""
-    B, Nq, D = q.shape
-    Nkv = k.shape[1]
-    g = np.arange(Nq) // (Nq // Nkv)                                                  # kv head of each q head
-    kk = np.asarray(k, np.float64)[:n_keys][:, g]                                     # [n_keys, Nq, D]
-    vv = np.asarray(v, np.float64)[:n_keys][:, g]                                     # [n_keys, Nq, D]
-    s = np.einsum("thd,shd->ths", np.asarray(q, np.float64), kk) * scale              # [B, Nq, n_keys]
-    p = np.exp(s - s.max(axis=2, keepdims=True))
-    p /= p.sum(axis=2, keepdims=True)
-    return np.einsum("ths,shd->thd", p, vv).astype(np.float32)                        # [B, Nq, D]
+    """Non-causal GQA attention in float64 NumPy: every query sees key rows 0 .. n_keys - 1 (gqa_attention's
+    reference with start = n_keys - B)."""
+    return gqa_attention_ref(q, k, v, n_keys - q.shape[0], scale, causal=False)
 
 
 @cuda.jit(device=True)
@@ -138,10 +146,15 @@ def _block_attention_kernel(q, k, v, n_keys0, n_keys_dev, scale, bk, out):
         out[t, h0 + i // D, i % D] = o[i // D, i % D] / l_run[i // D]
 
 
-def block_attention(q, k, v, n_keys: int, scale: float, out=None):
+def block_attention(q, k, v, n_keys: int, scale: float, out=None, variant: str | None = None):
     """Non-causal GQA attention of ``q [B, Nq, D]`` over rows ``0 .. n_keys - 1`` of ``k, v [S, Nkv, D]``.
 
-    ``n_keys``: an int, or a device int32 [1] array the kernel reads (a captured DDTree round), unchecked."""
+    ``n_keys``: an int, or a device int32 [1] array the kernel reads (a captured DDTree round), unchecked.
+    ``variant``: "v1" | "v2" | None (``default_variant()``); the numpy backend runs the reference for any."""
+    if variant is None:
+        variant = default_variant()
+    if variant not in VARIANTS:
+        raise ValueError(f"variant: expected 'v1', 'v2' or None, got {variant!r}")
     q = _checks.array(q, "q", dtype=np.float32, ndim=3)
     B, Nq, D = q.shape
     k = _checks.array(k, "k", dtype=np.float32, ndim=3)
@@ -159,6 +172,15 @@ def block_attention(q, k, v, n_keys: int, scale: float, out=None):
     if backend.name == "numpy":
         out[...] = block_attention_ref(q, k, v, _checks.host_int(n_keys), scale)
         return out
+    if variant == "v2":
+        if value_column(D) + D > V2_MAX_D:
+            raise ValueError(f"q: head dim {D} exceeds v2's {V2_MAX_D // 2} (keys and values share a tile row of "
+                             f"{V2_MAX_D}); use variant='v1' or the numpy backend")
+        if B == 0:
+            return out
+        # every query sees rows 0 .. n_keys - 1 = start + B - 1: start = n_keys - B
+        return attention_v2(q, k, v, n_keys0 - B, n_keys_dev, scale, False, out,
+                            S if hasattr(n_keys, "shape") else n_keys0, None)
     if Nq // Nkv > MAX_G or D > MAX_D:
         raise ValueError(f"q: {Nq // Nkv} query heads per kv head and head dim {D} exceed the kernel's {MAX_G} "
                          f"and {MAX_D}; use the numpy backend for this drafter")

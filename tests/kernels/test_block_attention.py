@@ -11,11 +11,17 @@ pytestmark = pytest.mark.usefixtures("kernel_backend")
 H = kd.backend.to_host
 
 
-@pytest.mark.parametrize("B,Nq,Nkv,D,S,n_keys", [(3, 6, 2, 7, 23, 21), (5, 4, 4, 5, 9, 5), (2, 3, 1, 9, 12, 1),
-                                                 (1, 8, 1, 33, 17, 17),
-                                                 (2, 4, 2, 6, 150, 139),      # 64 + 64 + 11 keys: three tiles
-                                                 (1, 2, 1, 128, 60, 55)])     # 27 + 27 + 1 at the Kimi head dim
-def test_matches_reference(B, Nq, Nkv, D, S, n_keys):
+V1_CASES = [(3, 6, 2, 7, 23, 21), (5, 4, 4, 5, 9, 5), (2, 3, 1, 9, 12, 1), (1, 8, 1, 33, 17, 17),
+            (2, 4, 2, 6, 150, 139),      # 64 + 64 + 11 keys: three tiles
+            (1, 2, 1, 128, 60, 55)]      # 27 + 27 + 1 at the Kimi head dim
+V2_CASES = [(3, 6, 2, 7, 23, 21),        # D 7: values at tile column 8, 4-byte copies; 2 key tiles
+            (2, 3, 1, 9, 12, 1),         # one key for two queries (start = n_keys - B = -1)
+            (16, 4, 2, 8, 40, 37)]       # the drafter's block of 16 (x 2 heads = 32 rows: one tile per kv head)
+
+
+@pytest.mark.parametrize("variant,B,Nq,Nkv,D,S,n_keys", [("v1",) + c for c in V1_CASES] +
+                         [("v2",) + c for c in V2_CASES])
+def test_matches_reference(variant, B, Nq, Nkv, D, S, n_keys):
     rng = np.random.default_rng(B * 100 + D)
     q = rng.standard_normal((B, Nq, D)).astype(np.float32)
     k = rng.standard_normal((S, Nkv, D)).astype(np.float32)
@@ -23,10 +29,11 @@ def test_matches_reference(B, Nq, Nkv, D, S, n_keys):
     k[n_keys:] = np.nan                                    # rows past n_keys must never be read
     v[n_keys:] = np.nan
     out = poisoned((B, Nq, D))
-    ba.block_attention(q, k, v, n_keys, 0.41, out=out)
+    ba.block_attention(q, k, v, n_keys, 0.41, out=out, variant=variant)
     want = ba.block_attention_ref(q, k, v, n_keys, 0.41)
     assert np.isfinite(want).all()
-    np.testing.assert_allclose(H(out), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(H(out), want, rtol=1e-4 if variant == "v2" else 1e-5, atol=1e-4 if variant == "v2"
+                               else 1e-5)
 
 
 def test_non_causal_and_grouped():
@@ -64,5 +71,16 @@ def test_docstring_example():
                                 np.zeros((4, 2, 4), np.float32), 3, 1.0), r"v: expected shape \(5, 2, 4\)"),
 ])
 def test_bad_input(call, msg):
+    """(v1 and v2 share the checks; v2's own limit is below.)"""
     with pytest.raises(ValueError, match=msg):
         call()
+
+
+def test_v2_head_dim_limit_and_variant_name():
+    q = np.zeros((2, 2, 300), np.float32)
+    kv = np.zeros((5, 2, 300), np.float32)
+    with pytest.raises(ValueError, match="q: head dim 300 exceeds v2's 288"):
+        ba.block_attention(q, kv, kv, 3, 1.0, variant="v2")
+    with pytest.raises(ValueError, match="variant: expected 'v1', 'v2' or None, got 'v3'"):
+        ba.block_attention(q[:, :, :4], kv[:, :, :4], kv[:, :, :4], 3, 1.0, variant="v3")
+    assert ba.default_variant() == ("v2" if kd.backend.name == "cuda" else "v1")
