@@ -35,12 +35,17 @@ import numpy as np
 
 from .. import backend
 from ..config import TargetConfig
-from ..kernels import (embedding, gemm, mla_attention, mla_latent, moe_grouped_gemm, moe_routing, rmsnorm, rope,
-                        swiglu, tree_verify)
+from ..kernels import (embedding, gemm, gqa_attention, mla_attention, mla_latent, moe_grouped_gemm, moe_routing,
+                        rmsnorm, rope, swiglu, tree_verify)
 from . import checkpoint, hf_keys
 from .kv_cache import LatentCache
 
 QKV_NORM_EPS = 1e-6   # HF's q_a_layernorm / kv_a_layernorm always use 1e-6
+# A causal chunk of at least this many tokens (a prefill) attends in MLA's decompressed form (per-head keys and
+# values from the latent, kernels/gqa_attention.py): 2 (P + R + Vd) FLOPs per (query, key) pair and head instead
+# of the absorbed form's 2 (2 Lkv + R) (Kimi: 640 vs 2176), for 2 Lkv (P + Vd) N per key row to decompress.
+# Shorter chunks, decode steps and tree verifies stay absorbed (their cost is the latent's bytes).
+DECOMPRESSED_PREFILL_TOKENS = 128
 
 
 def _on_backend(method):
@@ -216,6 +221,9 @@ class Target:
         q = q.reshape(T, N, P + R)                                                    # [T, N, P+R]
         mla_latent.write_latent(ckv, L["kv_a_norm"], QKV_NORM_EPS, positions, self.inv_freq, self.rope_amp,
                                 cache.layer(i), start)                                # cache rows [c ; k_rot]
+        if tree is None and not hasattr(start, "shape") and T >= DECOMPRESSED_PREFILL_TOKENS:
+            o = self._decompressed_attention(L, q, positions, cache.layer(i)[:start + T])     # [T, N, Vd]
+            return gemm.linear(o.reshape(T, -1), L["o"], out=out, accumulate=True)
 
         q_abs = backend.empty((T, N, Lkv + R), np.float32)                            # [T, N, Lkv+R]
         gemm.bmm(q[:, :, :P].transpose(1, 0, 2), L["w_uk"], out=q_abs[:, :, :Lkv].transpose(1, 0, 2))
@@ -229,6 +237,24 @@ class Target:
         gemm.bmm(o_lat.transpose(1, 0, 2), L["w_uv_t"], out=o.transpose(1, 0, 2))    # per head, in place
         o = o.reshape(T, -1)                                                          # [T, N*Vd]
         return gemm.linear(o, L["o"], out=out, accumulate=True)                       # out += o W_o^T
+
+    def _decompressed_attention(self, L, q, positions, rows):
+        """Causal attention of a prefill chunk in MLA's decompressed form: per head, keys [c W_UK[h]^T ; k_rot]
+        and values c W_UV[h] from the latent ``rows [S, Lkv + R]`` (two batched GEMMs; k_rot copied to every
+        head), then grouped-query attention with one kv head per query head (kernels/gqa_attention.py).
+        ``q [T, N, P + R]`` gets its rope columns rotated in place. Returns ``[T, N, Vd]``."""
+        cfg = self.config
+        T, N, _ = q.shape
+        P, Lkv, Vd = cfg.qk_nope_head_dim, cfg.kv_lora_rank, cfg.v_head_dim
+        S = rows.shape[0]
+        latent = backend.xp.broadcast_to(rows[:, :Lkv], (N, S, Lkv))                 # [N, S, Lkv] (stride 0)
+        k = backend.empty((S, N, rows.shape[1] - Lkv + P), np.float32)              # [S, N, P+R]
+        gemm.bmm(latent, L["w_uk"].transpose(0, 2, 1), out=k[:, :, :P].transpose(1, 0, 2))   # k_nope, in place
+        k[:, :, P:] = rows[:, None, Lkv:]                                             # k_rot: shared by the heads
+        v = backend.empty((S, N, Vd), np.float32)                                    # [S, N, Vd]
+        gemm.bmm(latent, L["w_uv_t"], out=v.transpose(1, 0, 2))
+        rope.apply_rope(q[:, :, P:], positions, self.inv_freq, self.rope_amp, out=q[:, :, P:])
+        return gqa_attention.gqa_attention(q, k, v, S - T, self.scale)
 
     @staticmethod
     def _mlp(gu_w, down_w, h, out=None):

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 import kdtree_numba as kd
+from kdtree_numba.model import target as target_module
 
 from . import hf_models as hf
 
@@ -24,8 +25,16 @@ def saved(tmp_path_factory):
     return get
 
 
+@pytest.fixture(params=["absorbed", "decompressed"])
+def prefill_form(request, monkeypatch):
+    """The prefill's attention form: absorbed (as decode), or decompressed (per-head keys and values, the form
+    prefill chunks of DECOMPRESSED_PREFILL_TOKENS or more take; here every chunk of >= 1 token does)."""
+    monkeypatch.setattr(target_module, "DECOMPRESSED_PREFILL_TOKENS", 1 if request.param == "decompressed" else 10**9)
+    return request.param
+
+
 @pytest.mark.parametrize("variant", list(hf.VARIANTS))
-def test_logits_match_transformers_numpy(saved, variant, numpy_backend):
+def test_logits_match_transformers_numpy(saved, variant, numpy_backend, prefill_form):
     path, ref = saved(variant)
     got = kd.load_target(path).logits(IDS)
     want = hf.logits_f64(ref, IDS)
@@ -43,7 +52,7 @@ def test_logits_match_transformers_on_the_simulator(saved, kernel_backend):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", ["plain", "yarn", "q_lora_null", "kimi_like", "dense2_shared2"])
-def test_logits_match_transformers_on_the_gpu(saved, variant):
+def test_logits_match_transformers_on_the_gpu(saved, variant, prefill_form):
     path, ref = saved(variant)
     got = kd.load_target(path).logits(IDS)
     assert np.abs(got - hf.logits_f64(ref, IDS)).max() <= 1e-4
