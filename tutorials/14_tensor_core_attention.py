@@ -175,7 +175,8 @@ def gpu_split_count(blocks, max_keys):
 
 
 def v2_plan(T, N, start, splits):
-    """launch_v2's grid: (tiles, splits, split_len) for a causal chunk."""
+    """attention_v2's grid for a causal chunk: (tiles, splits, split_len); the launch adds a third axis of 1 (kv
+    heads: kernels/gqa_attention.py)."""
     tiles = -(-(T * N) // MT)
     Z, L = mla.plan_splits(tiles, start + T, KT, mla.MIN_SPLIT_TILES * KT, splits)
     return tiles, Z, L

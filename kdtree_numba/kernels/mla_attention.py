@@ -30,7 +30,8 @@ re-read by T x N / 4 blocks.
 
 v2 mapping: the T x N query rows flattened token-major (row r = t * N + h); a block takes a tile of MT = 32
 consecutive rows (two m16 MMA blocks: heads of one token, plus the next token's when N is not a multiple of 32)
-and one key split z: grid (ceil(T N / 32), splits), 8 warps. The tile's key list is the union of its tokens'
+and one key split z: grid (ceil(T N / 32), splits, 1), 8 warps (the third axis is kernels/gqa_attention.py's
+kv heads: the same kernel with per-head keys and separate values). The tile's key list is the union of its tokens'
 lists (causal: rows 0 .. start + t_last, row k visible to row (t, h) iff k <= start + t - a mask inside the
 tile, needed only in the last key tile or two). Per key tile of KT = 16 cache rows:
   1. rows -> shared ``ks [16, 580]`` (D = 576 padded: stride 580 = 4 mod 32, so the score B-fragment loads

@@ -11,6 +11,11 @@ MLA, absorbed (per token x after input_layernorm; P nope, R rope, Vd value dims,
     q_abs = [q_nope @ W_UK[h] ; RoPE(q_rot)]                    [T, N, Lkv + R]
     o_lat = attention(q_abs, cache)                              [T, N, Lkv]    (kernels/mla_attention.py)
     out   = o_proj(concat_h(o_lat[h] @ W_UV[h]^T))               [T, H]
+A prefill chunk of DECOMPRESSED_PREFILL_TOKENS or more takes MLA's decompressed form (``_decompressed_attention``):
+    k[h] = [c @ W_UK[h]^T ; k_rot],  v[h] = c @ W_UV[h]    per head, from the latent rows (two batched GEMMs)
+    out  = o_proj(concat_h(attention(q[h] = [q_nope[h] ; RoPE(q_rot[h])], k[h], v[h])))   kernels/gqa_attention.py
+the same function, 640 instead of 2176 FLOPs per (query, key) pair and head at Kimi's shape: compute-bound prefill
+pays for the decompression, memory-bound decode and tree verify do not.
 Rope rows of q_b/q_proj and kv_a are permuted once at load (interleaved -> NeoX, kernels/rope.py), so the NeoX
 kernel reproduces the checkpoint's interleaved RoPE; ``save`` undoes it.
 
