@@ -11,6 +11,11 @@ Per tree shape: context S committed rows, n tree nodes (+ root), N heads, cache 
                       so its own ceiling is 1/3 of that: 33 % of the TF32 column is the most it can show.
 Causal shapes: prefill chunks (T tokens after `start`) and decode steps (T = 1), same formulas with each token's
 key count start + t + 1.
+Prefill in MLA's decompressed form (the target's path for chunks of >= 128 tokens): one attention layer at Kimi's
+shape (64 heads, P / R / Vd 128 / 64 / 128, Lkv 512), causal from 0: the absorbed v2 kernel on the latent against
+the decompression (two batched GEMMs: k = [c W_UK^T ; k_rot], v = c W_UV) + kernels/gqa_attention.py's variants,
+and SDPA given the same per-head k and v (transformers' own form, is_causal). FLOPs = 2 N T (T + 1) / 2 (P + R + Vd).
+The DFlash drafter's block attention (not causal, 16 tokens, 8 / 4 heads, D 32): block_attention's v1 and v2.
 Baselines, measured in the same run on the same inputs: SDPA with q [1, N, T, 576], k [1, N, S', 576] and
 v [1, N, S', 512] (the latent copied to every head: a stride-0 view gave wrong results in torch 2.11) and a float
 mask (-inf outside each token's keys; none for decode); once in strict fp32 (TF32 off) and once with TF32 allowed
@@ -32,7 +37,7 @@ from _common import args, graph_median_ms, kd, save, set_tf32, table, torch_grap
 
 a = args(__doc__)
 xp = kd.backend.xp
-from kdtree_numba.kernels import mla_attention, tree, tree_verify  # noqa: E402
+from kdtree_numba.kernels import block_attention, gemm, gqa_attention, mla_attention, tree, tree_verify  # noqa: E402
 
 try:
     import torch
@@ -49,10 +54,16 @@ H = kd.backend.to_host
 if GPU and not a.quick:
     contexts, nodes, heads = [512, 4096, 32768], [16, 64, 256], [16, 64]
     causal = [(512, 0, 64), (2048, 0, 64), (1, 4096, 64), (1, 32768, 64), (1, 32768, 16)]   # (T, start, N)
+    prefill, block_keys = [128, 512, 1024, 4096], [150, 300, 450]
 elif GPU:
     contexts, nodes, heads, causal = [512], [16], [16], [(64, 0, 16), (1, 4096, 64)]
+    prefill, block_keys = [256], [150]
 else:
     contexts, nodes, heads, causal = [16], [4], [2], [(3, 5, 2)]
+    prefill, block_keys = [3], [20]
+# decompressed prefill: (heads, P, R, Vd, Lkv); the drafter's block: (tokens, Nq, Nkv, D)
+MHA = (64, 128, 64, 128, 512) if GPU else (2, 8, 8, 8, 16)
+BLOCK = (16, 8, 4, 32) if GPU else (4, 4, 2, 8)
 
 
 def random_tree(n, rng):
@@ -166,4 +177,76 @@ for T, start, N in causal:
                                                                        list(outs.values()))))
 table("Causal MLA (prefill chunks, decode steps): kernel variants vs torch SDPA",
       ["tokens", "start", "heads"] + HEADER, rows)
+
+# ------------------------------------------------------------------------------------------------ decompressed
+rows = []
+N, P, R, Vd, Lkv = MHA
+w_uk = xp.asarray(0.05 * rng.standard_normal((N, P, Lkv), dtype=np.float32))                 # [N, P, Lkv]
+w_uv = xp.asarray(0.05 * rng.standard_normal((N, Lkv, Vd), dtype=np.float32))                # [N, Lkv, Vd]
+GQA = gqa_attention.VARIANTS
+for T in prefill:
+    latent = xp.asarray(rng.standard_normal((T, Lkv + R), dtype=np.float32))                 # [T, Lkv + R]
+    q = xp.asarray(rng.standard_normal((T, N, P + R), dtype=np.float32))                      # [T, N, P + R]
+    q_abs = xp.asarray(rng.standard_normal((T, N, Lkv + R), dtype=np.float32))               # [T, N, Lkv + R]
+    k, v = xp.empty((T, N, P + R), np.float32), xp.empty((T, N, Vd), np.float32)
+    o_abs, outs = xp.empty((T, N, Lkv), np.float32), {g: xp.empty((T, N, Vd), np.float32) for g in GQA}
+    c = xp.broadcast_to(latent[:, :Lkv], (N, T, Lkv))                                         # [N, T, Lkv], stride 0
+
+    def decompress():
+        gemm.bmm(c, w_uk.transpose(0, 2, 1), out=k[:, :, :P].transpose(1, 0, 2))
+        k[:, :, P:] = latent[:, None, Lkv:]
+        gemm.bmm(c, w_uv, out=v.transpose(1, 0, 2))
+    reps = a.reps if T < 2048 else 5
+    run = dict(reps=reps if GPU else 1, warmup=3 if GPU else 1)
+    ms_abs = graph_median_ms(lambda: mla_attention.mla_attention(q_abs, latent, 0, SCALE, Lkv, out=o_abs), **run)
+    ms_dec = graph_median_ms(decompress, **run)
+    ms = {g: graph_median_ms(lambda: gqa_attention.gqa_attention(q, k, v, 0, SCALE, out=outs[g], variant=g), **run)
+          for g in GQA}
+    best = ms["v3"]
+    flops = 2 * N * T * (T + 1) / 2 * (P + R + Vd)
+    want = gqa_attention.gqa_attention_ref(H(q), H(k), H(v), 0, SCALE) if not rows else None
+    if want is not None:
+        print(f"float64 reference, decompressed prefill T={T} N={N}: max error " + ", ".join(
+            f"{g} {np.abs(H(outs[g]) - want).max():.1e}" for g in GQA), flush=True)
+    sd = ["-", "-", "-"]
+    if torch is not None and GPU:
+        tq, tk, tv = (torch.from_dlpack(x).permute(1, 0, 2).contiguous()[None] for x in (q, k, v))
+
+        def sdpa():
+            return F.scaled_dot_product_attention(tq, tk, tv, is_causal=True, scale=SCALE)
+        sd = []
+        for tf32 in (False, True):
+            set_tf32(tf32)
+            sd.append(torch_graph_median_ms(sdpa, reps))
+        set_tf32(False)
+        diff = max(float((sdpa()[0].permute(1, 0, 2) - torch.from_dlpack(o)).abs().max()) for o in outs.values())
+        sd.append(f"{diff:.1e}")
+        del tq, tk, tv
+    rows.append([T, f"{ms_abs:.3f}", f"{ms_dec:.3f}"] + [f"{ms[g]:.3f}" for g in GQA] +
+                [f"{ms_dec + best:.3f} ({ms_abs / (ms_dec + best):.2f}x)", f"{flops / best / 1e9:.1f}",
+                 f"{100 * flops / FP32_FLOPS * 1e3 / best:.0f} %"] +
+                [f"{x:.3f} ({x / best:.2f}x)" if isinstance(x, float) else x for x in sd[:2]] + [sd[2]])
+table(f"Prefill attention in MLA's decompressed form, one layer ({N} heads, P / R / Vd {P} / {R} / {Vd}, causal from "
+      f"0): the absorbed kernel vs decompression + GQA vs torch SDPA on the same per-head k / v",
+      ["tokens", "absorbed v2 ms", "decompress ms"] + [f"GQA {g} ms" for g in GQA] +
+      ["decompress + v3 ms (vs absorbed)", "v3 TFLOP/s", "v3 % fp32 roof", "SDPA fp32 ms (v3 speedup)",
+       "SDPA TF32 ms (v3 speedup)", "max diff vs SDPA"], rows)
+
+# ------------------------------------------------------------------------------------------------ drafter block
+rows = []
+B, Nq, Nkv, Dh = BLOCK
+for n_keys in block_keys:
+    q = xp.asarray(rng.standard_normal((B, Nq, Dh), dtype=np.float32))
+    kb, vb = (xp.asarray(rng.standard_normal((n_keys + 64, Nkv, Dh), dtype=np.float32)) for _ in range(2))
+    outs = {g: xp.empty((B, Nq, Dh), np.float32) for g in block_attention.VARIANTS}
+    ms = {g: graph_median_ms(lambda: block_attention.block_attention(q, kb, vb, n_keys, SCALE, out=outs[g],
+                                                                     variant=g), reps=a.reps if GPU else 1,
+                             warmup=3 if GPU else 1) for g in block_attention.VARIANTS}
+    want = block_attention.block_attention_ref(H(q), H(kb), H(vb), n_keys, SCALE)
+    rows.append([n_keys] + [f"{1e3 * ms[g]:.1f}" for g in block_attention.VARIANTS] +
+                [f"{ms['v1'] / ms['v2']:.2f}x"] + [f"{np.abs(H(outs[g]) - want).max():.1e}"
+                                                   for g in block_attention.VARIANTS])
+table(f"The DFlash drafter's block attention ({B} tokens, {Nq} / {Nkv} heads, D {Dh}, not causal): v1 vs v2",
+      ["keys"] + [f"{g} (us)" for g in block_attention.VARIANTS] + ["v2 speedup"] +
+      [f"{g} max error vs float64" for g in block_attention.VARIANTS], rows)
 save("bench_verify")
