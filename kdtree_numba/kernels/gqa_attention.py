@@ -35,9 +35,10 @@ from numba import cuda, float32, uint64
 from .. import backend
 from . import _checks
 from ._intrinsics import copy_async, copy_async_wait
-from .mla_attention import (MAX_D, MAX_LKV, MIN_SPLIT_TILES, NEG_INF, TILE_ALIGN, _combine, _partials, _v2_copy_plan,
-                            _v2_pv, _v2_qrow, _v2_store, attention_v2, copy_width, plan_splits)
-from .mma import SCRATCH_SHAPE, SIM, mma_m16n8k8_tf32, split_tf32_fast
+from .mla_attention import (MAX_D, MAX_LKV, MIN_SPLIT_TILES, NEG_INF, TILE_ALIGN, _combine, _partials, _v2_copy_next,
+                            _v2_copy_plan, _v2_pv_tile, _v2_qrow, _v2_score_step, _v2_store, attention_v2, copy_width,
+                            plan_splits)
+from .mma import SCRATCH_SHAPE, SIM
 from .primitives import GROUP_BUF, group_max, group_sum
 
 VARIANTS = ("v2", "v3")
@@ -46,7 +47,7 @@ QT = 16           # query rows per warp: one m16 MMA block
 KT3 = 16          # key rows per tile
 MAX_DK3 = 256     # widest key (and query) row
 MAX_DV3 = 128     # widest value row: 16 n8 fragments per warp
-FRAGS3 = 16
+FRAGS3 = 16       # (mla_attention's FRAGS: the P V step is its _v2_pv_tile)
 ACC3 = 64         # FRAGS3 * 4 output accumulators per thread
 K_STRIDE = 260    # key tile row stride, 4 mod 32: a warp's score B-fragment loads ks[key g, dim t] hit 32 banks
 V_STRIDE = 136    # value tile row stride, 8 mod 32: the P V B-fragment loads vs[key t, column g] hit 32 banks
@@ -104,11 +105,7 @@ def _v3_load(src, k0, k_hi, tile, D, width, plan, stride, base, tile_stride):
         ok = k0 + j < k_hi
         copy_async(tile, uint64(j * tile_stride + c * width), src,
                    uint64((k0 + j if ok else 0) * stride + base + c * width), width, ok)
-        j += dj
-        c += dc
-        if c >= dq:
-            c -= dq
-            j += 1
+        j, c = _v2_copy_next(j, c, dq, dj, dc)
 
 
 @cuda.jit(device=True)
@@ -191,25 +188,7 @@ def _gqa_v3_kernel(q, k, v, start0, start_dev, scale, group, causal, width, spli
         for i in range(24):
             s[i] = float32(0.0)
         for kk in range(ksteps):                         # S [16, 16] = Q K^T, 3xTF32 in three accumulator sets
-            d = kk * 8 + t
-            da = uint64(min(d, Dk - 1))
-            db = uint64(min(d + 4, Dk - 1))
-            ah0, al0 = split_tf32_fast(q[ra, da])
-            ah1, al1 = split_tf32_fast(q[rb, da])
-            ah2, al2 = split_tf32_fast(q[ra, db])
-            ah3, al3 = split_tf32_fast(q[rb, db])
-            for nb in range(2):                          # B[k][n] = K^T[dim][key] = ks[8 nb + n, dim]
-                bh0, bl0 = split_tf32_fast(ks[uint64(nb * 8 + g), uint64(d)])
-                bh1, bl1 = split_tf32_fast(ks[uint64(nb * 8 + g), uint64(d + 4)])
-                i = 4 * nb
-                s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
-                    al0, al1, al2, al3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
-                i = 8 + 4 * nb
-                s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
-                    ah0, ah1, ah2, ah3, bl0, bl1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
-                i = 16 + 4 * nb
-                s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
-                    ah0, ah1, ah2, ah3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+            _v2_score_step(q, ks, ra, rb, kk * 8 + t, Dk, g, s, scratch)
         kf = k0 + 2 * t                                  # this lane's keys: kf, kf + 1, kf + 8, kf + 9
         lim = min(lim_a, k_hi)
         pa0, pa1, pa2, pa3, m_a, l_a, xa = _v3_row_softmax(
@@ -219,7 +198,7 @@ def _gqa_v3_kernel(q, k, v, start0, start_dev, scale, group, causal, width, spli
         pb0, pb1, pb2, pb3, m_b, l_b, xb = _v3_row_softmax(
             (s[2] + s[10]) + s[18], (s[3] + s[11]) + s[19], (s[6] + s[14]) + s[22], (s[7] + s[15]) + s[23],
             kf, lim, scale, m_b, l_b, buf)
-        ps[w, g, 2 * t] = pa0                            # P in the scores' C layout ...
+        ps[w, g, 2 * t] = pa0                            # P in the scores' C layout, read back as A fragments
         ps[w, g, 2 * t + 1] = pa1
         ps[w, g, 8 + 2 * t] = pa2
         ps[w, g, 9 + 2 * t] = pa3
@@ -227,30 +206,11 @@ def _gqa_v3_kernel(q, k, v, start0, start_dev, scale, group, causal, width, spli
         ps[w, g + 8, 2 * t + 1] = pb1
         ps[w, g + 8, 8 + 2 * t] = pb2
         ps[w, g + 8, 9 + 2 * t] = pb3
-        for f in range(FRAGS3):
-            if f < frags:
-                acc[4 * f] *= xa
-                acc[4 * f + 1] *= xa
-                acc[4 * f + 2] *= xb
-                acc[4 * f + 3] *= xb
         if SIM:
             cuda.syncthreads()
         else:
             cuda.syncwarp()
-        for kk in range(2):                              # ... read back as A fragments: O += P V
-            ah0, al0 = split_tf32_fast(ps[w, g, kk * 8 + t])
-            ah1, al1 = split_tf32_fast(ps[w, g + 8, kk * 8 + t])
-            ah2, al2 = split_tf32_fast(ps[w, g, kk * 8 + t + 4])
-            ah3, al3 = split_tf32_fast(ps[w, g + 8, kk * 8 + t + 4])
-            ka = uint64(kk * 8 + t)
-            kb = uint64(kk * 8 + t + 4)
-            if frags == FRAGS3:
-                for f in range(FRAGS3):
-                    _v2_pv(ah0, ah1, ah2, ah3, al0, al1, al2, al3, vs, ka, kb, uint64(g), acc, f, scratch)
-            else:
-                for f in range(FRAGS3):
-                    if f < frags:
-                        _v2_pv(ah0, ah1, ah2, ah3, al0, al1, al2, al3, vs, ka, kb, uint64(g), acc, f, scratch)
+        _v2_pv_tile(ps[w], uint64(g), uint64(g + 8), t, vs, uint64(g), acc, frags, xa, xb, scratch)   # O += P V
         cuda.syncthreads()                               # the tiles and P are rewritten next
     ia = float32(1.0) / l_a if direct and ta < n else float32(1.0)
     ib = float32(1.0) / l_b if direct and tb < n else float32(1.0)

@@ -331,11 +331,19 @@ def _v2_load_keys(src, rows, ks, D, width, plan, stride, base, col):
         row = rows[j]
         copy_async(ks, uint64(j * ROW_T + col + c * width), src, uint64(max(row, 0) * stride + base + c * width),
                    width, row >= 0)
-        j += dj
-        c += dc
-        if c >= dq:
-            c -= dq
-            j += 1
+        j, c = _v2_copy_next(j, c, dq, dj, dc)
+
+
+@cuda.jit(device=True)
+def _v2_copy_next(j, c, dq, dj, dc):
+    """The (row, column unit) of a thread's next copy in a tile of rows of dq units: ``threads`` units on, by adds
+    (dj rows and dc units, carrying into the row when c passes dq)."""
+    j += dj
+    c += dc
+    if c >= dq:
+        c -= dq
+        j += 1
+    return j, c
 
 
 @cuda.jit(device=True)
@@ -357,6 +365,32 @@ def _v2_lane_rows(r0, n, G, nq, b):
     g = tid % 32 // 4
     mb = tid // 32 // (_v2_warps() // MB)
     return _v2_qrow(r0 + mb * 16 + g, n, G, nq, b), _v2_qrow(r0 + mb * 16 + g + 8, n, G, nq, b)
+
+
+@cuda.jit(device=True)
+def _v2_score_step(q, ks, ra, rb, d, D, g, s, scratch):
+    """One k8 step of a warp's scores S [16 query rows, 16 keys] at dims d = 8 kk + t (this lane's t): the A
+    fragments (q rows ra, rb, dims d and d + 4; clamped to D - 1: past D the key tile holds zeros, so any finite q
+    will do) and the B fragments (keys g and 8 + g of the tile ``ks``) split for 3xTF32, whose three TF32 products
+    add into three accumulator sets of ``s`` [product][n8 block][c0..c3] (24 floats)."""
+    da = uint64(min(d, D - 1))
+    db = uint64(min(d + 4, D - 1))
+    ah0, al0 = split_tf32_fast(q[ra, da])
+    ah1, al1 = split_tf32_fast(q[rb, da])
+    ah2, al2 = split_tf32_fast(q[ra, db])
+    ah3, al3 = split_tf32_fast(q[rb, db])
+    for nb in range(2):                                  # B[k][n] = K^T[dim][key] = ks[8 nb + n, dim]
+        bh0, bl0 = split_tf32_fast(ks[uint64(nb * 8 + g), uint64(d)])
+        bh1, bl1 = split_tf32_fast(ks[uint64(nb * 8 + g), uint64(d + 4)])
+        i = 4 * nb
+        s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+            al0, al1, al2, al3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+        i = 8 + 4 * nb
+        s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+            ah0, ah1, ah2, ah3, bl0, bl1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+        i = 16 + 4 * nb
+        s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+            ah0, ah1, ah2, ah3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
 
 
 @cuda.jit(device=True)
@@ -382,25 +416,7 @@ def _v2_scores(q, ks, sp, ra, rb, D, scratch):
     for i in range(24):
         s[i] = float32(0.0)
     for kk in range(kp * steps, min(kp * steps + steps, ksteps)):
-        d = kk * 8 + t
-        da = uint64(min(d, D - 1))                       # past D the key tile holds zeros: any finite q will do
-        db = uint64(min(d + 4, D - 1))
-        ah0, al0 = split_tf32_fast(q[ra, da])
-        ah1, al1 = split_tf32_fast(q[rb, da])
-        ah2, al2 = split_tf32_fast(q[ra, db])
-        ah3, al3 = split_tf32_fast(q[rb, db])
-        for nb in range(KT // 8):                        # B[k][n] = K^T[dim][key] = ks[8 nb + n, dim]
-            bh0, bl0 = split_tf32_fast(ks[uint64(nb * 8 + g), uint64(d)])
-            bh1, bl1 = split_tf32_fast(ks[uint64(nb * 8 + g), uint64(d + 4)])
-            i = 4 * nb
-            s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
-                al0, al1, al2, al3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
-            i = 8 + 4 * nb
-            s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
-                ah0, ah1, ah2, ah3, bl0, bl1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
-            i = 16 + 4 * nb
-            s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
-                ah0, ah1, ah2, ah3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+        _v2_score_step(q, ks, ra, rb, kk * 8 + t, D, g, s, scratch)
     for nb in range(KT // 8):
         i = 4 * nb
         sp[kp, mb * 16 + g, nb * 8 + 2 * t] = (s[i] + s[8 + i]) + s[16 + i]
@@ -485,31 +501,36 @@ def _v2_accumulate(sp, ks, acc, alpha, lkv, vo, scratch):
     mb = tid // 32 // groups
     frags = (lkv + 8 * groups - 1) // (8 * groups)
     col0 = tid // 32 % groups * frags * 8
-    xa = alpha[mb * 16 + g]
-    xb = alpha[mb * 16 + g + 8]
+    _v2_pv_tile(sp[0], uint64(mb * 16 + g), uint64(mb * 16 + g + 8), t, ks, uint64(col0 + g + vo), acc, frags,
+                alpha[mb * 16 + g], alpha[mb * 16 + g + 8], scratch)
+
+
+@cuda.jit(device=True)
+def _v2_pv_tile(p, pa, pb, t, vs, c, acc, frags, xa, xb, scratch):
+    """One key tile's O = alpha O + P V for this lane: its ``frags`` n8 fragments of accumulators (rows pa, pb of
+    P; value columns c + 8 f) rescaled by xa (row pa) and xb (row pb), then two k8 steps of P [rows, 16 keys]
+    (A fragments from the shared ``p``) @ V [16 keys, columns] (B fragments from the shared tile ``vs``, rows =
+    keys). With all FRAGS fragments in use the loop has no guard (see ``_v2_accumulate``)."""
     for f in range(FRAGS):
         if f < frags:
             acc[4 * f] *= xa
             acc[4 * f + 1] *= xa
             acc[4 * f + 2] *= xb
             acc[4 * f + 3] *= xb
-    pa = uint64(mb * 16 + g)
-    pb = uint64(mb * 16 + g + 8)
-    for kk in range(KT // 8):
-        ah0, al0 = split_tf32_fast(sp[0, pa, uint64(kk * 8 + t)])       # A = P [rows, keys]
-        ah1, al1 = split_tf32_fast(sp[0, pb, uint64(kk * 8 + t)])
-        ah2, al2 = split_tf32_fast(sp[0, pa, uint64(kk * 8 + t + 4)])
-        ah3, al3 = split_tf32_fast(sp[0, pb, uint64(kk * 8 + t + 4)])
+    for kk in range(2):
+        ah0, al0 = split_tf32_fast(p[pa, uint64(kk * 8 + t)])            # A = P [rows, keys]
+        ah1, al1 = split_tf32_fast(p[pb, uint64(kk * 8 + t)])
+        ah2, al2 = split_tf32_fast(p[pa, uint64(kk * 8 + t + 4)])
+        ah3, al3 = split_tf32_fast(p[pb, uint64(kk * 8 + t + 4)])
         ka = uint64(kk * 8 + t)                                           # B = V [keys, columns]
         kb = uint64(kk * 8 + t + 4)
-        c = uint64(col0 + g + vo)
         if frags == FRAGS:
             for f in range(FRAGS):
-                _v2_pv(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ks, ka, kb, c, acc, f, scratch)
+                _v2_pv(ah0, ah1, ah2, ah3, al0, al1, al2, al3, vs, ka, kb, c, acc, f, scratch)
         else:
             for f in range(FRAGS):
                 if f < frags:
-                    _v2_pv(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ks, ka, kb, c, acc, f, scratch)
+                    _v2_pv(ah0, ah1, ah2, ah3, al0, al1, al2, al3, vs, ka, kb, c, acc, f, scratch)
 
 
 @cuda.jit(device=True)
