@@ -10,17 +10,31 @@ Two users:
     and values v (Vd), decompressed from the latent cache rows by two batched GEMMs, G = 1. For Kimi a (query,
     key) pair costs 2 (P + R + Vd) = 640 FLOPs per head here against 2 (Lkv + R + Lkv) = 2176 in the absorbed
     form that decode and the tree verify use (kernels/mla_attention.py; there the latent's bytes are the cost,
-    here the FLOPs are): the decompression (2 Lkv (P + Vd) N FLOPs per key row) pays once a chunk has more than a
-    few dozen queries.
-  * the **DFlash drafter's block attention** (kernels/block_attention.py, variant "v2"): not causal, G = 2.
+    here the FLOPs are). The decompression costs 2 Lkv (P + Vd) N FLOPs per key row - every chunk redoes it for
+    the whole prefix - so by FLOPs alone it pays from ~170 queries per key at Kimi's shape (48 for the default
+    pair); measured on the H200 the decompressed path was already 1.57x faster at a 128-token chunk (the absorbed
+    kernel runs at a lower rate), hence target.DECOMPRESSED_PREFILL_TOKENS = 128.
+  * the **DFlash drafter's block attention** (kernels/block_attention.py, its variant "v2" calls ``attention_v2``
+    directly): not causal, G = 2 - its 16 tokens x 2 heads are exactly one 32-row v2 tile per kv head, where a
+    128-row v3 block would be three-quarters padding.
 
-The kernel is mla_attention's ``_attention_v2_kernel`` (absorbed MLA is its case Nkv = 1, G = Nq, v = k, values =
-the key rows' first Lkv columns); its docstring and tutorial 14 walk through it. Mapping: grid (ceil(T G / 32),
-key splits, kv heads); block (x, z, b) takes the 32 tile rows r = 32 x .. 32 x + 31 of kv head b, r = t G + j
-standing for token t and query head b G + j, and streams b's key rows in tiles of 16 through shared memory: the
-keys in tile columns 0 .. Dk - 1 and the values in columns vo = Dk rounded up to 8 .. vo + Dv - 1 of the same
-tile rows (two cp.async copy plans), scores and P V on tensor cores (3xTF32, fp32-grade), the online softmax on 8
-lanes per row; several splits are merged by mla_attention's combine. Limits: vo + Dv <= 576, Dv <= 512.
+Variants (``variant=``; None -> ``default_variant(Dk, Dv)``: v3 while the head fits it, else v2):
+  v2  mla_attention's ``_attention_v2_kernel`` (absorbed MLA is its case Nkv = 1, G = Nq, values = the key rows'
+      first Lkv columns; its docstring and tutorial 14 walk through it). Grid (ceil(T G / 32), key splits, kv
+      heads); block (x, z, b) takes the 32 tile rows r = 32 x .. 32 x + 31 of kv head b, r = t G + j standing for
+      token t and query head b G + j, and streams b's key rows in tiles of 16 through shared memory: keys in tile
+      columns 0 .. Dk - 1, values in columns vo = Dk rounded up to 8 .. vo + Dv - 1 of the same tile rows (two
+      cp.async copy plans); 8 warps split each tile's scores into k-parts and its P V into column groups, the
+      online softmax runs on 8 lanes per row, five barriers per tile. Limits: vo + Dv <= 576, Dv <= 512.
+  v3  ``_gqa_v3_kernel`` (below), FlashAttention-2's mapping for heads of Dk <= 256, Dv <= 128: a block of 8 warps
+      takes 128 tile rows, warp w its 16 rows with all of their Dk score dims and Dv output columns (64
+      accumulators per thread). Per tile of 16 keys: keys -> ``ks`` (row stride 260) and values -> ``vs`` (136)
+      by cp.async, a barrier; S [16, 16] = Q K^T per warp (3xTF32, query fragments from global q); the online
+      softmax in registers - lane 4 g + t holds rows g and g + 8, keys 2t, 2t + 1, 8 + 2t, 9 + 2t, and a row's max
+      and sum are shuffles over its quad (``_v3_row_softmax``); P goes through the warp's own shared buffer (row
+      stride 20), because the MMA's C fragment layout is not its A layout; O = alpha O + P V; a barrier. Two
+      barriers per tile instead of v2's five, and each key tile serves 128 query rows instead of 32.
+Both: several key splits are merged by mla_attention's combine.
 Shapes: q [T, Nq, Dk], k [S, Nkv, Dk], v [S, Nkv, Dv] float32, C-contiguous, S >= start + T -> out [T, Nq, Dv].
 Example: one head, Dk = Dv = 1, scale 1, k = [[[0]], [[0]]] (equal scores), v = [[[1]], [[3]]], start 0, T = 2:
 causal -> token 0 sees row 0: out 1, token 1 sees both: out 2; not causal -> out 2 for both.
@@ -231,7 +245,8 @@ def _gqa_v3_kernel(q, k, v, start0, start_dev, scale, group, causal, width, spli
 
 
 def v3_warps() -> int:
-    """Warps per v3 block: WARPS3 on the GPU, 2 on the simulator (its tests use a few blocks of 32 rows)."""
+    """Warps per v3 block: WARPS3 on the GPU, 2 on the simulator (its tests use a few blocks of 32 rows; the numpy
+    backend launches nothing)."""
     return WARPS3 if backend.name == "cuda" else 2
 
 

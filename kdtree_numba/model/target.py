@@ -247,7 +247,9 @@ class Target:
         """Causal attention of a prefill chunk in MLA's decompressed form: per head, keys [c W_UK[h]^T ; k_rot]
         and values c W_UV[h] from the latent ``rows [S, Lkv + R]`` (two batched GEMMs; k_rot copied to every
         head), then grouped-query attention with one kv head per query head (kernels/gqa_attention.py).
-        ``q [T, N, P + R]`` gets its rope columns rotated in place. Returns ``[T, N, Vd]``."""
+        ``q [T, N, P + R]`` gets its rope columns rotated in place. Returns ``[T, N, Vd]``. Every chunk decompresses
+        its whole prefix again (``rows`` = cache rows 0 .. start + T - 1): 2 Lkv (P + Vd) N FLOPs per row, small
+        next to the attention itself once a chunk has a few hundred tokens."""
         cfg = self.config
         T, N, _ = q.shape
         P, Lkv, Vd = cfg.qk_nope_head_dim, cfg.kv_lora_rank, cfg.v_head_dim
