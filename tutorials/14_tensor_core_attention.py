@@ -28,7 +28,7 @@ import math
 import numpy as np
 
 from _common import (banner, check, check_true, draw_owners, finish, host, parse_args, rng, save_figure, section,
-                     show_kernel, stopwatch, table)
+                     show_kernel, spy, stopwatch, table)
 
 import kdtree_numba as kd
 from numba import cuda, float32, int32
@@ -51,25 +51,6 @@ if args.size == "large" and not BIG:
 print(f"v2 constants: MT {MT} query rows per tile (MB {MB} m16 blocks), KT {KT} keys per key tile, ROW_T {ROW_T} "
       f"floats per shared key row, up to KPARTS {KPARTS} k-parts, FRAGS {FRAGS} n8 fragments per warp, WARPS "
       f"{WARPS} warps per block on the GPU")
-
-
-class spy:
-    """``with spy() as s: ...`` records the kernel launches (name, grid, block) made inside the block."""
-
-    def __enter__(self):
-        self.launches = []
-        self._launch = kd.backend.launch
-
-        def launch(kernel, grid, block, *a, **kw):
-            fn = getattr(kernel, "py_func", None) or getattr(kernel, "fn", None) or kernel
-            self.launches.append((fn.__name__, grid, block))
-            return self._launch(kernel, grid, block, *a, **kw)
-        kd.backend.launch = launch
-        return self
-
-    def __exit__(self, *exc):
-        kd.backend.launch = self._launch
-        return False
 
 
 # %% [markdown]

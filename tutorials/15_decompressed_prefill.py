@@ -30,7 +30,7 @@ import math
 import numpy as np
 
 from _common import (banner, check, check_true, finish, heldout_prompts, host, load_pair, model_backend, parse_args,
-                     rng, save_figure, section, show_kernel, stopwatch, table)
+                     rng, save_figure, section, show_kernel, spy, stopwatch, table)
 
 import kdtree_numba as kd
 from numba import cuda, float32, int64
@@ -54,25 +54,6 @@ THRESH = target_module.DECOMPRESSED_PREFILL_TOKENS
 print(f"v3 constants: QT {QT} query rows per warp, KT3 {KT3} keys per tile, WARPS3 {WARPS3} warps per block on the "
       f"GPU ({QT * WARPS3} rows); this backend: {W3} warps ({QT * W3} rows); strides K {K_STRIDE}, V {V_STRIDE}, "
       f"P {P_STRIDE}; target.DECOMPRESSED_PREFILL_TOKENS = {THRESH}")
-
-
-class spy:
-    """``with spy() as s: ...`` records the kernel launches (name, grid, block) made inside the block."""
-
-    def __enter__(self):
-        self.launches = []
-        self._launch = kd.backend.launch
-
-        def launch(kernel, grid, block, *a, **kw):
-            fn = getattr(kernel, "py_func", None) or getattr(kernel, "fn", None) or kernel
-            self.launches.append((fn.__name__, grid, block))
-            return self._launch(kernel, grid, block, *a, **kw)
-        kd.backend.launch = launch
-        return self
-
-    def __exit__(self, *exc):
-        kd.backend.launch = self._launch
-        return False
 
 
 # %% [markdown]

@@ -180,6 +180,25 @@ class stopwatch:
         return False
 
 
+class spy:
+    """``with spy() as s: ...`` records the kernel launches (name, grid, block) made inside the block."""
+
+    def __enter__(self):
+        self.launches = []
+        self._launch = kd.backend.launch
+
+        def launch(kernel, grid, block, *a, **kw):
+            fn = getattr(kernel, "py_func", None) or getattr(kernel, "fn", None) or kernel
+            self.launches.append((fn.__name__, grid, block))
+            return self._launch(kernel, grid, block, *a, **kw)
+        kd.backend.launch = launch
+        return self
+
+    def __exit__(self, *exc):
+        kd.backend.launch = self._launch
+        return False
+
+
 def table(rows, header) -> None:
     """Print a small fixed-width table (``rows``: sequences of printable cells)."""
     cells = [[str(c) for c in header]] + [[str(c) for c in r] for r in rows]
