@@ -59,14 +59,10 @@ def argmax_beats(v, i, best_v, best_i):
 if not SIM:
     @cuda.jit(device=True)
     def warp_max(v, buf):
-        """The largest v of the warp, to every lane: np.max(v[warp]); a 5-step shfl_xor butterfly. buf: shared
-        [32] of v's type (the simulator's scratch, untouched here). Example: lanes holding their id -> 31."""
-        cuda.syncwarp(FULL)
-        s = 16
-        while s > 0:
-            v = max(v, cuda.shfl_xor_sync(FULL, v, s))
-            s >>= 1
-        return v
+        """The largest v of the warp, to every lane: np.max(v[warp]); a 5-step shfl_xor butterfly (``group_max``
+        over the whole warp). buf: shared [32] of v's type (the simulator's scratch, untouched here). Example:
+        lanes holding their id -> 31."""
+        return group_max(v, 32, buf)
 
     @cuda.jit(device=True)
     def warp_min(v, buf):
@@ -76,13 +72,9 @@ if not SIM:
     @cuda.jit(device=True)
     def warp_sum(v, buf):
         """The sum of v over the warp, to every lane: np.sum(v[warp]) in the butterfly's order (the simulator adds
-        in lane order: float sums may differ in the last bit). As warp_max. Example: all ones -> 32."""
-        cuda.syncwarp(FULL)
-        s = 16
-        while s > 0:
-            v += cuda.shfl_xor_sync(FULL, v, s)
-            s >>= 1
-        return v
+        in lane order: float sums may differ in the last bit); ``group_sum`` over the whole warp. As warp_max.
+        Example: all ones -> 32."""
+        return group_sum(v, 32, buf)
 
     @cuda.jit(device=True)
     def warp_prefix_sum(v, buf):
