@@ -157,6 +157,8 @@ def block_attention(q, k, v, n_keys: int, scale: float, out=None, variant: str |
         raise ValueError(f"variant: expected 'v1', 'v2' or None, got {variant!r}")
     q = _checks.array(q, "q", dtype=np.float32, ndim=3)
     B, Nq, D = q.shape
+    if D < 1:
+        raise ValueError(f"q: expected a head dim (last axis) >= 1, got shape {tuple(q.shape)}")
     k = _checks.array(k, "k", dtype=np.float32, ndim=3)
     S, Nkv = k.shape[0], k.shape[1]
     if k.shape[2] != D:

@@ -50,8 +50,8 @@ from .. import backend
 from . import _checks
 from ._intrinsics import copy_async, copy_async_wait
 from .mla_attention import (MAX_D, MAX_LKV, MIN_SPLIT_TILES, NEG_INF, TILE_ALIGN, _combine, _partials, _v2_copy_next,
-                            _v2_copy_plan, _v2_pv_tile, _v2_qrow, _v2_score_step, _v2_store, attention_v2, copy_width,
-                            plan_splits)
+                            _v2_copy_plan, _v2_pv_tile, _v2_qrow, _v2_score_step, _v2_store, attention_v2, check_splits,
+                            copy_width, plan_splits)
 from .mma import SCRATCH_SHAPE, SIM
 from .primitives import GROUP_BUF, group_max, group_sum
 
@@ -279,12 +279,16 @@ def check_gqa(q, k, v, out):
     """(q, k, v, out) checked: q [T, Nq, Dk], k [S, Nkv, Dk] with Nkv dividing Nq, v [S, Nkv, Dv], out [T, Nq, Dv]."""
     q = _checks.array(q, "q", dtype=np.float32, ndim=3)
     T, Nq, Dk = q.shape
+    if Dk < 1:
+        raise ValueError(f"q: expected a key dim (last axis) >= 1, got shape {tuple(q.shape)}")
     k = _checks.array(k, "k", dtype=np.float32, ndim=3, shape=(None, None, Dk))
     S, Nkv = k.shape[0], k.shape[1]
     if Nkv == 0 or Nq % Nkv:
         raise ValueError(f"k: expected a number of kv heads that divides q's {Nq} query heads, got shape "
                          f"{tuple(k.shape)}")
     v = _checks.array(v, "v", dtype=np.float32, ndim=3, shape=(S, Nkv, None))
+    if v.shape[2] < 1:
+        raise ValueError(f"v: expected a value dim (last axis) >= 1, got shape {tuple(v.shape)}")
     out = _checks.out_array(out, "out", (T, Nq, v.shape[2]), np.float32)
     if backend.name != "numpy" and (value_column(Dk) + v.shape[2] > MAX_D or v.shape[2] > MAX_LKV):
         raise ValueError(f"v: key dim {Dk} and value dim {v.shape[2]} exceed the kernel's tile (key dim rounded up "
@@ -301,6 +305,7 @@ def gqa_attention(q, k, v, start, scale: float, causal: bool = True, out=None, s
     rows). ``splits`` asks for that many key splits (tests), as in ``mla_attention``. ``variant``: "v2" | "v3" |
     None (``default_variant(Dk, Dv)``); the numpy backend runs the reference for any."""
     q, k, v, out = check_gqa(q, k, v, out)
+    splits = check_splits(splits)
     variant = default_variant(q.shape[2], v.shape[2]) if variant is None else variant
     if variant not in VARIANTS:
         raise ValueError(f"variant: expected 'v2', 'v3' or None, got {variant!r}")

@@ -700,6 +700,11 @@ def _combine_kernel(o_part, m_part, l_part, out):
 
 
 # ------------------------------------------------------------------------------------------------ launchers
+def check_splits(splits):
+    """``splits`` (the key splits a test asks for): None, or an int >= 1."""
+    return None if splits is None else _checks.integer(splits, "splits", lo=1)
+
+
 def check_qkv(q, cache, lkv, out):
     q = _checks.array(q, "q", dtype=np.float32, ndim=3)
     T, N, D = q.shape
@@ -844,6 +849,7 @@ def mla_attention(q, cache, start, scale: float, lkv: int, out=None, splits: int
     """
     variant = check_variant(variant)
     q, cache, lkv, out = check_qkv(q, cache, lkv, out)
+    splits = check_splits(splits)
     T = q.shape[0]
     start0, _ = _checks.device_int(start, "start")
     device_start = hasattr(start, "shape")

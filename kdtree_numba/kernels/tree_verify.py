@@ -41,10 +41,10 @@ from . import _checks
 from ._intrinsics import copy_async_wait
 from .primitives import GROUP_BUF
 from .mla_attention import (ACC, BK, HG, KPARTS, KT, MAX_D, MAX_LKV, MAX_SUBS, MT, PAIRS, ROW, ROW_T,
-                            SCRATCH_SHAPE, V2_JIT, _v1_begin, _v1_end, _v1_tile, _v2_accumulate, _v2_begin, _v2_end,
-                            TILE_ALIGN, _v2_copy_plan, _v2_lane_rows, _v2_load_keys, _v2_row, _v2_scores, _v2_softmax, check_qkv,
-                            check_variant,
-                            launch_v1, launch_v2, masked_attention_fast, masked_attention_ref)
+                            SCRATCH_SHAPE, TILE_ALIGN, V2_JIT, _v1_begin, _v1_end, _v1_tile, _v2_accumulate, _v2_begin,
+                            _v2_copy_plan, _v2_end, _v2_lane_rows, _v2_load_keys, _v2_row, _v2_scores, _v2_softmax,
+                            check_qkv, check_splits, check_variant, launch_v1, launch_v2, masked_attention_fast,
+                            masked_attention_ref)
 
 
 def tree_attention_ref(q, cache, start: int, parents, scale: float, lkv: int):
@@ -190,6 +190,7 @@ def tree_attention(q, cache, start, paths, depths, scale: float, lkv: int, max_d
     ``mla_attention`` ("v1" | "v2" | None)."""
     variant = check_variant(variant)
     q, cache, lkv, out = check_qkv(q, cache, lkv, out)
+    splits = check_splits(splits)
     n1, N, D = q.shape
     paths = _checks.array(paths, "paths", dtype=np.int32, ndim=2, shape=(n1, None))
     depths = _checks.array(depths, "depths", dtype=np.int32, shape=(n1,))

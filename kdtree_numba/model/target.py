@@ -249,7 +249,8 @@ class Target:
         head), then grouped-query attention with one kv head per query head (kernels/gqa_attention.py).
         ``q [T, N, P + R]`` gets its rope columns rotated in place. Returns ``[T, N, Vd]``. Every chunk decompresses
         its whole prefix again (``rows`` = cache rows 0 .. start + T - 1): 2 Lkv (P + Vd) N FLOPs per row, small
-        next to the attention itself once a chunk has a few hundred tokens."""
+        next to the attention itself once a chunk has a few hundred tokens, and 4 N (P + R + Vd) bytes per row of
+        transient k / v (Kimi: 80 KB a row - 10.7 GB for a 128k-token prefix; chunk long prompts accordingly)."""
         cfg = self.config
         T, N, _ = q.shape
         P, Lkv, Vd = cfg.qk_nope_head_dim, cfg.kv_lora_rank, cfg.v_head_dim

@@ -122,6 +122,15 @@ def test_device_side_start_equals_host_int(variant):
     np.testing.assert_allclose(got, tv.tree_attention_ref(qt, cache, start, parents, 0.3, lkv), **TOL)
 
 
+def test_bad_splits_and_shapes_name_the_argument():
+    q, cache = np.zeros((2, 3, 8), np.float32), np.zeros((6, 8), np.float32)
+    for splits in (0, -1, 1.5):
+        with pytest.raises(ValueError, match="splits"):
+            mla.mla_attention(q, cache, 1, 1.0, 4, splits=splits)
+        with pytest.raises(ValueError, match="splits"):
+            tv.tree_attention(q, cache, 1, np.zeros((2, 1), np.int32), np.zeros(2, np.int32), 1.0, 4, splits=splits)
+
+
 def test_variant_selection():
     assert mla.default_variant() == ("v2" if kd.backend.name == "cuda" else "v1")
     assert mla.check_variant(None) == mla.default_variant()

@@ -76,6 +76,14 @@ def test_bad_input(call, msg):
         call()
 
 
+def test_zero_head_dim_is_refused():
+    z = np.zeros((2, 2, 0), np.float32)
+    for variant in ba.VARIANTS:
+        with pytest.raises(ValueError, match="q: expected a head dim"):
+            ba.block_attention(z, np.zeros((5, 2, 0), np.float32), np.zeros((5, 2, 0), np.float32), 3, 1.0,
+                               variant=variant)
+
+
 def test_v2_head_dim_limit_and_variant_name():
     q = np.zeros((2, 2, 300), np.float32)
     kv = np.zeros((5, 2, 300), np.float32)

@@ -90,6 +90,9 @@ def test_reference_is_plain_attention_per_head(numpy_backend):
     (dict(start=4), "start: 4 \\+ 2 query rows exceed the 5 rows of k"),
     (dict(scale=0.0), "scale"),
     (dict(variant="v4"), "variant: expected 'v2', 'v3' or None, got 'v4'"),
+    (dict(q=np.zeros((2, 4, 0), np.float32), k=np.zeros((5, 2, 0), np.float32)), "q: expected a key dim"),
+    (dict(v=np.zeros((5, 2, 0), np.float32)), "v: expected a value dim"),
+    (dict(splits=0), "splits"),
     (dict(q=np.zeros((2, 4, 264), np.float32), k=np.zeros((5, 2, 264), np.float32), variant="v3"),
      "variant: v3 takes key dims <= 256 and value dims <= 128, got 264 and 4"),
 ])
