@@ -49,9 +49,8 @@ from numba import cuda, float32, uint64
 from .. import backend
 from . import _checks
 from ._intrinsics import copy_async, copy_async_wait
-from .mla_attention import (MAX_D, MAX_LKV, MIN_SPLIT_TILES, NEG_INF, TILE_ALIGN, _combine, _partials, _v2_copy_next,
-                            _v2_copy_plan, _v2_pv_tile, _v2_qrow, _v2_score_step, _v2_store, attention_v2, check_splits,
-                            copy_width, plan_splits)
+from .mla_attention import (MAX_D, MAX_LKV, NEG_INF, TILE_ALIGN, _v2_copy_next, _v2_copy_plan, _v2_pv_tile, _v2_qrow,
+                            _v2_score_step, _v2_store, attention_v2, check_splits, copy_width, launch_split)
 from .mma import SCRATCH_SHAPE, SIM
 from .primitives import GROUP_BUF, group_max, group_sum
 
@@ -252,21 +251,11 @@ def v3_warps() -> int:
 
 def _launch_v3(q, k, v, start0, start_dev, scale, causal, out, max_keys, splits):
     """Launch ``_gqa_v3_kernel`` on grid (ceil(T G / rows per block), splits, B), then the combine."""
-    T, Nq, Dk = q.shape
+    T, Nq, _ = q.shape
     B = k.shape[1]
-    Dv = out.shape[2]
-    rows = T * Nq
-    tiles = -(-(T * (Nq // B)) // (QT * v3_warps()))
-    splits, split_len = plan_splits(tiles * B, max_keys, KT3, MIN_SPLIT_TILES * KT3, splits)
-    direct, o_part, m_part, l_part = _partials(splits, T, Nq, Dv)
-    flat = (o_part.reshape(splits, rows, Dv), m_part.reshape(splits, rows), l_part.reshape(splits, rows)) \
-        if not direct else (o_part.reshape(1, 1, 1), m_part.reshape(1, 1), l_part.reshape(1, 1))
-    backend.launch(_gqa_v3_kernel, (tiles, splits, B), 32 * v3_warps(), q.reshape(rows, Dk), k, v, start0, start_dev,
-                   np.float32(scale), Nq // B, bool(causal), copy_width(k, v), int(split_len), direct,
-                   out.reshape(rows, Dv), *flat)
-    if not direct:
-        _combine(o_part, m_part, l_part, out)
-    return out
+    return launch_split(_gqa_v3_kernel, -(-(T * (Nq // B)) // (QT * v3_warps())), B, 32 * v3_warps(), KT3, q, out,
+                        max_keys, splits, (k, v, start0, start_dev, np.float32(scale), Nq // B, bool(causal),
+                                           copy_width(k, v)))
 
 
 # ------------------------------------------------------------------------------------------------ launcher

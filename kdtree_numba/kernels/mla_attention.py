@@ -796,23 +796,31 @@ def attention_v2(q, k, v, start0: int, start_dev, scale: float, causal: bool, ou
     rows flattened (views, no copies), then the combine when there are several splits. start = start0 +
     start_dev[0] (``_checks.device_int``'s parts). ``max_keys``: the longest key list any block may have (every
     row it may read: the grid is fixed before a device-side start is read)."""
-    T, Nq, Dk = q.shape
+    T, Nq, _ = q.shape
     B = k.shape[1]
+    width = copy_width(k) if v is None else copy_width(k, v)
+    v = _placeholder() if v is None else v
+    return launch_split(_attention_v2_kernel, -(-(T * (Nq // B)) // MT), B, 32 * v2_warps(out.shape[2]), KT, q, out,
+                        max_keys, splits, (k, v, start0, start_dev, np.float32(scale), Nq // B, bool(causal), width))
+
+
+def launch_split(kernel, tiles: int, heads, threads: int, tile: int, q, out, max_keys: int, splits, args,
+                 tail=()):
+    """The launch every tiled attention kernel shares: key splits planned for ``tiles`` x ``heads`` blocks (keys
+    in whole tiles of ``tile``), the kernel on grid (tiles, splits, heads) - (tiles, splits) when ``heads`` is None
+    - with arguments ``q`` [T*N, D] (rows flattened: a view), ``*args``, split length, direct, ``out`` [T*N, Dv],
+    the split partials [splits, T*N(, Dv)] (1-element placeholders when direct), ``*tail``; then the combine when
+    there are several splits. Returns ``out``."""
+    T, N, D = q.shape
     Dv = out.shape[2]
-    rows = T * Nq
-    tiles = -(-(T * (Nq // B)) // MT)
-    splits, split_len = plan_splits(tiles * B, max_keys, KT, MIN_SPLIT_TILES * KT, splits)
-    direct, o_part, m_part, l_part = _partials(splits, T, Nq, Dv)
+    rows = T * N
+    splits, split_len = plan_splits(tiles * (heads or 1), max_keys, tile, MIN_SPLIT_TILES * tile, splits)
+    direct, o_part, m_part, l_part = _partials(splits, T, N, Dv)
     flat = (o_part.reshape(splits, rows, Dv), m_part.reshape(splits, rows), l_part.reshape(splits, rows)) \
         if not direct else (o_part.reshape(1, 1, 1), m_part.reshape(1, 1), l_part.reshape(1, 1))
-    if v is None:
-        v = _placeholder()
-        width = copy_width(k)
-    else:
-        width = copy_width(k, v)
-    backend.launch(_attention_v2_kernel, (tiles, splits, B), 32 * v2_warps(Dv), q.reshape(rows, Dk), k, v, start0,
-                   start_dev, np.float32(scale), Nq // B, bool(causal), width, int(split_len), direct,
-                   out.reshape(rows, Dv), *flat)
+    grid = (tiles, splits) if heads is None else (tiles, splits, heads)
+    backend.launch(kernel, grid, threads, q.reshape(rows, D), *args, int(split_len), direct, out.reshape(rows, Dv),
+                   *flat, *tail)
     if not direct:
         _combine(o_part, m_part, l_part, out)
     return out
@@ -822,19 +830,9 @@ def launch_v2(kernel, q, cache, start, scale, lkv, out, max_keys, splits, *extra
     """Launch tree_verify's v2 kernel on grid (ceil(T N / MT), splits) with the rows flattened (views, no
     copies), then the combine when there are several splits."""
     start0, start_dev = _checks.device_int(start, "start")
-    T, N, D = q.shape
-    rows = T * N
-    tiles = -(-rows // MT)
-    splits, split_len = plan_splits(tiles, max_keys, KT, MIN_SPLIT_TILES * KT, splits)
-    direct, o_part, m_part, l_part = _partials(splits, T, N, lkv)
-    flat = (o_part.reshape(splits, rows, lkv), m_part.reshape(splits, rows), l_part.reshape(splits, rows)) \
-        if not direct else (o_part.reshape(1, 1, 1), m_part.reshape(1, 1), l_part.reshape(1, 1))
-    backend.launch(kernel, (tiles, splits), 32 * v2_warps(lkv), q.reshape(rows, D), cache, start0, start_dev,
-                   np.float32(scale), N, copy_width(cache), int(split_len), direct, out.reshape(rows, lkv), *flat,
-                   *extra)
-    if not direct:
-        _combine(o_part, m_part, l_part, out)
-    return out
+    T, N, _ = q.shape
+    return launch_split(kernel, -(-(T * N) // MT), None, 32 * v2_warps(lkv), KT, q, out, max_keys, splits,
+                        (cache, start0, start_dev, np.float32(scale), N, copy_width(cache)), extra)
 
 
 def mla_attention(q, cache, start, scale: float, lkv: int, out=None, splits: int | None = None,
