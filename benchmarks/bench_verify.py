@@ -28,6 +28,7 @@ the events bracketed one direct call, which charged numba's ~30 us of host launc
 few microseconds to SDPA: the small cells compared launchers, not kernels.)
 
     PYTHONPATH=$PWD python3 benchmarks/bench_verify.py            # the GPU (KDTREE_BACKEND=cuda)
+    PYTHONPATH=$PWD python3 benchmarks/bench_verify.py --tables prefill,block   # only those tables
     KDTREE_BACKEND=sim python3 benchmarks/bench_verify.py --quick # a smoke run on the simulator (tiny shapes,
                                                                   # no torch rows; the numbers mean nothing)
 """
@@ -35,7 +36,13 @@ import numpy as np
 
 from _common import args, graph_median_ms, kd, save, set_tf32, table, torch_graph_median_ms
 
-a = args(__doc__)
+TABLES = ("tree", "causal", "prefill", "block")
+a = args(__doc__, lambda p: p.add_argument("--tables", default=",".join(TABLES),
+                                           help=f"comma-separated subset of {', '.join(TABLES)} (default: all)"))
+only = [t.strip() for t in a.tables.split(",") if t.strip()]
+if not only or any(t not in TABLES for t in only):
+    raise SystemExit(f"bench_verify.py: --tables expects a comma-separated subset of {', '.join(TABLES)}, "
+                     f"got {a.tables!r}")
 xp = kd.backend.xp
 from kdtree_numba.kernels import block_attention, gemm, gqa_attention, mla_attention, tree, tree_verify  # noqa: E402
 
@@ -123,130 +130,135 @@ HEADER = [f"{v} (ms)" for v in VARIANTS] + ["v2 vs v1", "v2 TFLOP/s", "v2 % fp32
 rng = np.random.default_rng(0)
 
 # ------------------------------------------------------------------------------------------------ tree verify
-rows = []
-for S in contexts:
-    for n in nodes:
-        parents = random_tree(n, rng)
-        paths, depth = tree.ancestor_paths(parents)
-        paths_d, depth_d = xp.asarray(paths), xp.asarray(depth)
-        cache = xp.asarray(rng.standard_normal((S + n + 1, D), dtype=np.float32))
-        visible = np.zeros((n + 1, S + n + 1), bool)
-        visible[:, :S] = True
-        for i in range(n + 1):
-            visible[i, S + paths[i, :depth[i] + 1]] = True
-        for N in heads:
-            q = xp.asarray(rng.standard_normal((n + 1, N, D), dtype=np.float32))
-            reps = a.reps if S * n * N < 2 ** 26 else 5
-            outs, ms = {}, {}
-            for v in VARIANTS:
-                outs[v] = xp.empty((n + 1, N, LKV), np.float32)
-                ms[v] = graph_median_ms(lambda: tree_verify.tree_attention(
-                    q, cache, S, paths_d, depth_d, SCALE, LKV, max_depth=paths.shape[1] - 1, out=outs[v],
-                    variant=v), reps if GPU else 1, 1 if not GPU else 3)
-            if not rows:
-                want = tree_verify.tree_attention_ref(H(q), H(cache), S, parents, SCALE, LKV)
-                print(f"float64 reference, tree S={S} n={n} N={N}: max error " + ", ".join(
-                    f"{v} {np.abs(H(outs[v]) - want).max():.1e}" for v in VARIANTS), flush=True)
-            flops = 2 * (n + 1) * N * (S + depth.mean() + 1) * (D + LKV)
-            nbytes = 4 * ((S + n + 1) * D + (n + 1) * N * (D + LKV))
-            rows.append([S, n, N] + row_cells(ms, flops, nbytes, sdpa_rows(q, cache, visible, reps,
-                                                                           list(outs.values()))))
-table("Tree-verify attention (fp32 in and out): kernel variants vs torch SDPA with an explicit mask",
-      ["context", "nodes", "heads"] + HEADER, rows)
+if "tree" in only:
+    rows = []
+    for S in contexts:
+        for n in nodes:
+            parents = random_tree(n, rng)
+            paths, depth = tree.ancestor_paths(parents)
+            paths_d, depth_d = xp.asarray(paths), xp.asarray(depth)
+            cache = xp.asarray(rng.standard_normal((S + n + 1, D), dtype=np.float32))
+            visible = np.zeros((n + 1, S + n + 1), bool)
+            visible[:, :S] = True
+            for i in range(n + 1):
+                visible[i, S + paths[i, :depth[i] + 1]] = True
+            for N in heads:
+                q = xp.asarray(rng.standard_normal((n + 1, N, D), dtype=np.float32))
+                reps = a.reps if S * n * N < 2 ** 26 else 5
+                outs, ms = {}, {}
+                for v in VARIANTS:
+                    outs[v] = xp.empty((n + 1, N, LKV), np.float32)
+                    ms[v] = graph_median_ms(lambda: tree_verify.tree_attention(
+                        q, cache, S, paths_d, depth_d, SCALE, LKV, max_depth=paths.shape[1] - 1, out=outs[v],
+                        variant=v), reps if GPU else 1, 1 if not GPU else 3)
+                if not rows:
+                    want = tree_verify.tree_attention_ref(H(q), H(cache), S, parents, SCALE, LKV)
+                    print(f"float64 reference, tree S={S} n={n} N={N}: max error " + ", ".join(
+                        f"{v} {np.abs(H(outs[v]) - want).max():.1e}" for v in VARIANTS), flush=True)
+                flops = 2 * (n + 1) * N * (S + depth.mean() + 1) * (D + LKV)
+                nbytes = 4 * ((S + n + 1) * D + (n + 1) * N * (D + LKV))
+                rows.append([S, n, N] + row_cells(ms, flops, nbytes, sdpa_rows(q, cache, visible, reps,
+                                                                               list(outs.values()))))
+    table("Tree-verify attention (fp32 in and out): kernel variants vs torch SDPA with an explicit mask",
+          ["context", "nodes", "heads"] + HEADER, rows)
 
 # ------------------------------------------------------------------------------------------------ causal MLA
-rows = []
-for T, start, N in causal:
-    cache = xp.asarray(rng.standard_normal((start + T, D), dtype=np.float32))
-    q = xp.asarray(rng.standard_normal((T, N, D), dtype=np.float32))
-    reps = a.reps if start * N < 2 ** 20 and T < 1024 else 5
-    outs, ms = {}, {}
-    for v in VARIANTS:
-        outs[v] = xp.empty((T, N, LKV), np.float32)
-        ms[v] = graph_median_ms(lambda: mla_attention.mla_attention(q, cache, start, SCALE, LKV, out=outs[v],
-                                                                    variant=v), reps if GPU else 1, 1 if not GPU else 3)
-    if not rows:
-        want = mla_attention.mla_attention_ref(H(q), H(cache), start, SCALE, LKV)
-        print(f"float64 reference, causal T={T} start={start} N={N}: max error " + ", ".join(
-            f"{v} {np.abs(H(outs[v]) - want).max():.1e}" for v in VARIANTS), flush=True)
-    keys = T * start + T * (T + 1) / 2
-    flops = 2 * N * keys * (D + LKV)
-    nbytes = 4 * ((start + T) * D + T * N * (D + LKV))
-    visible = None if T == 1 else np.arange(start + T)[None, :] <= start + np.arange(T)[:, None]
-    rows.append([T, start, N] + row_cells(ms, flops, nbytes, sdpa_rows(q, cache, visible, reps,
-                                                                       list(outs.values()))))
-table("Causal MLA (prefill chunks, decode steps): kernel variants vs torch SDPA",
-      ["tokens", "start", "heads"] + HEADER, rows)
+if "causal" in only:
+    rows = []
+    for T, start, N in causal:
+        cache = xp.asarray(rng.standard_normal((start + T, D), dtype=np.float32))
+        q = xp.asarray(rng.standard_normal((T, N, D), dtype=np.float32))
+        reps = a.reps if start * N < 2 ** 20 and T < 1024 else 5
+        outs, ms = {}, {}
+        for v in VARIANTS:
+            outs[v] = xp.empty((T, N, LKV), np.float32)
+            ms[v] = graph_median_ms(lambda: mla_attention.mla_attention(q, cache, start, SCALE, LKV, out=outs[v],
+                                                                        variant=v),
+                                    reps if GPU else 1, 1 if not GPU else 3)
+        if not rows:
+            want = mla_attention.mla_attention_ref(H(q), H(cache), start, SCALE, LKV)
+            print(f"float64 reference, causal T={T} start={start} N={N}: max error " + ", ".join(
+                f"{v} {np.abs(H(outs[v]) - want).max():.1e}" for v in VARIANTS), flush=True)
+        keys = T * start + T * (T + 1) / 2
+        flops = 2 * N * keys * (D + LKV)
+        nbytes = 4 * ((start + T) * D + T * N * (D + LKV))
+        visible = None if T == 1 else np.arange(start + T)[None, :] <= start + np.arange(T)[:, None]
+        rows.append([T, start, N] + row_cells(ms, flops, nbytes, sdpa_rows(q, cache, visible, reps,
+                                                                           list(outs.values()))))
+    table("Causal MLA (prefill chunks, decode steps): kernel variants vs torch SDPA",
+          ["tokens", "start", "heads"] + HEADER, rows)
 
 # ------------------------------------------------------------------------------------------------ decompressed
-rows = []
-N, P, R, Vd, Lkv = MHA
-w_uk = xp.asarray(0.05 * rng.standard_normal((N, P, Lkv), dtype=np.float32))                 # [N, P, Lkv]
-w_uv = xp.asarray(0.05 * rng.standard_normal((N, Lkv, Vd), dtype=np.float32))                # [N, Lkv, Vd]
-GQA = gqa_attention.VARIANTS
-for T in prefill:
-    latent = xp.asarray(rng.standard_normal((T, Lkv + R), dtype=np.float32))                 # [T, Lkv + R]
-    q = xp.asarray(rng.standard_normal((T, N, P + R), dtype=np.float32))                      # [T, N, P + R]
-    q_abs = xp.asarray(rng.standard_normal((T, N, Lkv + R), dtype=np.float32))               # [T, N, Lkv + R]
-    k, v = xp.empty((T, N, P + R), np.float32), xp.empty((T, N, Vd), np.float32)
-    o_abs, outs = xp.empty((T, N, Lkv), np.float32), {g: xp.empty((T, N, Vd), np.float32) for g in GQA}
-    c = xp.broadcast_to(latent[:, :Lkv], (N, T, Lkv))                                         # [N, T, Lkv], stride 0
+if "prefill" in only:
+    rows = []
+    N, P, R, Vd, Lkv = MHA
+    w_uk = xp.asarray(0.05 * rng.standard_normal((N, P, Lkv), dtype=np.float32))                 # [N, P, Lkv]
+    w_uv = xp.asarray(0.05 * rng.standard_normal((N, Lkv, Vd), dtype=np.float32))                # [N, Lkv, Vd]
+    GQA = gqa_attention.VARIANTS
+    for T in prefill:
+        latent = xp.asarray(rng.standard_normal((T, Lkv + R), dtype=np.float32))                 # [T, Lkv + R]
+        q = xp.asarray(rng.standard_normal((T, N, P + R), dtype=np.float32))                      # [T, N, P + R]
+        q_abs = xp.asarray(rng.standard_normal((T, N, Lkv + R), dtype=np.float32))               # [T, N, Lkv + R]
+        k, v = xp.empty((T, N, P + R), np.float32), xp.empty((T, N, Vd), np.float32)
+        o_abs, outs = xp.empty((T, N, Lkv), np.float32), {g: xp.empty((T, N, Vd), np.float32) for g in GQA}
+        c = xp.broadcast_to(latent[:, :Lkv], (N, T, Lkv))                             # [N, T, Lkv], stride 0
 
-    def decompress():
-        gemm.bmm(c, w_uk.transpose(0, 2, 1), out=k[:, :, :P].transpose(1, 0, 2))
-        k[:, :, P:] = latent[:, None, Lkv:]
-        gemm.bmm(c, w_uv, out=v.transpose(1, 0, 2))
-    reps = a.reps if T < 2048 else 5
-    run = dict(reps=reps if GPU else 1, warmup=3 if GPU else 1)
-    ms_abs = graph_median_ms(lambda: mla_attention.mla_attention(q_abs, latent, 0, SCALE, Lkv, out=o_abs), **run)
-    ms_dec = graph_median_ms(decompress, **run)
-    ms = {g: graph_median_ms(lambda: gqa_attention.gqa_attention(q, k, v, 0, SCALE, out=outs[g], variant=g), **run)
-          for g in GQA}
-    best = ms["v3"]
-    flops = 2 * N * T * (T + 1) / 2 * (P + R + Vd)
-    want = gqa_attention.gqa_attention_ref(H(q), H(k), H(v), 0, SCALE) if not rows else None
-    if want is not None:
-        print(f"float64 reference, decompressed prefill T={T} N={N}: max error " + ", ".join(
-            f"{g} {np.abs(H(outs[g]) - want).max():.1e}" for g in GQA), flush=True)
-    sd = ["-", "-", "-"]
-    if torch is not None and GPU:
-        tq, tk, tv = (torch.from_dlpack(x).permute(1, 0, 2).contiguous()[None] for x in (q, k, v))
+        def decompress():
+            gemm.bmm(c, w_uk.transpose(0, 2, 1), out=k[:, :, :P].transpose(1, 0, 2))
+            k[:, :, P:] = latent[:, None, Lkv:]
+            gemm.bmm(c, w_uv, out=v.transpose(1, 0, 2))
+        reps = a.reps if T < 2048 else 5
+        run = dict(reps=reps if GPU else 1, warmup=3 if GPU else 1)
+        ms_abs = graph_median_ms(lambda: mla_attention.mla_attention(q_abs, latent, 0, SCALE, Lkv, out=o_abs), **run)
+        ms_dec = graph_median_ms(decompress, **run)
+        ms = {g: graph_median_ms(lambda: gqa_attention.gqa_attention(q, k, v, 0, SCALE, out=outs[g], variant=g), **run)
+              for g in GQA}
+        best = ms["v3"]
+        flops = 2 * N * T * (T + 1) / 2 * (P + R + Vd)
+        want = gqa_attention.gqa_attention_ref(H(q), H(k), H(v), 0, SCALE) if not rows else None
+        if want is not None:
+            print(f"float64 reference, decompressed prefill T={T} N={N}: max error " + ", ".join(
+                f"{g} {np.abs(H(outs[g]) - want).max():.1e}" for g in GQA), flush=True)
+        sd = ["-", "-", "-"]
+        if torch is not None and GPU:
+            tq, tk, tv = (torch.from_dlpack(x).permute(1, 0, 2).contiguous()[None] for x in (q, k, v))
 
-        def sdpa():
-            return F.scaled_dot_product_attention(tq, tk, tv, is_causal=True, scale=SCALE)
-        sd = []
-        for tf32 in (False, True):
-            set_tf32(tf32)
-            sd.append(torch_graph_median_ms(sdpa, reps))
-        set_tf32(False)
-        diff = max(float((sdpa()[0].permute(1, 0, 2) - torch.from_dlpack(o)).abs().max()) for o in outs.values())
-        sd.append(f"{diff:.1e}")
-        del tq, tk, tv
-    rows.append([T, f"{ms_abs:.3f}", f"{ms_dec:.3f}"] + [f"{ms[g]:.3f}" for g in GQA] +
-                [f"{ms_dec + best:.3f} ({ms_abs / (ms_dec + best):.2f}x)", f"{flops / best / 1e9:.1f}",
-                 f"{100 * flops / FP32_FLOPS * 1e3 / best:.0f} %"] +
-                [f"{x:.3f} ({x / best:.2f}x)" if isinstance(x, float) else x for x in sd[:2]] + [sd[2]])
-table(f"Prefill attention in MLA's decompressed form, one layer ({N} heads, P / R / Vd {P} / {R} / {Vd}, causal from "
-      f"0): the absorbed kernel vs decompression + GQA vs torch SDPA on the same per-head k / v",
-      ["tokens", "absorbed v2 ms", "decompress ms"] + [f"GQA {g} ms" for g in GQA] +
-      ["decompress + v3 ms (vs absorbed)", "v3 TFLOP/s", "v3 % fp32 roof", "SDPA fp32 ms (v3 speedup)",
-       "SDPA TF32 ms (v3 speedup)", "max diff vs SDPA"], rows)
+            def sdpa():
+                return F.scaled_dot_product_attention(tq, tk, tv, is_causal=True, scale=SCALE)
+            sd = []
+            for tf32 in (False, True):
+                set_tf32(tf32)
+                sd.append(torch_graph_median_ms(sdpa, reps))
+            set_tf32(False)
+            diff = max(float((sdpa()[0].permute(1, 0, 2) - torch.from_dlpack(o)).abs().max()) for o in outs.values())
+            sd.append(f"{diff:.1e}")
+            del tq, tk, tv
+        rows.append([T, f"{ms_abs:.3f}", f"{ms_dec:.3f}"] + [f"{ms[g]:.3f}" for g in GQA] +
+                    [f"{ms_dec + best:.3f} ({ms_abs / (ms_dec + best):.2f}x)", f"{flops / best / 1e9:.1f}",
+                     f"{100 * flops / FP32_FLOPS * 1e3 / best:.0f} %"] +
+                    [f"{x:.3f} ({x / best:.2f}x)" if isinstance(x, float) else x for x in sd[:2]] + [sd[2]])
+    table(f"Prefill attention in MLA's decompressed form, one layer ({N} heads, P / R / Vd {P} / {R} / {Vd}, "
+          f"causal from 0): the absorbed kernel vs decompression + GQA vs torch SDPA on the same per-head k / v",
+          ["tokens", "absorbed v2 ms", "decompress ms"] + [f"GQA {g} ms" for g in GQA] +
+          ["decompress + v3 ms (vs absorbed)", "v3 TFLOP/s", "v3 % fp32 roof", "SDPA fp32 ms (v3 speedup)",
+           "SDPA TF32 ms (v3 speedup)", "max diff vs SDPA"], rows)
 
 # ------------------------------------------------------------------------------------------------ drafter block
-rows = []
-B, Nq, Nkv, Dh = BLOCK
-for n_keys in block_keys:
-    q = xp.asarray(rng.standard_normal((B, Nq, Dh), dtype=np.float32))
-    kb, vb = (xp.asarray(rng.standard_normal((n_keys + 64, Nkv, Dh), dtype=np.float32)) for _ in range(2))
-    outs = {g: xp.empty((B, Nq, Dh), np.float32) for g in block_attention.VARIANTS}
-    ms = {g: graph_median_ms(lambda: block_attention.block_attention(q, kb, vb, n_keys, SCALE, out=outs[g],
-                                                                     variant=g), reps=a.reps if GPU else 1,
-                             warmup=3 if GPU else 1) for g in block_attention.VARIANTS}
-    want = block_attention.block_attention_ref(H(q), H(kb), H(vb), n_keys, SCALE)
-    rows.append([n_keys] + [f"{1e3 * ms[g]:.1f}" for g in block_attention.VARIANTS] +
-                [f"{ms['v1'] / ms['v2']:.2f}x"] + [f"{np.abs(H(outs[g]) - want).max():.1e}"
-                                                   for g in block_attention.VARIANTS])
-table(f"The DFlash drafter's block attention ({B} tokens, {Nq} / {Nkv} heads, D {Dh}, not causal): v1 vs v2",
-      ["keys"] + [f"{g} (us)" for g in block_attention.VARIANTS] + ["v2 speedup"] +
-      [f"{g} max error vs float64" for g in block_attention.VARIANTS], rows)
+if "block" in only:
+    rows = []
+    B, Nq, Nkv, Dh = BLOCK
+    for n_keys in block_keys:
+        q = xp.asarray(rng.standard_normal((B, Nq, Dh), dtype=np.float32))
+        kb, vb = (xp.asarray(rng.standard_normal((n_keys + 64, Nkv, Dh), dtype=np.float32)) for _ in range(2))
+        outs = {g: xp.empty((B, Nq, Dh), np.float32) for g in block_attention.VARIANTS}
+        ms = {g: graph_median_ms(lambda: block_attention.block_attention(q, kb, vb, n_keys, SCALE, out=outs[g],
+                                                                         variant=g), reps=a.reps if GPU else 1,
+                                 warmup=3 if GPU else 1) for g in block_attention.VARIANTS}
+        want = block_attention.block_attention_ref(H(q), H(kb), H(vb), n_keys, SCALE)
+        rows.append([n_keys] + [f"{1e3 * ms[g]:.1f}" for g in block_attention.VARIANTS] +
+                    [f"{ms['v1'] / ms['v2']:.2f}x"] + [f"{np.abs(H(outs[g]) - want).max():.1e}"
+                                                       for g in block_attention.VARIANTS])
+    table(f"The DFlash drafter's block attention ({B} tokens, {Nq} / {Nkv} heads, D {Dh}, not causal): v1 vs v2",
+          ["keys"] + [f"{g} (us)" for g in block_attention.VARIANTS] + ["v2 speedup"] +
+          [f"{g} max error vs float64" for g in block_attention.VARIANTS], rows)
 save("bench_verify")
