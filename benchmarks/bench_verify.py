@@ -32,6 +32,8 @@ few microseconds to SDPA: the small cells compared launchers, not kernels.)
     KDTREE_BACKEND=sim python3 benchmarks/bench_verify.py --quick # a smoke run on the simulator (tiny shapes,
                                                                   # no torch rows; the numbers mean nothing)
 """
+import sys
+
 import numpy as np
 
 from _common import args, graph_median_ms, kd, save, set_tf32, table, torch_graph_median_ms
@@ -41,8 +43,9 @@ a = args(__doc__, lambda p: p.add_argument("--tables", default=",".join(TABLES),
                                            help=f"comma-separated subset of {', '.join(TABLES)} (default: all)"))
 only = [t.strip() for t in a.tables.split(",") if t.strip()]
 if not only or any(t not in TABLES for t in only):
-    raise SystemExit(f"bench_verify.py: --tables expects a comma-separated subset of {', '.join(TABLES)}, "
-                     f"got {a.tables!r}")
+    print(f"bench_verify.py: --tables expects a comma-separated subset of {', '.join(TABLES)}, got {a.tables!r}",
+          file=sys.stderr)
+    sys.exit(2)
 xp = kd.backend.xp
 from kdtree_numba.kernels import block_attention, gemm, gqa_attention, mla_attention, tree, tree_verify  # noqa: E402
 
