@@ -18,7 +18,7 @@ def autoregressive(target, prompt: np.ndarray, max_new_tokens: int, temperature:
                    stop_tokens=()) -> Generation:
     """Greedy (T = 0) or sampled decoding with a preallocated cache; token j is drawn with RNG stream j."""
     cache = target.new_cache(len(prompt) + max_new_tokens)
-    logits, _ = target.forward(prompt, cache, 0, check_ids=False)                 # prefill
+    logits, _ = target.forward(prompt, cache, 0, check_ids=False, logits_to_keep=1)   # prefill
     chosen = backend.empty((1,), np.int32)
     t0 = time.perf_counter()
     tokens: list[int] = []

@@ -36,7 +36,8 @@ def ddtree(target, prompt: np.ndarray, max_new_tokens: int, drafter, budget: int
     cache = target.new_cache(len(prompt) + max_new_tokens + budget + 1)       # + one tree block
     drafter.reset()
     feats = drafter.feature_layers                                             # target layers the drafter reads
-    logits, hid = target.forward(prompt, cache, 0, hidden_layers=feats, check_ids=False)   # prefill
+    logits, hid = target.forward(prompt, cache, 0, hidden_layers=feats, check_ids=False,
+                                 logits_to_keep=1)                               # prefill
     if feats:
         drafter.observe(concat_features(hid, feats), 0)
     first = sampling.choose_tokens(logits[-1:], temperature, seed, 0)

@@ -87,7 +87,8 @@ class _RoundProgram(Program):
         sampling.settings(temperature, seed, out=self.sampler)
         feats, d = self.drafter.feature_layers, self.drafter
         d.reset()
-        logits, hid = self.target.forward(prompt, self.cache, 0, hidden_layers=feats, check_ids=False)
+        logits, hid = self.target.forward(prompt, self.cache, 0, hidden_layers=feats, check_ids=False,
+                                          logits_to_keep=1)
         if feats:
             d.observe(concat_features(hid, feats), 0)
         sampling.choose_tokens(logits[-1:], *self.sampler, 0, out=self.root)

@@ -152,7 +152,7 @@ class _StepProgram(Program):
         """The sampler's settings; prefill (direct) and the first token: out[0], then tok, pos = len(prompt),
         step = 1."""
         sampling.settings(temperature, seed, out=self.sampler)
-        logits, _ = self.target.forward(prompt, self.cache, 0, check_ids=False)
+        logits, _ = self.target.forward(prompt, self.cache, 0, check_ids=False, logits_to_keep=1)
         sampling.choose_tokens(logits[-1:], *self.sampler, 0, out=self.choice)
         self.out[:1] = self.choice
         backend.xp.maximum(self.choice, 0, out=self.tok)

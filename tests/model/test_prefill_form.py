@@ -52,3 +52,23 @@ def test_both_forms_give_the_same_logits(monkeypatch, numpy_backend):
     # a second chunk of 8 over a 12-row prefix decompresses the prefix too: the same last logits
     second = target.forward(ids[12:], chunked_absorbed, 12)[0]
     np.testing.assert_allclose(second, absorbed[12:], rtol=1e-4, atol=1e-4)
+
+
+def test_logits_to_keep_computes_the_last_rows_only(numpy_backend, monkeypatch):
+    """logits_to_keep = k: the lm_head GEMM sees the last k rows (what generate's prefill samples from) and they
+    equal the full forward's last k rows; k >= T keeps all rows; a negative or non-integer k is refused by name."""
+    target = kd.tiny_target(0)
+    ids = np.arange(10, dtype=np.int32) % target.config.vocab_size
+    full, _ = target.forward(ids, target.new_cache(10), 0)
+    rows = []
+    real = target_module.gemm.linear
+    monkeypatch.setattr(target_module.gemm, "linear",
+                        lambda x, w, **kw: (w is target.w["lm_head"] and rows.append(x.shape[0])) or real(x, w, **kw))
+    last, _ = target.forward(ids, target.new_cache(10), 0, logits_to_keep=3)
+    assert rows == [3] and last.shape == (3, full.shape[1])
+    np.testing.assert_allclose(last, full[-3:], rtol=1e-5, atol=1e-5)     # BLAS blocks M = 3 differently
+    every, _ = target.forward(ids, target.new_cache(10), 0, logits_to_keep=99)
+    np.testing.assert_allclose(every, full, rtol=1e-5, atol=1e-5)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="logits_to_keep"):
+            target.forward(ids, target.new_cache(10), 0, logits_to_keep=bad)
