@@ -116,6 +116,12 @@ def sdpa_rows(q, cache, visible, reps, outs):
     return cells + [f"{diff:.1e}"]
 
 
+def print_reference_errors(label, outs, want):
+    """One line: each variant's max |difference| from the float64 reference ``want`` on this shape."""
+    print(f"float64 reference, {label}: max error " + ", ".join(
+        f"{v} {np.abs(H(o) - want).max():.1e}" for v, o in outs.items()), flush=True)
+
+
 def row_cells(ms, flops, nbytes, sdpa):
     """Times, speedups and roofline shares of one shape; ``ms``: {variant: ms}."""
     roof32, roof_tf = rooflines(flops, nbytes)
@@ -155,9 +161,8 @@ if "tree" in only:
                         q, cache, S, paths_d, depth_d, SCALE, LKV, max_depth=paths.shape[1] - 1, out=outs[v],
                         variant=v), reps if GPU else 1, 1 if not GPU else 3)
                 if not rows:
-                    want = tree_verify.tree_attention_ref(H(q), H(cache), S, parents, SCALE, LKV)
-                    print(f"float64 reference, tree S={S} n={n} N={N}: max error " + ", ".join(
-                        f"{v} {np.abs(H(outs[v]) - want).max():.1e}" for v in VARIANTS), flush=True)
+                    print_reference_errors(f"tree S={S} n={n} N={N}", outs,
+                                           tree_verify.tree_attention_ref(H(q), H(cache), S, parents, SCALE, LKV))
                 flops = 2 * (n + 1) * N * (S + depth.mean() + 1) * (D + LKV)
                 nbytes = 4 * ((S + n + 1) * D + (n + 1) * N * (D + LKV))
                 rows.append([S, n, N] + row_cells(ms, flops, nbytes, sdpa_rows(q, cache, visible, reps,
@@ -179,9 +184,8 @@ if "causal" in only:
                                                                         variant=v),
                                     reps if GPU else 1, 1 if not GPU else 3)
         if not rows:
-            want = mla_attention.mla_attention_ref(H(q), H(cache), start, SCALE, LKV)
-            print(f"float64 reference, causal T={T} start={start} N={N}: max error " + ", ".join(
-                f"{v} {np.abs(H(outs[v]) - want).max():.1e}" for v in VARIANTS), flush=True)
+            print_reference_errors(f"causal T={T} start={start} N={N}", outs,
+                                   mla_attention.mla_attention_ref(H(q), H(cache), start, SCALE, LKV))
         keys = T * start + T * (T + 1) / 2
         flops = 2 * N * keys * (D + LKV)
         nbytes = 4 * ((start + T) * D + T * N * (D + LKV))
@@ -218,10 +222,9 @@ if "prefill" in only:
               for g in GQA}
         best = ms["v3"]
         flops = 2 * N * T * (T + 1) / 2 * (P + R + Vd)
-        want = gqa_attention.gqa_attention_ref(H(q), H(k), H(v), 0, SCALE) if not rows else None
-        if want is not None:
-            print(f"float64 reference, decompressed prefill T={T} N={N}: max error " + ", ".join(
-                f"{g} {np.abs(H(outs[g]) - want).max():.1e}" for g in GQA), flush=True)
+        if not rows:
+            print_reference_errors(f"decompressed prefill T={T} N={N}", outs,
+                                   gqa_attention.gqa_attention_ref(H(q), H(k), H(v), 0, SCALE))
         sd = ["-", "-", "-"]
         if torch is not None and GPU:
             tq, tk, tv = (torch.from_dlpack(x).permute(1, 0, 2).contiguous()[None] for x in (q, k, v))
