@@ -49,7 +49,7 @@ tile, needed only in the last key tile or two). Per key tile of KT = 16 cache ro
   Every product is 3xTF32 with the truncating split (mma.split_tf32_fast): ~3e-6 relative per product, fp32-grade
   dot products. Splits and their combine as in v1. Budget: shared 37,120 (ks) + 8,192 (sp) + 384 (m, l, alpha) +
   64 (key table; tree: 192) + 8 (the 1-float placeholders of the simulator's scratch arrays) bytes = 45,768
-  static (< 48 KB); registers (ptxas, sm_90, CUDA 13.0, numba-cuda 0.30.4): 227 per thread (tree: 215; 191 / 197
+  static (< 48 KB); registers (ptxas, sm_90, CUDA 13.0, numba-cuda 0.30.4): 227 per thread (tree: 201; 191 / 197
   before the kernel took kv heads and separate values, at the same speed), no spills, the 64 accumulators in
   registers - so one block (8 warps) per SM. Work per block and key tile:
   32 x 16 x (576 + 512) x 2 = 1.1 MFLOP as 8 x 204 = 1,632 MMA instructions, for one 36 KB read of the tile (v1: 4
@@ -112,7 +112,7 @@ TILE_ALIGN = None if SIM else 16  # the key tile's byte alignment: copy_async's 
 SPLIT_TARGET = 264  # blocks the key splits aim for: two per SM of the H200's 132
 MIN_SPLIT_TILES = 1  # v2 key splits down to one tile: a small decode's few blocks each wait for one tile, not four
 # Launch bounds (256 threads, V2_MIN_BLOCKS blocks per SM) for ptxas. With 1 (sm_90, CUDA 13.0): 227 registers
-# (tree: 215), no spills -> one block of 8 warps per SM. With 2: capped at 128 registers for 2 blocks (16 warps)
+# (tree: 201), no spills -> one block of 8 warps per SM. With 2: capped at 128 registers for 2 blocks (16 warps)
 # per SM and spills (measured on the first v2: 188 B of spill stores / 392 B of loads) - not yet timed.
 # The simulator's jit takes no launch bounds.
 V2_MIN_BLOCKS = 1
