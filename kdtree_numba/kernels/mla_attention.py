@@ -508,31 +508,45 @@ def _v2_accumulate(sp, ks, acc, alpha, lkv, vo, scratch):
 
 
 @cuda.jit(device=True)
-def _v2_pv_tile(p, pa, pb, t, vs, c, acc, frags, xa, xb, scratch):
-    """One key tile's O = alpha O + P V for this lane: its ``frags`` n8 fragments of accumulators (rows pa, pb of
-    P; value columns c + 8 f) rescaled by xa (row pa) and xb (row pb), then two k8 steps of P [rows, 16 keys]
-    (A fragments from the shared ``p``) @ V [16 keys, columns] (B fragments from the shared tile ``vs``, rows =
-    keys). With all FRAGS fragments in use the loop has no guard (see ``_v2_accumulate``)."""
+def _v2_rescale(acc, frags, xa, xb):
+    """The online softmax's rescale of this lane's ``frags`` n8 fragments of accumulators: rows g (c0, c1) by xa,
+    rows g + 8 (c2, c3) by xb."""
     for f in range(FRAGS):
         if f < frags:
             acc[4 * f] *= xa
             acc[4 * f + 1] *= xa
             acc[4 * f + 2] *= xb
             acc[4 * f + 3] *= xb
+
+
+@cuda.jit(device=True)
+def _v2_pv_frags(ah0, ah1, ah2, ah3, al0, al1, al2, al3, vs, ka, kb, c, acc, frags, scratch):
+    """One k8 step of O += P V into this lane's ``frags`` n8 fragments (value columns c + 8 f): A = P's split
+    fragments, B = vs[keys ka, kb; columns c + 8 f]. With all FRAGS fragments in use the loop has no guard (see
+    ``_v2_accumulate``)."""
+    if frags == FRAGS:
+        for f in range(FRAGS):
+            _v2_pv(ah0, ah1, ah2, ah3, al0, al1, al2, al3, vs, ka, kb, c, acc, f, scratch)
+    else:
+        for f in range(FRAGS):
+            if f < frags:
+                _v2_pv(ah0, ah1, ah2, ah3, al0, al1, al2, al3, vs, ka, kb, c, acc, f, scratch)
+
+
+@cuda.jit(device=True)
+def _v2_pv_tile(p, pa, pb, t, vs, c, acc, frags, xa, xb, scratch):
+    """One key tile's O = alpha O + P V for this lane: its ``frags`` n8 fragments of accumulators (rows pa, pb of
+    P; value columns c + 8 f) rescaled by xa (row pa) and xb (row pb), then two k8 steps of P [rows, 16 keys]
+    (A fragments from the shared ``p``) @ V [16 keys, columns] (B fragments from the shared tile ``vs``, rows =
+    keys)."""
+    _v2_rescale(acc, frags, xa, xb)
     for kk in range(2):
         ah0, al0 = split_tf32_fast(p[pa, uint64(kk * 8 + t)])            # A = P [rows, keys]
         ah1, al1 = split_tf32_fast(p[pb, uint64(kk * 8 + t)])
         ah2, al2 = split_tf32_fast(p[pa, uint64(kk * 8 + t + 4)])
         ah3, al3 = split_tf32_fast(p[pb, uint64(kk * 8 + t + 4)])
-        ka = uint64(kk * 8 + t)                                           # B = V [keys, columns]
-        kb = uint64(kk * 8 + t + 4)
-        if frags == FRAGS:
-            for f in range(FRAGS):
-                _v2_pv(ah0, ah1, ah2, ah3, al0, al1, al2, al3, vs, ka, kb, c, acc, f, scratch)
-        else:
-            for f in range(FRAGS):
-                if f < frags:
-                    _v2_pv(ah0, ah1, ah2, ah3, al0, al1, al2, al3, vs, ka, kb, c, acc, f, scratch)
+        _v2_pv_frags(ah0, ah1, ah2, ah3, al0, al1, al2, al3, vs, uint64(kk * 8 + t), uint64(kk * 8 + t + 4), c,
+                     acc, frags, scratch)                                 # B = V [keys, columns]
 
 
 @cuda.jit(device=True)
@@ -806,7 +820,7 @@ def attention_v2(q, k, v, start0: int, start_dev, scale: float, causal: bool, ou
 
 
 def launch_split(kernel, tiles: int, heads, threads: int, tile: int, q, out, max_keys: int, splits, args,
-                 tail=()):
+                 tail=(), shared: int = 0):
     """The launch every tiled attention kernel shares: key splits planned for ``tiles`` x ``heads`` blocks (keys
     in whole tiles of ``tile``), the kernel on grid (tiles, splits, heads) - (tiles, splits) when ``heads`` is None
     - with arguments ``q`` [T*N, D] (rows flattened: a view), ``*args``, split length, direct, ``out`` [T*N, Dv],
@@ -821,7 +835,7 @@ def launch_split(kernel, tiles: int, heads, threads: int, tile: int, q, out, max
         if not direct else (o_part.reshape(1, 1, 1), m_part.reshape(1, 1), l_part.reshape(1, 1))
     grid = (tiles, splits) if heads is None else (tiles, splits, heads)
     backend.launch(kernel, grid, threads, q.reshape(rows, D), *args, int(split_len), direct, out.reshape(rows, Dv),
-                   *flat, *tail)
+                   *flat, *tail, shared=shared)
     if not direct:
         _combine(o_part, m_part, l_part, out)
     return out

@@ -26,12 +26,15 @@ CASES = {
     "gqa": (4, 4, 2, 8, 8, 10, False, None),     # G = 2, not causal (the DFlash block): 8 rows per kv head
     "odd": (3, 3, 1, 13, 5, 4, True, 2),         # Dk 13 (zero pad / values at column 16), Dv 5 (4-byte copies);
                                                  # 2 splits + combine
-    "tiles": (12, 3, 1, 8, 16, 0, True, None),   # 36 rows: 2 blocks (v2's 32 rows; v3's 2 warps x 16 on the
-}                                                # simulator), a block's tokens straddle; no prefix
+    "tiles": (12, 3, 1, 8, 16, 0, True, None),   # 36 rows: 2 blocks (v2's 32 rows; v3's and v4's 2 warps x 16
+                                                 # on the simulator), a block's tokens straddle; no prefix
+    "grid": (34, 2, 2, 8, 8, 0, True, 2),        # 2 query tiles x 2 splits x 2 kv heads: v4's heaviest-first
+}                                                # block order must still cover every (tile, split, head) once
 
 
 @pytest.mark.usefixtures("kernel_backend")
-@pytest.mark.parametrize("variant,case", [("v3", c) for c in CASES] + [("v2", "gqa"), ("v2", "odd")])
+@pytest.mark.parametrize("variant,case", [(v, c) for v in ("v3", "v4") for c in CASES] +
+                         [("v2", "gqa"), ("v2", "odd")])
 def test_matches_reference(variant, case):
     T, Nq, Nkv, Dk, Dv, start, causal, splits = CASES[case]
     q, k, v = _case(T, Nq, Nkv, Dk, Dv, start, seed=T + Dk)
@@ -89,12 +92,14 @@ def test_reference_is_plain_attention_per_head(numpy_backend):
     (dict(v=np.zeros((6, 2, 4), np.float32)), "v: expected shape"),
     (dict(start=4), "start: 4 \\+ 2 query rows exceed the 5 rows of k"),
     (dict(scale=0.0), "scale"),
-    (dict(variant="v4"), "variant: expected 'v2', 'v3' or None, got 'v4'"),
+    (dict(variant="v5"), "variant: expected 'v2', 'v3', 'v4' or None, got 'v5'"),
     (dict(q=np.zeros((2, 4, 0), np.float32), k=np.zeros((5, 2, 0), np.float32)), "q: expected a key dim"),
     (dict(v=np.zeros((5, 2, 0), np.float32)), "v: expected a value dim"),
     (dict(splits=0), "splits"),
     (dict(q=np.zeros((2, 4, 264), np.float32), k=np.zeros((5, 2, 264), np.float32), variant="v3"),
      "variant: v3 takes key dims <= 256 and value dims <= 128, got 264 and 4"),
+    (dict(q=np.zeros((2, 4, 200), np.float32), k=np.zeros((5, 2, 200), np.float32), variant="v4"),
+     "variant: v4 takes key dims <= 192 and value dims <= 128, got 200 and 4"),
 ])
 def test_bad_input_names_the_argument(args, match, numpy_backend):
     kw = dict(q=np.zeros((2, 4, 4), np.float32), k=np.zeros((5, 2, 4), np.float32),
@@ -117,5 +122,5 @@ def test_gpu_shapes(T, Nq, Nkv, Dk, Dv, start, causal, variant):
 
 
 def test_default_variant_follows_the_head():
-    assert [gqa.default_variant(*d) for d in ((192, 128), (32, 32), (256, 129), (576, 512))] == \
-        ["v3", "v3", "v2", "v2"]
+    assert [gqa.default_variant(*d) for d in ((192, 128), (32, 32), (200, 128), (256, 129), (576, 512))] == \
+        ["v4", "v4", "v3", "v2", "v2"]
