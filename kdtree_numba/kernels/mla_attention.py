@@ -39,7 +39,9 @@ tile, needed only in the last key tile or two). Per key tile of KT = 16 cache ro
      with no register staging; 4-byte copies when rows are not 16-byte aligned); columns D..575 hold zeros, as do
      rows past the list
   2. scores S [32, 16] = Q K^T: warp w takes m16 block w // 4 and k-part w % 4 (144 of the 576 dims: 18 k8
-     steps x 2 n8 blocks; A fragments straight from global q, L1-cached, B from ks); the three TF32 products of
+     steps x 2 n8 blocks; A fragments from the block's 32 query rows, copied once into dynamic shared memory
+     ``qs [32, 580]`` when the block has more than one key tile - else straight from global q -, B from ks;
+     ``_v2_stage_q``, ``_v2_scores``); the three TF32 products of
      3xTF32 accumulate separately (six independent MMA chains per warp) and the 4 k-parts' partial tiles go to
      shared ``sp [4, 32, 16]``
   3. online softmax, 8 lanes per query row (2 keys each): the k-parts summed, scaled and masked (-inf) with the
@@ -49,8 +51,8 @@ tile, needed only in the last key tile or two). Per key tile of KT = 16 cache ro
   Every product is 3xTF32 with the truncating split (mma.split_tf32_fast): ~3e-6 relative per product, fp32-grade
   dot products. Splits and their combine as in v1. Budget: shared 37,120 (ks) + 8,192 (sp) + 384 (m, l, alpha) +
   64 (key table; tree: 192) + 8 (the 1-float placeholders of the simulator's scratch arrays) bytes = 45,768
-  static (< 48 KB); registers (ptxas, sm_90, CUDA 13.0, numba-cuda 0.30.4): 227 per thread (tree: 201; 191 / 197
-  before the kernel took kv heads and separate values, at the same speed), no spills, the 64 accumulators in
+  static (< 48 KB) + 74,240 dynamic (the staged query rows, Q_BYTES2); registers (ptxas, sm_90, CUDA 13.0,
+  numba-cuda 0.30.4): 206 per thread (separate values: 221; tree: 205), no spills, the 64 accumulators in
   registers - so one block (8 warps) per SM. Work per block and key tile:
   32 x 16 x (576 + 512) x 2 = 1.1 MFLOP as 8 x 204 = 1,632 MMA instructions, for one 36 KB read of the tile (v1: 4
   query rows per read).
@@ -102,6 +104,8 @@ MT = 32           # query rows per tile: two m16 MMA blocks
 MB = 2            # m16 blocks per tile
 KT = 16           # cache rows per key tile: two n8 blocks of scores, two k8 steps of P @ V
 ROW_T = 580       # padded key-tile row stride: 580 = 4 mod 32 (conflict-free score B-fragment loads)
+Q_STRIDE2 = 580   # the staged query rows' stride (``_v2_stage_q``), 4 mod 32: conflict-free A-fragment loads
+Q_BYTES2 = 4 * MT * Q_STRIDE2   # their dynamic shared memory: 74 KB (above 48 KB: backend.launch opts in)
 KPARTS = 4        # most k-parts of the score (warps per m16 block): sp [KPARTS, MT, KT]
 FRAGS = 16        # most n8 output fragments per warp: 16 x 8 = 128 of the Lkv columns
 ACC = 64          # FRAGS * 4 accumulators per thread
@@ -111,9 +115,10 @@ TILE_ALIGN = None if SIM else 16  # the key tile's byte alignment: copy_async's 
                                   # takes no alignment argument; its arrays are numpy's). Rows: ROW_T * 4 = 16 * 145.
 SPLIT_TARGET = 264  # blocks the key splits aim for: two per SM of the H200's 132
 MIN_SPLIT_TILES = 1  # v2 key splits down to one tile: a small decode's few blocks each wait for one tile, not four
-# Launch bounds (256 threads, V2_MIN_BLOCKS blocks per SM) for ptxas. With 1 (sm_90, CUDA 13.0): 227 registers
-# (tree: 201), no spills -> one block of 8 warps per SM. With 2: capped at 128 registers for 2 blocks (16 warps)
-# per SM and spills (measured on the first v2: 188 B of spill stores / 392 B of loads) - not yet timed.
+# Launch bounds (256 threads, V2_MIN_BLOCKS blocks per SM) for ptxas. With 1 (sm_90, CUDA 13.0): 206 registers
+# (separate values 221, tree 205), no spills -> one block of 8 warps per SM. With 2: capped at 128 registers for
+# 2 blocks (16 warps) per SM and spills (measured on the first v2: 188 B of spill stores / 392 B of loads) - not
+# yet timed; the staged query rows' 74 KB of shared memory would also have to fit twice.
 # The simulator's jit takes no launch bounds.
 V2_MIN_BLOCKS = 1
 V2_JIT = {} if SIM else {"launch_bounds": (32 * WARPS, V2_MIN_BLOCKS)}
@@ -358,29 +363,10 @@ def _v2_qrow(r, n, G, nq, b):
 
 
 @cuda.jit(device=True)
-def _v2_lane_rows(r0, n, G, nq, b):
-    """This lane's two query rows in the scores (``_v2_scores``' warp mapping: m16 block w // kparts, rows g and
-    g + 8 of it), as rows of q (``_v2_qrow``; rows past the end clamp to a valid row - their scores are masked by
-    the kernel). The causal kernel computes them once per block, the tree kernel once per key tile (each measured
-    faster that way on the H200)."""
-    tid = cuda.threadIdx.x
-    g = tid % 32 // 4
-    mb = tid // 32 // (_v2_warps() // MB)
-    return _v2_qrow(r0 + mb * 16 + g, n, G, nq, b), _v2_qrow(r0 + mb * 16 + g + 8, n, G, nq, b)
-
-
-@cuda.jit(device=True)
-def _v2_score_step(q, ks, ra, rb, d, D, g, s, scratch):
-    """One k8 step of a warp's scores S [16 query rows, 16 keys] at dims d = 8 kk + t (this lane's t): the A
-    fragments (q rows ra, rb, dims d and d + 4; clamped to D - 1: past D the key tile holds zeros, so any finite q
-    will do) and the B fragments (keys g and 8 + g of the tile ``ks``) split for 3xTF32, whose three TF32 products
+def _v2_score_mma(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ks, d, g, s, scratch):
+    """The MMAs of one k8 step of a warp's scores S [16 query rows, 16 keys] at dims d = 8 kk + t, given the split
+    A fragments: the B fragments (keys g and 8 + g of the tile ``ks``) split for 3xTF32, whose three TF32 products
     add into three accumulator sets of ``s`` [product][n8 block][c0..c3] (24 floats)."""
-    da = uint64(min(d, D - 1))
-    db = uint64(min(d + 4, D - 1))
-    ah0, al0 = split_tf32_fast(q[ra, da])
-    ah1, al1 = split_tf32_fast(q[rb, da])
-    ah2, al2 = split_tf32_fast(q[ra, db])
-    ah3, al3 = split_tf32_fast(q[rb, db])
     for nb in range(2):                                  # B[k][n] = K^T[dim][key] = ks[8 nb + n, dim]
         bh0, bl0 = split_tf32_fast(ks[uint64(nb * 8 + g), uint64(d)])
         bh1, bl1 = split_tf32_fast(ks[uint64(nb * 8 + g), uint64(d + 4)])
@@ -396,11 +382,47 @@ def _v2_score_step(q, ks, ra, rb, d, D, g, s, scratch):
 
 
 @cuda.jit(device=True)
-def _v2_scores(q, ks, sp, ra, rb, D, scratch):
+def _v2_score_step(q, ks, ra, rb, d, D, g, s, scratch):
+    """One k8 step of a warp's scores with the A fragments from global q (gqa_attention's v3): q rows ra, rb, dims
+    d and d + 4, clamped to D - 1 (past D the key tile holds zeros, so any finite q will do)."""
+    da = uint64(min(d, D - 1))
+    db = uint64(min(d + 4, D - 1))
+    ah0, al0 = split_tf32_fast(q[ra, da])
+    ah1, al1 = split_tf32_fast(q[rb, da])
+    ah2, al2 = split_tf32_fast(q[ra, db])
+    ah3, al3 = split_tf32_fast(q[rb, db])
+    _v2_score_mma(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ks, d, g, s, scratch)
+
+
+@cuda.jit(device=True)
+def _v2_stage_q(q, qs, r0, n, G, nq, b, D, width):
+    """Copy the block's MT query rows (tile rows r0 .. r0 + MT - 1 of kv head b as q rows, ``_v2_qrow``: past the
+    end clamped to the last) into the dynamic shared ``qs`` [MT, Q_STRIDE2], columns D .. D rounded up to 8
+    zeroed (the last k8 step reads them against the key tile's zeros); completed by the first key tile's wait
+    and barrier. Every k8 step of every key tile then reads its A fragments from here: from global memory they
+    cost a 64-bit row x stride product and two clamps per load (measured on gqa_attention's v3: 25 % of the
+    kernel's time). Only blocks of more than one key tile stage (``_v2_scores``); the launch reserves the bytes
+    (Q_BYTES2) either way."""
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    pad = (D + 7) // 8 * 8 - D
+    for i in range(tid, MT * pad, nt):
+        qs[(i // pad) * Q_STRIDE2 + D + i % pad] = float32(0.0)
+    dq = D // width
+    for u in range(tid, MT * dq, nt):
+        j = u // dq
+        c = (u - j * dq) * width
+        copy_async(qs, uint64(j * Q_STRIDE2 + c), q, uint64(_v2_qrow(r0 + j, n, G, nq, b) * D + c), width, True)
+
+
+@cuda.jit(device=True)
+def _v2_scores(q, qs, staged, ks, sp, r0, n, G, nq, b, D, scratch):
     """Partial scores on tensor cores: warp w -> m16 block mb = w // kparts, k-part kp = w % kparts;
     sp[kp, 16 mb .. 16 mb + 15, 0..15] = Q[rows, dims of kp] @ ks[0..15, dims of kp]^T (unscaled, 3xTF32).
-    A fragments (the query rows: this lane's q rows ra, rb from ``_v2_lane_rows``) come straight from global q, B
-    fragments (the keys, columns 0 .. D - 1 of the tile) from the shared tile; no k8 step starts at or past D.
+    A fragments (the query rows r0 + 16 mb + g, + 8 of kv head b) from the block's staged rows ``qs`` when
+    ``staged`` (``_v2_stage_q``: blocks of more than one key tile), else straight from global q (``_v2_qrow``'s
+    rows: a block of one key tile - a small decode step's split - would only pay the staging's latency); B fragments
+    (the keys, columns 0 .. D - 1 of the tile) from the shared tile; no k8 step starts at or past D.
     The three TF32 products (lo.hi, hi.lo, hi.hi) go to three accumulator sets, summed at the end: six
     independent MMA chains per warp instead of two chains three times as long (an MMA waits for the one before it
     on the same accumulators). Indices are unsigned: numba's negative-index test costs a compare and a select per
@@ -417,8 +439,21 @@ def _v2_scores(q, ks, sp, ra, rb, D, scratch):
     s = cuda.local.array(24, float32)                    # [product][n8 block][c0..c3]
     for i in range(24):
         s[i] = float32(0.0)
-    for kk in range(kp * steps, min(kp * steps + steps, ksteps)):
-        _v2_score_step(q, ks, ra, rb, kk * 8 + t, D, g, s, scratch)
+    if staged:
+        qa = uint64((mb * 16 + g) * Q_STRIDE2 + t)       # this lane's A-fragment rows g, g + 8 in qs (column t)
+        qb = qa + uint64(8 * Q_STRIDE2)
+        for kk in range(kp * steps, min(kp * steps + steps, ksteps)):
+            o = uint64(kk * 8)
+            ah0, al0 = split_tf32_fast(qs[qa + o])
+            ah1, al1 = split_tf32_fast(qs[qb + o])
+            ah2, al2 = split_tf32_fast(qs[qa + o + uint64(4)])
+            ah3, al3 = split_tf32_fast(qs[qb + o + uint64(4)])
+            _v2_score_mma(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ks, kk * 8 + t, g, s, scratch)
+    else:
+        ra = _v2_qrow(r0 + mb * 16 + g, n, G, nq, b)
+        rb = _v2_qrow(r0 + mb * 16 + g + 8, n, G, nq, b)
+        for kk in range(kp * steps, min(kp * steps + steps, ksteps)):
+            _v2_score_step(q, ks, ra, rb, kk * 8 + t, D, g, s, scratch)
     for nb in range(KT // 8):
         i = 4 * nb
         sp[kp, mb * 16 + g, nb * 8 + 2 * t] = (s[i] + s[8 + i]) + s[16 + i]
@@ -613,6 +648,7 @@ def _attention_v2_kernel(q, k, v, start0, start_dev, scale, group, causal, width
     scratch = cuda.shared.array(SCRATCH_SHAPE, float32)  # the simulator's MMA exchange (GPU: unused)
     buf = cuda.shared.array(GROUP_BUF, float32)          # the simulator's group scratch (GPU: unused)
     acc = cuda.local.array(ACC, float32)                 # this thread's output accumulators (registers)
+    qs = cuda.shared.array(0, float32)                   # dynamic: the block's query rows [MT, Q_STRIDE2]
     tid = cuda.threadIdx.x
     B = k.shape[1]
     Dk = q.shape[1]
@@ -630,7 +666,9 @@ def _attention_v2_kernel(q, k, v, start0, start_dev, scale, group, causal, width
     k_lo = z * split_len
     k_hi = min(start + t_last + 1, k_lo + split_len)     # the tile's list: rows 0 .. start + t_last
     plan = _v2_copy_plan(Dk, width)
-    ra, rb = _v2_lane_rows(r0, n, group, nq, b)
+    staged = split_len > KT                              # blocks of one key tile read q from global memory
+    if staged:
+        _v2_stage_q(q, qs, r0, n, group, nq, b, Dk, width)
     r, j0, kpt = _v2_row()
     last_key = start + ((r0 + r) // group if causal else T - 1)   # this thread's query row sees rows <= last_key
     _v2_begin(acc, ks, m_run, l_run, Dk)
@@ -643,7 +681,7 @@ def _attention_v2_kernel(q, k, v, start0, start_dev, scale, group, causal, width
             _v2_load_keys(v, rows, ks, Dv, width, _v2_copy_plan(Dv, width), B * Dv, b * Dv, vo)
         copy_async_wait()
         cuda.syncthreads()
-        _v2_scores(q, ks, sp, ra, rb, Dk, scratch)
+        _v2_scores(q, qs, staged, ks, sp, r0, n, group, nq, b, Dk, scratch)
         cuda.syncthreads()
         vis = 0                                          # causal mask of this thread's keys
         for jj in range(KT):
@@ -813,10 +851,11 @@ def attention_v2(q, k, v, start0: int, start_dev, scale: float, causal: bool, ou
     row it may read: the grid is fixed before a device-side start is read)."""
     T, Nq, _ = q.shape
     B = k.shape[1]
-    width = copy_width(k) if v is None else copy_width(k, v)
+    width = copy_width(q, k) if v is None else copy_width(q, k, v)
     v = _placeholder() if v is None else v
     return launch_split(_attention_v2_kernel, -(-(T * (Nq // B)) // MT), B, 32 * v2_warps(out.shape[2]), KT, q, out,
-                        max_keys, splits, (k, v, start0, start_dev, np.float32(scale), Nq // B, bool(causal), width))
+                        max_keys, splits, (k, v, start0, start_dev, np.float32(scale), Nq // B, bool(causal), width),
+                        shared=Q_BYTES2)
 
 
 def launch_split(kernel, tiles: int, heads, threads: int, tile: int, q, out, max_keys: int, splits, args,
@@ -847,7 +886,7 @@ def launch_v2(kernel, q, cache, start, scale, lkv, out, max_keys, splits, *extra
     start0, start_dev = _checks.device_int(start, "start")
     T, N, _ = q.shape
     return launch_split(kernel, -(-(T * N) // MT), None, 32 * v2_warps(lkv), KT, q, out, max_keys, splits,
-                        (cache, start0, start_dev, np.float32(scale), N, copy_width(cache)), extra)
+                        (cache, start0, start_dev, np.float32(scale), N, copy_width(q, cache)), extra, shared=Q_BYTES2)
 
 
 def mla_attention(q, cache, start, scale: float, lkv: int, out=None, splits: int | None = None,

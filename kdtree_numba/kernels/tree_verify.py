@@ -42,7 +42,7 @@ from ._intrinsics import copy_async_wait
 from .primitives import GROUP_BUF
 from .mla_attention import (ACC, BK, HG, KPARTS, KT, MAX_D, MAX_LKV, MAX_SUBS, MT, PAIRS, ROW, ROW_T,
                             SCRATCH_SHAPE, TILE_ALIGN, V2_JIT, _v1_begin, _v1_end, _v1_tile, _v2_accumulate, _v2_begin,
-                            _v2_copy_plan, _v2_end, _v2_lane_rows, _v2_load_keys, _v2_row, _v2_scores, _v2_softmax,
+                            _v2_copy_plan, _v2_end, _v2_load_keys, _v2_row, _v2_scores, _v2_softmax, _v2_stage_q,
                             check_qkv, check_splits, check_variant, launch_v1, launch_v2, masked_attention_fast,
                             masked_attention_ref)
 
@@ -136,6 +136,7 @@ def _tree_attention_v2_kernel(q, cache, start0, start_dev, scale, n_heads, copy_
     scratch = cuda.shared.array(SCRATCH_SHAPE, float32)  # the simulator's MMA exchange (GPU: unused)
     buf = cuda.shared.array(GROUP_BUF, float32)          # the simulator's group scratch (GPU: unused)
     acc = cuda.local.array(ACC, float32)                 # this thread's output accumulators (registers)
+    qs = cuda.shared.array(0, float32)                   # dynamic: the block's query rows [MT, Q_STRIDE2]
     tid = cuda.threadIdx.x
     n_rows = q.shape[0]
     D = q.shape[1]
@@ -152,6 +153,9 @@ def _tree_attention_v2_kernel(q, cache, start0, start_dev, scale, n_heads, copy_
     real = r0 + r < n_rows                               # this thread's query row exists (else all masked)
     i = min(r0 + r, n_rows - 1) // n_heads               # ... and is tree token i
     depth_i = depths[i]
+    staged = split_len > KT                              # blocks of one key tile read q from global memory
+    if staged:
+        _v2_stage_q(q, qs, r0, n_rows, n_heads, n_heads, 0, D, copy_w)
     _v2_begin(acc, ks, m_run, l_run, D)
     for k0 in range(k_lo, k_hi, KT):
         if tid < KT:
@@ -160,8 +164,7 @@ def _tree_attention_v2_kernel(q, cache, start0, start_dev, scale, n_heads, copy_
         _v2_load_keys(cache, rows, ks, D, copy_w, plan, D, 0, 0)
         copy_async_wait()
         cuda.syncthreads()
-        ra, rb = _v2_lane_rows(r0, n_rows, n_heads, n_heads, 0)   # per tile, not per block: 7-9 % faster here
-        _v2_scores(q, ks, sp, ra, rb, D, scratch)                  # (fewer live registers; H200, 2026-12-03)
+        _v2_scores(q, qs, staged, ks, sp, r0, n_rows, n_heads, n_heads, 0, D, scratch)
         cuda.syncthreads()
         vis = 0                                          # tree mask: a committed row is seen by every token, a
         for jj in range(KT):                             # tree key by the tokens on whose path its node lies
