@@ -1,4 +1,4 @@
-"""Tutorial 15: prefill in MLA's decompressed form - per-head keys and values, and the GQA kernel (v3) that runs it.
+"""Tutorial 15: prefill in MLA's decompressed form - per-head keys and values, and the GQA kernels (v3, v4) that run it.
 
 Run:  KDTREE_BACKEND=sim python tutorials/15_decompressed_prefill.py [--size small|large] [--out DIR]
 """
@@ -18,8 +18,10 @@ Run:  KDTREE_BACKEND=sim python tutorials/15_decompressed_prefill.py [--size sma
 # 4. the v3 kernel's mapping (a picture): a warp per 16 query rows, a quad of lanes per row, P through shared memory;
 # 5. the bank arithmetic behind its three padded strides (K_STRIDE, V_STRIDE, P_STRIDE);
 # 6. its online softmax step, `_v3_row_softmax`, on the device against NumPy in float64;
-# 7. the whole kernel, variants v2 and v3, against `gqa_attention_ref` on NaN-poisoned outputs;
-# 8. what it bought on an H200, quoted from docs/PERFORMANCE.md.
+# 7. the whole kernel, variants v2, v3 and v4, against `gqa_attention_ref` on NaN-poisoned outputs;
+# 8. v4, what v3 became: P never leaves the registers (a permuted key order, checked in NumPy), the query rows
+#    staged in shared memory, the heaviest blocks first;
+# 9. what it bought on an H200, quoted from docs/PERFORMANCE.md.
 #
 # Functions and constants are read from the package and kernels printed from it (`show_kernel`).
 
@@ -583,7 +585,7 @@ if KERNELS:
         [pk[:, :KT3] * a1, pk[:, KT3:]], 1) / np.where(l1 > 0, l1, 1))[seen], plain, atol=1e-6, rtol=1e-5)
 
 # %% [markdown]
-# ## 7. The whole kernel, v2 and v3, against the reference
+# ## 7. The whole kernel, v2, v3 and v4, against the reference
 #
 # `gqa_attention(q, k, v, start, scale, causal, variant=...)`: v3 (`default_variant` while Dk <= 256 and Dv <= 128:
 # the decompressed prefill and the drafter) or v2 (the absorbed kernel over kv heads: the values land in the same
@@ -601,7 +603,7 @@ if KERNELS:
 #   inputs.
 
 # %%
-section("gqa_attention v2 / v3 vs gqa_attention_ref (NaN-poisoned outputs)")
+section("gqa_attention v2 / v3 / v4 vs gqa_attention_ref (NaN-poisoned outputs)")
 print("default_variant(Dk, Dv): Kimi prefill (192, 128) -> " + gqa.default_variant(192, 128) + ", default pair "
       f"({P_d + R_d}, {V_d}) -> {gqa.default_variant(P_d + R_d, V_d)}, default drafter (32, 32) -> "
       f"{gqa.default_variant(32, 32)}, absorbed rows (576, 512) -> {gqa.default_variant(576, 512)}")
@@ -625,12 +627,12 @@ def qkv(T, Nq, Nkv, Dk, Dv, S):
         np.float32), R.standard_normal((S, Nkv, Dv)).astype(np.float32))
 
 
-def grid_of(T, Nq, Nkv, S, rows):
-    """The launch grid (row tiles, key splits, kv heads) for blocks of ``rows`` tile rows and S = start + T keys; the
-    split count from ``plan_splits`` as the launchers call it (1 on the simulator; on the GPU enough splits for
-    about 264 blocks)."""
+def grid_of(T, Nq, Nkv, S, rows, tile=KT3):
+    """The launch grid (row tiles, key splits, kv heads) for blocks of ``rows`` tile rows and S = start + T keys in
+    tiles of ``tile``; the split count from ``plan_splits`` as the launchers call it (1 on the simulator; on the GPU
+    enough splits for about 264 blocks)."""
     tiles = -(-(T * (Nq // Nkv)) // rows)
-    return tiles, mla.plan_splits(tiles * Nkv, S, KT3, mla.MIN_SPLIT_TILES * KT3, None)[0], Nkv
+    return tiles, mla.plan_splits(tiles * Nkv, S, tile, mla.MIN_SPLIT_TILES * tile, None)[0], Nkv
 
 
 def launched(launches, name, grid, threads=None):
@@ -662,7 +664,7 @@ for variant in gqa.VARIANTS:
     who = variant if KERNELS else f"numpy path ({variant} asked)"
     out1, l1 = run("G 1 causal", q1, k1, v1, st1, True, variant)
     check(f"{who}: G 1, causal, T {T1}, {N1} heads, Dk {Dk1}, Dv {Dv1}, start {st1}", out1, want1, **TOL)
-    if variant == "v3":
+    if variant in ("v3", "v4"):
         out1f, _ = run("G 1 causal, future rows", q1, k1f, v1f, st1, True, variant)
         check(f"{who}: token 0 ignores the rows after start + 0 (set to 1e3 / 1e6), bit for bit", host(out1f)[0],
               host(out1)[0], exact=True)
@@ -672,6 +674,11 @@ for variant in gqa.VARIANTS:
         check_true(f"v3 launched on grid (ceil(T G / {QT * W3}), splits, Nkv), {32 * W3} threads ({W3} warps)",
                    launched(l1, "_gqa_v3_kernel", grid_of(T1, N1, N1, st1 + T1, QT * W3), 32 * W3)
                    and launched(l2, "_gqa_v3_kernel", grid_of(T2, Nq2, Nkv2, st2 + T2, QT * W3), 32 * W3),
+                   f"{l1}, {l2}")
+    if KERNELS and variant == "v4":
+        check_true(f"v4 launched _gqa_v4_kernel on the same grid (key splits in tiles of {gqa.KT4})",
+                   launched(l1, "_gqa_v4_kernel", grid_of(T1, N1, N1, st1 + T1, QT * W3, gqa.KT4), 32 * W3)
+                   and launched(l2, "_gqa_v4_kernel", grid_of(T2, Nq2, Nkv2, st2 + T2, QT * W3, gqa.KT4), 32 * W3),
                    f"{l1}, {l2}")
     if KERNELS and variant == "v2":
         check_true(f"v2 launched _attention_v2_kernel on grid (ceil(T G / {mla.MT}), splits, Nkv)",
@@ -698,13 +705,58 @@ i1 = next(i for i, ln in enumerate(lines) if "the tiles and P are rewritten next
 show_kernel(gqa._gqa_v3_kernel, i0, i1 + 1)
 
 # %% [markdown]
-# ## 8. On the H200
+# ## 8. v4: P stays in registers, the query rows in shared memory
 #
-# Quoted from docs/PERFORMANCE.md, section "Prefill in MLA's decompressed form, and GQA on tensor cores - measured
-# 2026-12-03 (seventh session), H200", **not measured by this tutorial**. One attention layer at Kimi's shape (64
-# heads, P / R / Vd 128 / 64 / 128, causal from 0), device times of CUDA-graph replays; SDPA fp32 is given the
-# per-head K and V (transformers' own form). The check below ties the quoted TFLOP/s to section 1's count,
-# 640 FLOPs x 64 heads x T (T + 1) / 2 pairs.
+# ncu on v3 (docs/PERFORMANCE.md, eighth session) found it issue-bound: ~3300 instructions per 16 x 16 warp tile
+# for 240 MMAs, most of them the address arithmetic of the four *global* query loads of every k8 step. v4
+# (`_gqa_v4_kernel`, the default while Dk <= 192) keeps v3's warp mapping and changes three things:
+#
+# 1. **Tiles of 32 keys, P kept in registers.** The scores' C fragment gives lane 4 g + t the entries
+#    (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1) of each n8 block; the P V step needs P as an *A* fragment,
+#    (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4) of each k8 step - a different layout, hence v3's trip through
+#    shared memory. But the k dimension of P V is the keys, and a sum over keys does not care about their order:
+#    give the k8 step the key order (0, 2, 4, 6, 1, 3, 5, 7), i.e. column t = key 2t and column t + 4 = key 2t + 1,
+#    read the value rows in that same order, and the A fragment **is** the lane's C fragment (c0, c2, c1, c3).
+#    No shared buffer, no shuffle, no barrier for P. (The value tile's row stride becomes 132 = 4 mod 32, so the
+#    B loads of rows 2t and 2t + 1 stay conflict-free.)
+# 2. **The block's 128 query rows copied once into shared memory** (`_v4_load_q`, 100 KB of *dynamic* shared
+#    memory: numba's static arrays stop at 48 KB, and `backend.launch` opts a kernel in above that), so every k8
+#    step reads its A fragments with a 32-bit shared address instead of a 64-bit global one.
+# 3. **The heaviest blocks first**: under a causal mask the last query tiles see the most keys; the block's linear
+#    id counts kv heads fastest, then splits, then query tiles *from the last*, so the light blocks fill the tail.
+#
+# The cell below checks change 1 in NumPy, lane by lane, for one n8 block of scores.
+
+# %%
+section("v4's permuted k8 step: the C fragment of S is the A fragment of P V (NumPy, every lane)")
+P8 = R.random((16, 8)).astype(np.float32)                                      # one n8 block of P [16 rows, 8 keys]
+V8 = R.standard_normal((8, 8)).astype(np.float32)                              # the 8 value rows [keys, 8 columns]
+perm = np.array([0, 2, 4, 6, 1, 3, 5, 7])                                      # k8 column c -> key perm[c]
+ok = True
+for lane in range(32):
+    g, t = lane // 4, lane % 4
+    c_frag = [P8[g, 2 * t], P8[g, 2 * t + 1], P8[g + 8, 2 * t], P8[g + 8, 2 * t + 1]]   # c0 c1 c2 c3 (scores)
+    a_frag = [P8[g, perm[t]], P8[g + 8, perm[t]], P8[g, perm[t + 4]], P8[g + 8, perm[t + 4]]]   # a0 a1 a2 a3
+    ok &= a_frag == [c_frag[0], c_frag[2], c_frag[1], c_frag[3]]
+check_true("for every lane, the permuted A fragment (a0, a1, a2, a3) = its C fragment (c0, c2, c1, c3)", ok)
+check("P[:, perm] @ V[perm, :] = P @ V (the permuted k8 step computes the same product)",
+      P8[:, perm].astype(np.float64) @ V8[perm].astype(np.float64), P8.astype(np.float64) @ V8.astype(np.float64),
+      atol=1e-12, rtol=1e-12)
+print(f"v4 constants: KT4 {gqa.KT4} keys per tile, MAX_DK4 {gqa.MAX_DK4}, strides K {gqa.K_STRIDE4} / V "
+      f"{gqa.V_STRIDE4} / staged q {gqa.Q_STRIDE4} (each 4 mod 32); dynamic shared memory per block "
+      f"{4 * QT * gqa.v3_warps() * gqa.Q_STRIDE4} bytes on this backend")
+check_true("v4's strides are 4 mod 32 (conflict-free fragment loads: bank 4 g + t, or 8 t + g for the values)",
+           all(x % 32 == 4 for x in (gqa.K_STRIDE4, gqa.V_STRIDE4, gqa.Q_STRIDE4)))
+show_kernel(gqa._v4_pv_step)
+
+# %% [markdown]
+# ## 9. On the H200
+#
+# Quoted from docs/PERFORMANCE.md, sections "Prefill in MLA's decompressed form, and GQA on tensor cores - measured
+# 2026-12-03 (seventh session), H200" and "Ninth session", **not measured by this tutorial**. One attention
+# layer at Kimi's shape (64 heads, P / R / Vd 128 / 64 / 128, causal from 0), device times of CUDA-graph replays;
+# SDPA fp32 is given the per-head K and V (transformers' own form). The checks below tie the quoted TFLOP/s to
+# section 1's count, 640 FLOPs x 64 heads x T (T + 1) / 2 pairs.
 
 # %%
 section("quoted from docs/PERFORMANCE.md (H200, 2026-12-03) - not measured here")
@@ -734,8 +786,18 @@ print(f"4096 tokens: absorbed {LAYER[-1][1]:.1f} ms -> decompressed {LAYER[-1][4
       f"{LAYER[-1][3] / LAYER[-1][7]:.1f}x slower than SDPA's attention); v3 vs v2 on these heads: "
       f"{LAYER[-1][6] / LAYER[-1][3]:.1f}x at 4096.")
 print(f"Kimi-shaped stack (bench_model.py), prefill tokens/s: kdtree_numba {STACK['ours']} vs transformers "
-      f"{STACK['transformers']}: {STACK['before']}x -> {STACK['ours'] / STACK['transformers']:.2f}x (goal >= 1.0x: "
-      "not met; the rest is mostly GEMMs both engines run on cuBLAS).")
+      f"{STACK['transformers']}: {STACK['before']}x -> {STACK['ours'] / STACK['transformers']:.2f}x with v3 (the "
+      "seventh session; v4 below).")
+V4 = [(128, 0.095, 0.098), (512, 0.523, 0.374), (1024, 1.332, 0.630), (4096, 15.361, 7.944)]   # tokens, v3, v4 ms
+STACK9 = dict(ours=19815, transformers=19281)        # prefill tokens/s with the last row's logits, ninth session
+table([(T, f"{a:.3f}", f"{b:.3f}", f"{a / b:.2f}x", f"{d_k * N_k * pairs_of(T) / b / 1e9:.1f}") for T, a, b in V4],
+      ("tokens (ninth session, one call)", "GQA v3 ms", "GQA v4 ms", "v4 speedup", "v4 TFLOP/s"))
+print(f"v4 at 4096 tokens: {V4[-1][2]:.2f} ms against SDPA fp32's {LAYER[-1][7]:.2f} ms of the seventh session's run "
+      f"(not the same call); the Kimi-shaped stack's prefill (last row's logits) {STACK9['ours']} vs transformers "
+      f"{STACK9['transformers']} tokens/s = {STACK9['ours'] / STACK9['transformers']:.2f}x (goal >= 1.0x: met).")
+check_true("quoted v4 numbers consistent: v4 / v3 = 1.93x at 4096, 43.3 TFLOP/s (1 %)",
+           round(V4[-1][1] / V4[-1][2], 2) == 1.93
+           and abs(d_k * N_k * pairs_of(4096) / V4[-1][2] / 1e9 / 43.3 - 1) < 0.01)
 table([(k, f"{a:.1f}", f"{b:.1f}", f"{x:.2f}x") for k, a, b, x in DRAFT],
       ("drafter block attention: keys", "v1 us", "v2 us", "v2 speedup"))
 check_true("quoted stack and drafter numbers consistent: 10241 / 10471 = 0.98x; v1 / v2 = 1.81x .. 4.14x (1 %)",
