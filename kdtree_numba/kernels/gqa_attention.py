@@ -59,8 +59,8 @@ from .. import backend
 from . import _checks
 from ._intrinsics import copy_async, copy_async_wait, ex2, fmax
 from .mla_attention import (MAX_D, MAX_LKV, NEG_INF, TILE_ALIGN, _v2_copy_next, _v2_copy_plan, _v2_pv_frags,
-                            _v2_pv_tile, _v2_qrow, _v2_rescale, _v2_score_step, _v2_store, attention_v2, check_splits,
-                            copy_width, launch_split)
+                            _v2_pv_tile, _v2_qrow, _v2_rescale, _v2_score_step, _v2_stage_q, _v2_store, attention_v2,
+                            check_splits, copy_width, launch_split)
 from .mma import SCRATCH_SHAPE, SIM, mma_m16n8k8_3xtf32, split_tf32_fast
 from .primitives import GROUP_BUF, group_max, group_sum
 
@@ -319,22 +319,6 @@ def _v4_pv_step(a0, a1, a2, a3, kk, t, g, vs, acc, frags, scratch):
 
 
 @cuda.jit(device=True)
-def _v4_load_q(q, qs, r0, rows, n, group, nq, b, Dk, width, pad):
-    """Copy the block's query rows (tile rows r0 .. r0 + rows - 1 of kv head b, as q rows ``_v2_qrow``; past the
-    end clamped to the last) into qs [rows, Q_STRIDE4], columns Dk .. Dk + pad - 1 zeroed; completed by the first
-    key tile's wait and barrier."""
-    tid = cuda.threadIdx.x
-    nt = cuda.blockDim.x
-    for i in range(tid, rows * pad, nt):
-        qs[(i // pad) * Q_STRIDE4 + Dk + i % pad] = float32(0.0)
-    dq = Dk // width
-    for u in range(tid, rows * dq, nt):
-        j = u // dq
-        c = (u - j * dq) * width
-        copy_async(qs, uint64(j * Q_STRIDE4 + c), q, uint64(_v2_qrow(r0 + j, n, group, nq, b) * Dk + c), width, True)
-
-
-@cuda.jit(device=True)
 def _v4_score_step(qs, ks, qa, qb, d, g, s, scratch):
     """One k8 step of a warp's scores S [16 query rows, 32 keys] at dims d = 8 kk + t: the A fragments from the
     staged query rows (qs[qa], qs[qb] = rows g, g + 8 at dim d; 4 dims on), split once for the four n8 blocks of
@@ -357,7 +341,7 @@ def _gqa_v4_kernel(q, k, v, start0, start_dev, scale, group, causal, width, spli
     """v4: v3's mapping (warp w: 16 query rows, all Dk <= 192 score dims and Dv output columns) with three
     changes, each measured faster on the H200: tiles of 32 keys with P kept in registers (``_v4_pv_step``; one
     accumulator set per n8 block of scores); the block's query rows copied once into dynamic shared memory (``qs``,
-    rows of Q_STRIDE4 floats, zeros past Dk: ``_v4_load_q``) for the score A fragments, instead of global loads
+    rows of Q_STRIDE4 floats, zeros past Dk: ``_v2_stage_q``) for the score A fragments, instead of global loads
     at every key tile; blocks taken heaviest first (the linear block id counts kv heads fastest, then splits, then
     query tiles from the last: under a causal mask the last query tiles see the most keys, and the light ones
     then fill the tail). Grid and arguments as v3's; launched with QT * warps * Q_STRIDE4 * 4 bytes of dynamic
@@ -404,7 +388,7 @@ def _gqa_v4_kernel(q, k, v, start0, start_dev, scale, group, causal, width, spli
         ks[i // pad, Dk + i % pad] = float32(0.0)
     for i in range(ACC3):
         acc[i] = float32(0.0)
-    _v4_load_q(q, qs, r0, rows, n, group, nq, b, Dk, width, pad)
+    _v2_stage_q(q, qs, r0, rows, Q_STRIDE4, n, group, nq, b, Dk, width)
     qa = uint64((QT * w + g) * Q_STRIDE4 + t)            # this lane's A-fragment rows in qs (column t)
     qb = qa + uint64(8 * Q_STRIDE4)
     scale2 = scale * float32(LOG2E)                      # the softmax in base 2 (``_v4_row_softmax``)

@@ -395,24 +395,24 @@ def _v2_score_step(q, ks, ra, rb, d, D, g, s, scratch):
 
 
 @cuda.jit(device=True)
-def _v2_stage_q(q, qs, r0, n, G, nq, b, D, width):
-    """Copy the block's MT query rows (tile rows r0 .. r0 + MT - 1 of kv head b as q rows, ``_v2_qrow``: past the
-    end clamped to the last) into the dynamic shared ``qs`` [MT, Q_STRIDE2], columns D .. D rounded up to 8
-    zeroed (the last k8 step reads them against the key tile's zeros); completed by the first key tile's wait
-    and barrier. Every k8 step of every key tile then reads its A fragments from here: from global memory they
-    cost a 64-bit row x stride product and two clamps per load (measured on gqa_attention's v3: 25 % of the
-    kernel's time). Only blocks of more than one key tile stage (``_v2_scores``); the launch reserves the bytes
-    (Q_BYTES2) either way."""
+def _v2_stage_q(q, qs, r0, rows, stride, n, G, nq, b, D, width):
+    """Copy a block's query rows - tile rows r0 .. r0 + rows - 1 of kv head b as q rows (``_v2_qrow``: past the end
+    clamped to the last) - into the dynamic shared ``qs`` [rows, stride], columns D .. D rounded up to 8 zeroed
+    (the last k8 step reads them against the key tile's zeros); completed by the first key tile's wait and
+    barrier. Every k8 step of every key tile then reads its A fragments from here: from global memory they cost a
+    64-bit row x stride product and two clamps per load (measured on gqa_attention's v3: 25 % of the kernel's
+    time). The v2 kernels stage MT rows of Q_STRIDE2 only in blocks of more than one key tile (``_v2_scores``;
+    the launch reserves Q_BYTES2 either way); gqa_attention's v4 stages its 128 rows always."""
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
     pad = (D + 7) // 8 * 8 - D
-    for i in range(tid, MT * pad, nt):
-        qs[(i // pad) * Q_STRIDE2 + D + i % pad] = float32(0.0)
+    for i in range(tid, rows * pad, nt):
+        qs[(i // pad) * stride + D + i % pad] = float32(0.0)
     dq = D // width
-    for u in range(tid, MT * dq, nt):
+    for u in range(tid, rows * dq, nt):
         j = u // dq
         c = (u - j * dq) * width
-        copy_async(qs, uint64(j * Q_STRIDE2 + c), q, uint64(_v2_qrow(r0 + j, n, G, nq, b) * D + c), width, True)
+        copy_async(qs, uint64(j * stride + c), q, uint64(_v2_qrow(r0 + j, n, G, nq, b) * D + c), width, True)
 
 
 @cuda.jit(device=True)
@@ -668,7 +668,7 @@ def _attention_v2_kernel(q, k, v, start0, start_dev, scale, group, causal, width
     plan = _v2_copy_plan(Dk, width)
     staged = split_len > KT                              # blocks of one key tile read q from global memory
     if staged:
-        _v2_stage_q(q, qs, r0, n, group, nq, b, Dk, width)
+        _v2_stage_q(q, qs, r0, MT, Q_STRIDE2, n, group, nq, b, Dk, width)
     r, j0, kpt = _v2_row()
     last_key = start + ((r0 + r) // group if causal else T - 1)   # this thread's query row sees rows <= last_key
     _v2_begin(acc, ks, m_run, l_run, Dk)
@@ -903,7 +903,7 @@ def mla_attention(q, cache, start, scale: float, lkv: int, out=None, splits: int
     q, cache, lkv, out = check_qkv(q, cache, lkv, out)
     splits = check_splits(splits)
     T = q.shape[0]
-    start0, _ = _checks.device_int(start, "start")
+    start0, start_dev = _checks.device_int(start, "start")
     device_start = hasattr(start, "shape")
     if not device_start and start0 + T > cache.shape[0]:
         raise ValueError(f"start: {start0} + {T} new rows exceed the cache's {cache.shape[0]} rows")
@@ -919,4 +919,4 @@ def mla_attention(q, cache, start, scale: float, lkv: int, out=None, splits: int
     if variant == "v1":
         return launch_v1(_attention_kernel, q, cache, start, scale, lkv, out, max_keys, splits)
     keys = cache.reshape(cache.shape[0], 1, cache.shape[1])                        # [C, 1, D]: one kv head
-    return attention_v2(q, keys, None, *_checks.device_int(start, "start"), scale, True, out, max_keys, splits)
+    return attention_v2(q, keys, None, start0, start_dev, scale, True, out, max_keys, splits)

@@ -40,7 +40,7 @@ from .. import backend
 from . import _checks
 from ._intrinsics import copy_async_wait
 from .primitives import GROUP_BUF
-from .mla_attention import (ACC, BK, HG, KPARTS, KT, MAX_D, MAX_LKV, MAX_SUBS, MT, PAIRS, ROW, ROW_T,
+from .mla_attention import (ACC, BK, HG, KPARTS, KT, MAX_D, MAX_LKV, MAX_SUBS, MT, PAIRS, Q_STRIDE2, ROW, ROW_T,
                             SCRATCH_SHAPE, TILE_ALIGN, V2_JIT, _v1_begin, _v1_end, _v1_tile, _v2_accumulate, _v2_begin,
                             _v2_copy_plan, _v2_end, _v2_load_keys, _v2_row, _v2_scores, _v2_softmax, _v2_stage_q,
                             check_qkv, check_splits, check_variant, launch_v1, launch_v2, masked_attention_fast,
@@ -155,7 +155,7 @@ def _tree_attention_v2_kernel(q, cache, start0, start_dev, scale, n_heads, copy_
     depth_i = depths[i]
     staged = split_len > KT                              # blocks of one key tile read q from global memory
     if staged:
-        _v2_stage_q(q, qs, r0, n_rows, n_heads, n_heads, 0, D, copy_w)
+        _v2_stage_q(q, qs, r0, MT, Q_STRIDE2, n_rows, n_heads, n_heads, 0, D, copy_w)
     _v2_begin(acc, ks, m_run, l_run, D)
     for k0 in range(k_lo, k_hi, KT):
         if tid < KT:
