@@ -155,6 +155,33 @@ def _v3_row_softmax(s0, s1, s2, s3, k_first, lim, scale, m_run, l_run, buf):
 
 
 @cuda.jit(device=True)
+def _v3_lane_rows(r0, rows, n, group, nq, b, T, start, causal, z, split_len):
+    """This lane's two tile rows ta, tb (rows g and g + 8 of its warp's 16, in the block's ``rows`` from r0), their
+    q rows ra, rb (``_v2_qrow``), the end of the keys each may see (lim_a, lim_b, exclusive) and the block's key
+    range k_lo .. k_hi - 1 in split z (v3 and v4)."""
+    tid = cuda.threadIdx.x
+    ta = r0 + QT * (tid // 32) + tid % 32 // 4
+    tb = ta + 8
+    lim_a = start + (min(ta, n - 1) // group + 1 if causal else T)
+    lim_b = start + (min(tb, n - 1) // group + 1 if causal else T)
+    t_last = (min(r0 + rows, n) - 1) // group if causal else T - 1
+    k_lo = z * split_len
+    k_hi = min(start + t_last + 1, k_lo + split_len)
+    return ta, tb, _v2_qrow(ta, n, group, nq, b), _v2_qrow(tb, n, group, nq, b), lim_a, lim_b, k_lo, k_hi
+
+
+@cuda.jit(device=True)
+def _v3_clear(ks, acc, Dk, ksteps):
+    """The accumulators zeroed, and the key tile's columns Dk .. 8 ksteps - 1 (the last k8 step reads them; no
+    copy writes them) set to zeros once."""
+    pad = ksteps * 8 - Dk
+    for i in range(cuda.threadIdx.x, ks.shape[0] * pad, cuda.blockDim.x):
+        ks[i // pad, Dk + i % pad] = float32(0.0)
+    for i in range(ACC3):
+        acc[i] = float32(0.0)
+
+
+@cuda.jit(device=True)
 def _v3_end(acc, frags, t, ta, tb, ra, rb, n, m_a, l_a, m_b, l_b, z, direct, out, o_part, m_part, l_part):
     """This lane's two output rows (tile rows ta, tb < n, q rows ra, rb; columns 8 f + 2 t, + 1): O / l into
     ``out`` (one split), or split z's (O, m, l) for the combine."""
@@ -205,24 +232,13 @@ def _gqa_v3_kernel(q, k, v, start0, start_dev, scale, group, causal, width, spli
     b = cuda.blockIdx.z
     start = start0 + start_dev[0]                        # the host part + the device part (graph replay)
 
-    ta = r0 + QT * w + g                                 # this lane's two tile rows, their q rows, and the end of
-    tb = ta + 8                                          # the keys each may see (exclusive)
-    ra = _v2_qrow(ta, n, group, nq, b)
-    rb = _v2_qrow(tb, n, group, nq, b)
-    lim_a = start + (min(ta, n - 1) // group + 1 if causal else T)
-    lim_b = start + (min(tb, n - 1) // group + 1 if causal else T)
-    t_last = (min(r0 + rows, n) - 1) // group if causal else T - 1
-    k_lo = z * split_len
-    k_hi = min(start + t_last + 1, k_lo + split_len)     # the block's keys: k_lo .. k_hi - 1
+    ta, tb, ra, rb, lim_a, lim_b, k_lo, k_hi = _v3_lane_rows(r0, rows, n, group, nq, b, T, start, causal, z,
+                                                              split_len)
     kplan = _v2_copy_plan(Dk, width)
     vplan = _v2_copy_plan(Dv, width)
     ksteps = (Dk + 7) // 8
     frags = (Dv + 7) // 8
-    pad = ksteps * 8 - Dk                                # key columns the last k8 step reads past Dk: zeros
-    for i in range(tid, KT3 * pad, cuda.blockDim.x):
-        ks[i // pad, Dk + i % pad] = float32(0.0)
-    for i in range(ACC3):
-        acc[i] = float32(0.0)
+    _v3_clear(ks, acc, Dk, ksteps)
     m_a = m_b = float32(NEG_INF)
     l_a = l_b = float32(0.0)
     for k0 in range(k_lo, k_hi, KT3):
@@ -370,24 +386,13 @@ def _gqa_v4_kernel(q, k, v, start0, start_dev, scale, group, causal, width, spli
     r0 = (cuda.gridDim.x - 1 - lin // (B * cuda.gridDim.y)) * rows
     start = start0 + start_dev[0]                        # the host part + the device part (graph replay)
 
-    ta = r0 + QT * w + g                                 # this lane's two tile rows, their q rows, and the end of
-    tb = ta + 8                                          # the keys each may see (exclusive)
-    ra = _v2_qrow(ta, n, group, nq, b)
-    rb = _v2_qrow(tb, n, group, nq, b)
-    lim_a = start + (min(ta, n - 1) // group + 1 if causal else T)
-    lim_b = start + (min(tb, n - 1) // group + 1 if causal else T)
-    t_last = (min(r0 + rows, n) - 1) // group if causal else T - 1
-    k_lo = z * split_len
-    k_hi = min(start + t_last + 1, k_lo + split_len)     # the block's keys: k_lo .. k_hi - 1
+    ta, tb, ra, rb, lim_a, lim_b, k_lo, k_hi = _v3_lane_rows(r0, rows, n, group, nq, b, T, start, causal, z,
+                                                              split_len)
     kplan = _v2_copy_plan(Dk, width)
     vplan = _v2_copy_plan(Dv, width)
     ksteps = (Dk + 7) // 8
     frags = (Dv + 7) // 8
-    pad = ksteps * 8 - Dk                                # key columns the last k8 step reads past Dk: zeros
-    for i in range(tid, KT4 * pad, cuda.blockDim.x):
-        ks[i // pad, Dk + i % pad] = float32(0.0)
-    for i in range(ACC3):
-        acc[i] = float32(0.0)
+    _v3_clear(ks, acc, Dk, ksteps)
     _v2_stage_q(q, qs, r0, rows, Q_STRIDE4, n, group, nq, b, Dk, width)
     qa = uint64((QT * w + g) * Q_STRIDE4 + t)            # this lane's A-fragment rows in qs (column t)
     qb = qa + uint64(8 * Q_STRIDE4)
