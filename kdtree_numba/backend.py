@@ -266,6 +266,23 @@ def _allow_shared(kernel, args, nbytes: int) -> bool:
     return True
 
 
+SIM_SHARED_OPTIN = 232448           # the simulator's answer: an H200's (sm_90) 227 KB, so it takes the GPU's paths
+_optin: dict = {}                    # device id -> bytes
+
+
+def shared_optin() -> int:
+    """Bytes of shared memory (static + dynamic) one block may opt into on this thread's device: 227 KB on sm_90
+    (H100 / H200) and sm_80, 99 KB on sm_86 / sm_89 (RTX 30xx / 40xx, A10, L4), 64 KB on sm_75. Kernels that
+    stage operands in large dynamic shared memory ask this first and take a path that fits where it is smaller.
+    Simulator: SIM_SHARED_OPTIN (it enforces no limit). Example: on an H200, shared_optin() == 232448."""
+    if _name() != "cuda":
+        return SIM_SHARED_OPTIN
+    dev = cp.cuda.Device().id
+    if dev not in _optin:               # numba's device reads CU_DEVICE_ATTRIBUTE_<name> from the driver
+        _optin[dev] = int(cuda.get_current_device().MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+    return _optin[dev]
+
+
 def block_size(gpu: int, sim: int = 32) -> int:
     """Threads per block: ``gpu`` on a real GPU, a small count on the simulator (one OS thread per CUDA thread)."""
     return gpu if _name() == "cuda" else sim

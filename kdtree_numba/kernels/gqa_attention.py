@@ -283,6 +283,7 @@ MAX_DK4 = 192     # v4: widest key row (DeepSeek-V3 / Kimi: 128 + 64): key and v
 K_STRIDE4 = 196   # 4 mod 32: the score B-fragment loads ks[key 8 nb + g, dim d + t] hit 32 banks
 V_STRIDE4 = 132   # 4 mod 32: the P V B-fragment loads vs[key 8 kk + 2 t (+ 1), column 8 f + g] hit 32 banks
 Q_STRIDE4 = 196   # 4 mod 32: the staged query rows; the A-fragment loads qs[row g, dim t] hit 32 banks
+V4_STATIC_BYTES = 41984   # v4's static shared memory (the key and value tiles), besides the staged query rows
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 
@@ -443,11 +444,18 @@ def _launch_v3(q, k, v, start0, start_dev, scale, causal, out, max_keys, splits,
 
 
 # ------------------------------------------------------------------------------------------------ launcher
+def v4_shared_bytes() -> int:
+    """The shared memory one v4 block needs: its tiles (static) and its staged query rows (dynamic), ~139 KB on
+    the GPU - more than sm_86 / sm_89 (99 KB) or sm_75 (64 KB) give a block."""
+    return V4_STATIC_BYTES + 4 * QT * v3_warps() * Q_STRIDE4
+
+
 def default_variant(dk: int, dv: int) -> str:
-    """The fastest variant the head fits: v4 (Dk <= 192, Dv <= 128), v3 (Dk <= 256, Dv <= 128), else v2."""
+    """The fastest variant the head and the device fit: v4 (Dk <= 192, Dv <= 128, ``v4_shared_bytes()`` of shared
+    memory per block), v3 (Dk <= 256, Dv <= 128), else v2."""
     if dv > MAX_DV3 or dk > MAX_DK3:
         return "v2"
-    return "v4" if dk <= MAX_DK4 else "v3"
+    return "v4" if dk <= MAX_DK4 and backend.shared_optin() >= v4_shared_bytes() else "v3"
 
 
 def check_gqa(q, k, v, out):
@@ -487,6 +495,9 @@ def gqa_attention(q, k, v, start, scale: float, causal: bool = True, out=None, s
     if variant == "v4" and (q.shape[2] > MAX_DK4 or v.shape[2] > MAX_DV3):
         raise ValueError(f"variant: v4 takes key dims <= {MAX_DK4} and value dims <= {MAX_DV3}, got {q.shape[2]} "
                          f"and {v.shape[2]}; use 'v2'")
+    if variant == "v4" and backend.name != "numpy" and backend.shared_optin() < v4_shared_bytes():
+        raise ValueError(f"variant: v4 needs {v4_shared_bytes()} bytes of shared memory per block, this GPU gives "
+                         f"{backend.shared_optin()}; use 'v3'")
     if variant == "v3" and (q.shape[2] > MAX_DK3 or v.shape[2] > MAX_DV3):
         raise ValueError(f"variant: v3 takes key dims <= {MAX_DK3} and value dims <= {MAX_DV3}, got {q.shape[2]} "
                          f"and {v.shape[2]}; use 'v2'")

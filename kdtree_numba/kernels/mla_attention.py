@@ -106,6 +106,7 @@ KT = 16           # cache rows per key tile: two n8 blocks of scores, two k8 ste
 ROW_T = 580       # padded key-tile row stride: 580 = 4 mod 32 (conflict-free score B-fragment loads)
 Q_STRIDE2 = 580   # the staged query rows' stride (``_v2_stage_q``), 4 mod 32: conflict-free A-fragment loads
 Q_BYTES2 = 4 * MT * Q_STRIDE2   # their dynamic shared memory: 74 KB (above 48 KB: backend.launch opts in)
+V2_STATIC_BYTES = 45888   # the v2 kernels' static shared memory (the tree kernel's; the causal one has 45,768)
 KPARTS = 4        # most k-parts of the score (warps per m16 block): sp [KPARTS, MT, KT]
 FRAGS = 16        # most n8 output fragments per warp: 16 x 8 = 128 of the Lkv columns
 ACC = 64          # FRAGS * 4 accumulators per thread
@@ -630,7 +631,7 @@ def _v2_store(out, o_part, z, direct, r, c, v0, v1):
 
 @cuda.jit(**V2_JIT)
 def _attention_v2_kernel(q, k, v, start0, start_dev, scale, group, causal, width, split_len, direct, out, o_part,
-                         m_part, l_part):
+                         m_part, l_part, stage):
     """v2 over kv heads (grid z = kv head b): q [T*Nq, Dk] (rows token-major), k [S, B, Dk] C-contiguous, B kv
     heads of ``group`` = G = Nq / B query heads each. Values: v [S, B, Dv] C-contiguous, its rows landing in the
     tile at column vo = Dk rounded up to 8 (the score's k8 steps never reach them); or, for absorbed MLA (B = 1,
@@ -638,7 +639,8 @@ def _attention_v2_kernel(q, k, v, start0, start_dev, scale, group, causal, width
     dimensions is part of its type, so this kernel is compiled once per case and the absorbed one carries no
     value-copy code: a runtime flag cost it 10 % on the H200). ``causal``: token t sees rows 0 .. start + t; else
     every token sees rows 0 .. start + T - 1. out [T*Nq, Dv], o_part [splits, T*Nq, Dv], m/l_part [splits, T*Nq];
-    ``width``: floats per asynchronous copy of a row (4 when k's and v's rows are 16-byte aligned, else 1)."""
+    ``width``: floats per asynchronous copy of a row (4 when k's and v's rows are 16-byte aligned, else 1);
+    ``stage``: the launch gave the block Q_BYTES2 of dynamic shared memory for its query rows (``v2_stage_bytes``)."""
     ks = cuda.shared.array((KT, ROW_T), float32, alignment=TILE_ALIGN)   # the key tile: KT cache rows
     sp = cuda.shared.array((KPARTS, MT, KT), float32)    # partial scores per k-part; sp[0]: scores, then P
     m_run = cuda.shared.array(MT, float32)
@@ -666,7 +668,7 @@ def _attention_v2_kernel(q, k, v, start0, start_dev, scale, group, causal, width
     k_lo = z * split_len
     k_hi = min(start + t_last + 1, k_lo + split_len)     # the tile's list: rows 0 .. start + t_last
     plan = _v2_copy_plan(Dk, width)
-    staged = split_len > KT                              # blocks of one key tile read q from global memory
+    staged = stage and split_len > KT                    # blocks of one key tile read q from global memory
     if staged:
         _v2_stage_q(q, qs, r0, MT, Q_STRIDE2, n, group, nq, b, Dk, width)
     r, j0, kpt = _v2_row()
@@ -843,6 +845,13 @@ def copy_width(*arrays) -> int:
     return 4
 
 
+def v2_stage_bytes() -> int:
+    """The dynamic shared memory the v2 kernels are launched with: Q_BYTES2 for their staged query rows where the
+    device lets a block have V2_STATIC_BYTES + Q_BYTES2 (~120 KB: sm_80, sm_90), else 0 - the kernels then read
+    the query rows from global memory in every block (sm_86 / sm_89 allow 99 KB, sm_75 64 KB)."""
+    return Q_BYTES2 if backend.shared_optin() >= V2_STATIC_BYTES + Q_BYTES2 else 0
+
+
 def attention_v2(q, k, v, start0: int, start_dev, scale: float, causal: bool, out, max_keys: int, splits):
     """Launch ``_attention_v2_kernel``: q [T, Nq, Dk], k [S, B, Dk], v [S, B, Dv] (or None: absorbed MLA, values =
     the key rows' first Dv columns), out [T, Nq, Dv]; grid (ceil(T G / MT), splits, B) with G = Nq / B,
@@ -853,9 +862,10 @@ def attention_v2(q, k, v, start0: int, start_dev, scale: float, causal: bool, ou
     B = k.shape[1]
     width = copy_width(q, k) if v is None else copy_width(q, k, v)
     v = _placeholder() if v is None else v
+    shared = v2_stage_bytes()
     return launch_split(_attention_v2_kernel, -(-(T * (Nq // B)) // MT), B, 32 * v2_warps(out.shape[2]), KT, q, out,
                         max_keys, splits, (k, v, start0, start_dev, np.float32(scale), Nq // B, bool(causal), width),
-                        shared=Q_BYTES2)
+                        (shared > 0,), shared=shared)
 
 
 def launch_split(kernel, tiles: int, heads, threads: int, tile: int, q, out, max_keys: int, splits, args,
@@ -885,8 +895,10 @@ def launch_v2(kernel, q, cache, start, scale, lkv, out, max_keys, splits, *extra
     copies), then the combine when there are several splits."""
     start0, start_dev = _checks.device_int(start, "start")
     T, N, _ = q.shape
+    shared = v2_stage_bytes()
     return launch_split(kernel, -(-(T * N) // MT), None, 32 * v2_warps(lkv), KT, q, out, max_keys, splits,
-                        (cache, start0, start_dev, np.float32(scale), N, copy_width(q, cache)), extra, shared=Q_BYTES2)
+                        (cache, start0, start_dev, np.float32(scale), N, copy_width(q, cache)), extra + (shared > 0,),
+                        shared=shared)
 
 
 def mla_attention(q, cache, start, scale: float, lkv: int, out=None, splits: int | None = None,

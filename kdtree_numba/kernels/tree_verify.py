@@ -122,8 +122,8 @@ def _tree_key(paths, depths, start, t_first, width, k, k_hi, j, rows, kdep, knod
 
 @cuda.jit(**V2_JIT)
 def _tree_attention_v2_kernel(q, cache, start0, start_dev, scale, n_heads, copy_w, split_len, direct, out, o_part,
-                              m_part, l_part, paths, depths, width):
-    """Tree v2: q [(n+1)*N, D] (rows token-major), out [(n+1)*N, Lkv], partials and ``copy_w`` as
+                              m_part, l_part, paths, depths, width, stage):
+    """Tree v2: q [(n+1)*N, D] (rows token-major), out [(n+1)*N, Lkv], partials, ``copy_w`` and ``stage`` as
     ``_attention_v2_kernel``; ``width`` path slots per token (max_depth + 1)."""
     ks = cuda.shared.array((KT, ROW_T), float32, alignment=TILE_ALIGN)   # the key tile
     sp = cuda.shared.array((KPARTS, MT, KT), float32)    # partial scores; sp[0]: scores, then P
@@ -153,7 +153,7 @@ def _tree_attention_v2_kernel(q, cache, start0, start_dev, scale, n_heads, copy_
     real = r0 + r < n_rows                               # this thread's query row exists (else all masked)
     i = min(r0 + r, n_rows - 1) // n_heads               # ... and is tree token i
     depth_i = depths[i]
-    staged = split_len > KT                              # blocks of one key tile read q from global memory
+    staged = stage and split_len > KT                    # blocks of one key tile read q from global memory
     if staged:
         _v2_stage_q(q, qs, r0, MT, Q_STRIDE2, n_rows, n_heads, n_heads, 0, D, copy_w)
     _v2_begin(acc, ks, m_run, l_run, D)

@@ -210,3 +210,27 @@ def test_gpu_tree_kimi_shapes(n, N, start, variant):
     dev = kd.backend.full((1,), start, np.int32)
     np.testing.assert_allclose(H(tv.tree_attention(q, cache, dev, paths, depths, 0.13, 512, variant=variant)), want,
                                **TOL)
+
+
+def test_v2_without_room_for_staged_query_rows(monkeypatch):
+    """A GPU that gives a block less than the v2 kernels' static tiles + 74 KB of staged query rows (sm_86 / sm_89:
+    99 KB) gets launches without dynamic shared memory and query rows read from global memory: the same products
+    in the same order, so the outputs are bit for bit those of the staged launch."""
+    rng = np.random.default_rng(7)
+    parents = random_parents(9, rng)
+    paths, depths = kt.ancestor_paths(parents)
+    q = rng.standard_normal((10, 4, 12)).astype(np.float32)
+    cache = rng.standard_normal((45, 12)).astype(np.float32)
+    qc = rng.standard_normal((3, 5, 12)).astype(np.float32)
+
+    def run():
+        return (H(tv.tree_attention(q, cache, 30, paths, depths, 0.4, 8, variant="v2")),    # 30 + 10 keys: staged
+                H(mla.mla_attention(qc, cache, 40, 0.4, 8, variant="v2")))
+    assert mla.v2_stage_bytes() == mla.Q_BYTES2
+    staged = run()
+    monkeypatch.setattr(kd.backend, "shared_optin", lambda: 101376)
+    assert mla.v2_stage_bytes() == 0
+    plain = run()
+    np.testing.assert_allclose(plain[0], tv.tree_attention_ref(q, cache, 30, parents, 0.4, 8), **TOL)
+    for a, b in zip(plain, staged):
+        np.testing.assert_array_equal(a, b)

@@ -121,6 +121,20 @@ def test_gpu_shapes(T, Nq, Nkv, Dk, Dv, start, causal, variant):
     np.testing.assert_allclose(got, gqa.gqa_attention_ref(q, k, v, start, Dk ** -0.5, causal), **TOL)
 
 
+@pytest.mark.usefixtures("kernel_backend")
+def test_v4_needs_its_shared_memory(monkeypatch):
+    """v4's staged query rows need ~139 KB of shared memory per block on the GPU (66 KB with the simulator's 2
+    warps): a device that gives less (sm_86 / sm_89: 99 KB, sm_75: 64 KB) runs v3 by default, and an explicit v4
+    is refused by name."""
+    assert gqa.default_variant(192, 128) == "v4"
+    monkeypatch.setattr(kd.backend, "shared_optin", lambda: 65536)
+    assert gqa.default_variant(192, 128) == "v3"
+    q, k, v = _case(2, 2, 1, 8, 8, 3)
+    with pytest.raises(ValueError, match=r"variant: v4 needs \d+ bytes of shared memory per block, this GPU "
+                                         r"gives 65536; use 'v3'"):
+        gqa.gqa_attention(q, k, v, 3, 0.5, variant="v4")
+
+
 def test_default_variant_follows_the_head():
     assert [gqa.default_variant(*d) for d in ((192, 128), (32, 32), (200, 128), (256, 129), (576, 512))] == \
         ["v4", "v4", "v3", "v2", "v2"]
