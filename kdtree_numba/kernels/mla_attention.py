@@ -639,7 +639,7 @@ def _attention_v2_kernel(q, k, v, start0, start_dev, scale, group, causal, width
     dimensions is part of its type, so this kernel is compiled once per case and the absorbed one carries no
     value-copy code: a runtime flag cost it 10 % on the H200). ``causal``: token t sees rows 0 .. start + t; else
     every token sees rows 0 .. start + T - 1. out [T*Nq, Dv], o_part [splits, T*Nq, Dv], m/l_part [splits, T*Nq];
-    ``width``: floats per asynchronous copy of a row (4 when k's and v's rows are 16-byte aligned, else 1);
+    ``width``: floats per asynchronous copy of a row (4 when q's, k's and v's rows are 16-byte aligned, else 1);
     ``stage``: the launch gave the block Q_BYTES2 of dynamic shared memory for its query rows (``v2_stage_bytes``)."""
     ks = cuda.shared.array((KT, ROW_T), float32, alignment=TILE_ALIGN)   # the key tile: KT cache rows
     sp = cuda.shared.array((KPARTS, MT, KT), float32)    # partial scores per k-part; sp[0]: scores, then P
