@@ -40,7 +40,7 @@ tile, needed only in the last key tile or two). Per key tile of KT = 16 cache ro
      rows past the list
   2. scores S [32, 16] = Q K^T: warp w takes m16 block w // 4 and k-part w % 4 (144 of the 576 dims: 18 k8
      steps x 2 n8 blocks; A fragments from the block's 32 query rows, copied once into dynamic shared memory
-     ``qs [32, 580]`` when the block has more than one key tile - else straight from global q -, B from ks;
+     ``qs [32, 580]`` when a split has at least 3 key tiles - else straight from global q -, B from ks;
      ``_v2_stage_q``, ``_v2_scores``); the three TF32 products of
      3xTF32 accumulate separately (six independent MMA chains per warp) and the 4 k-parts' partial tiles go to
      shared ``sp [4, 32, 16]``
@@ -107,6 +107,8 @@ ROW_T = 580       # padded key-tile row stride: 580 = 4 mod 32 (conflict-free sc
 Q_STRIDE2 = 580   # the staged query rows' stride (``_v2_stage_q``), 4 mod 32: conflict-free A-fragment loads
 Q_BYTES2 = 4 * MT * Q_STRIDE2   # their dynamic shared memory: 74 KB (above 48 KB: backend.launch opts in)
 V2_STATIC_BYTES = 45888   # the v2 kernels' static shared memory (the tree kernel's; the causal one has 45,768)
+STAGE_MIN_TILES = 3       # blocks of at least this many key tiles per split stage their query rows: staged, a
+                          # decode split of 2 tiles measured 11 % slower (H200), runs of many tiles 1.2-1.36x faster
 KPARTS = 4        # most k-parts of the score (warps per m16 block): sp [KPARTS, MT, KT]
 FRAGS = 16        # most n8 output fragments per warp: 16 x 8 = 128 of the Lkv columns
 ACC = 64          # FRAGS * 4 accumulators per thread
@@ -421,8 +423,9 @@ def _v2_scores(q, qs, staged, ks, sp, r0, n, G, nq, b, D, scratch):
     """Partial scores on tensor cores: warp w -> m16 block mb = w // kparts, k-part kp = w % kparts;
     sp[kp, 16 mb .. 16 mb + 15, 0..15] = Q[rows, dims of kp] @ ks[0..15, dims of kp]^T (unscaled, 3xTF32).
     A fragments (the query rows r0 + 16 mb + g, + 8 of kv head b) from the block's staged rows ``qs`` when
-    ``staged`` (``_v2_stage_q``: blocks of more than one key tile), else straight from global q (``_v2_qrow``'s
-    rows: a block of one key tile - a small decode step's split - would only pay the staging's latency); B fragments
+    ``staged`` (``_v2_stage_q``: splits of at least STAGE_MIN_TILES key tiles), else straight from global q
+    (``_v2_qrow``'s rows: a block of a tile or two - a decode step's split - would only pay the staging's
+    latency); B fragments
     (the keys, columns 0 .. D - 1 of the tile) from the shared tile; no k8 step starts at or past D.
     The three TF32 products (lo.hi, hi.lo, hi.hi) go to three accumulator sets, summed at the end: six
     independent MMA chains per warp instead of two chains three times as long (an MMA waits for the one before it
@@ -668,7 +671,7 @@ def _attention_v2_kernel(q, k, v, start0, start_dev, scale, group, causal, width
     k_lo = z * split_len
     k_hi = min(start + t_last + 1, k_lo + split_len)     # the tile's list: rows 0 .. start + t_last
     plan = _v2_copy_plan(Dk, width)
-    staged = stage and split_len > KT                    # blocks of one key tile read q from global memory
+    staged = stage and split_len >= STAGE_MIN_TILES * KT   # short splits read q from global memory
     if staged:
         _v2_stage_q(q, qs, r0, MT, Q_STRIDE2, n, group, nq, b, Dk, width)
     r, j0, kpt = _v2_row()

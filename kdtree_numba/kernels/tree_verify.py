@@ -41,10 +41,10 @@ from . import _checks
 from ._intrinsics import copy_async_wait
 from .primitives import GROUP_BUF
 from .mla_attention import (ACC, BK, HG, KPARTS, KT, MAX_D, MAX_LKV, MAX_SUBS, MT, PAIRS, Q_STRIDE2, ROW, ROW_T,
-                            SCRATCH_SHAPE, TILE_ALIGN, V2_JIT, _v1_begin, _v1_end, _v1_tile, _v2_accumulate, _v2_begin,
-                            _v2_copy_plan, _v2_end, _v2_load_keys, _v2_row, _v2_scores, _v2_softmax, _v2_stage_q,
-                            check_qkv, check_splits, check_variant, launch_v1, launch_v2, masked_attention_fast,
-                            masked_attention_ref)
+                            SCRATCH_SHAPE, STAGE_MIN_TILES, TILE_ALIGN, V2_JIT, _v1_begin, _v1_end, _v1_tile,
+                            _v2_accumulate, _v2_begin, _v2_copy_plan, _v2_end, _v2_load_keys, _v2_row, _v2_scores,
+                            _v2_softmax, _v2_stage_q, check_qkv, check_splits, check_variant, launch_v1, launch_v2,
+                            masked_attention_fast, masked_attention_ref)
 
 
 def tree_attention_ref(q, cache, start: int, parents, scale: float, lkv: int):
@@ -153,7 +153,7 @@ def _tree_attention_v2_kernel(q, cache, start0, start_dev, scale, n_heads, copy_
     real = r0 + r < n_rows                               # this thread's query row exists (else all masked)
     i = min(r0 + r, n_rows - 1) // n_heads               # ... and is tree token i
     depth_i = depths[i]
-    staged = stage and split_len > KT                    # blocks of one key tile read q from global memory
+    staged = stage and split_len >= STAGE_MIN_TILES * KT   # short splits read q from global memory
     if staged:
         _v2_stage_q(q, qs, r0, MT, Q_STRIDE2, n_rows, n_heads, n_heads, 0, D, copy_w)
     _v2_begin(acc, ks, m_run, l_run, D)

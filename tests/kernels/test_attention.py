@@ -220,17 +220,18 @@ def test_v2_without_room_for_staged_query_rows(monkeypatch):
     parents = random_parents(9, rng)
     paths, depths = kt.ancestor_paths(parents)
     q = rng.standard_normal((10, 4, 12)).astype(np.float32)
-    cache = rng.standard_normal((45, 12)).astype(np.float32)
+    cache = rng.standard_normal((75, 12)).astype(np.float32)
     qc = rng.standard_normal((3, 5, 12)).astype(np.float32)
+    assert 60 >= mla.STAGE_MIN_TILES * mla.KT                   # both launches below have splits that stage
 
     def run():
-        return (H(tv.tree_attention(q, cache, 30, paths, depths, 0.4, 8, variant="v2")),    # 30 + 10 keys: staged
-                H(mla.mla_attention(qc, cache, 40, 0.4, 8, variant="v2")))
+        return (H(tv.tree_attention(q, cache, 60, paths, depths, 0.4, 8, variant="v2")),
+                H(mla.mla_attention(qc, cache, 60, 0.4, 8, variant="v2")))
     assert mla.v2_stage_bytes() == mla.Q_BYTES2
     staged = run()
     monkeypatch.setattr(kd.backend, "shared_optin", lambda: 101376)
     assert mla.v2_stage_bytes() == 0
     plain = run()
-    np.testing.assert_allclose(plain[0], tv.tree_attention_ref(q, cache, 30, parents, 0.4, 8), **TOL)
+    np.testing.assert_allclose(plain[0], tv.tree_attention_ref(q, cache, 60, parents, 0.4, 8), **TOL)
     for a, b in zip(plain, staged):
         np.testing.assert_array_equal(a, b)
