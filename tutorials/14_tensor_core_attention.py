@@ -784,9 +784,9 @@ for G_, parts_ in dict.fromkeys([(8, 4), (G_run, parts_run)]):
 #
 # `_attention_v2_kernel`, printed from the package. Per key tile: the tile's cache rows into `rows` (-1 past the
 # list), barrier, `_v2_load_keys`, barrier, `_v2_scores` (warp w: m16 block `w // kparts`, k-part `w % kparts`; A
-# fragments from the block's query rows, copied once by `_v2_stage_q` into dynamic shared memory when the block has
-# more than one key tile, else straight from global q; B from ks; the three TF32 products in three accumulator
-# sets), barrier, the
+# fragments from the block's query rows, copied once by `_v2_stage_q` into dynamic shared memory when its split has
+# at least `STAGE_MIN_TILES` = 3 key tiles, else straight from global q; B from ks; the three TF32 products in
+# three accumulator sets), barrier, the
 # lane's mask bits `vis`, `_v2_softmax`, barrier, `_v2_accumulate` (warp w: m16 block and a group of Lkv columns,
 # 16 n8 fragments = 64 fp32 accumulators per thread in registers), barrier. At the end `_v2_end` stores `O / l`
 # or the split's partials.
