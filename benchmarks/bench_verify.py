@@ -122,6 +122,16 @@ def print_reference_errors(label, outs, want):
         f"{v} {np.abs(H(o) - want).max():.1e}" for v, o in outs.items()), flush=True)
 
 
+def time_variants(call, shape, reps):
+    """({variant: out}, {variant: ms}): ``call(variant, out)`` timed per absorbed-MLA variant into a fresh ``out``
+    of ``shape`` (graph replays on the GPU, one direct run elsewhere)."""
+    outs, ms = {}, {}
+    for v in VARIANTS:
+        outs[v] = xp.empty(shape, np.float32)
+        ms[v] = graph_median_ms(lambda: call(v, outs[v]), reps if GPU else 1, 1 if not GPU else 3)
+    return outs, ms
+
+
 def row_cells(ms, flops, nbytes, sdpa):
     """Times, speedups and roofline shares of one shape; ``ms``: {variant: ms}."""
     roof32, roof_tf = rooflines(flops, nbytes)
@@ -154,12 +164,9 @@ if "tree" in only:
             for N in heads:
                 q = xp.asarray(rng.standard_normal((n + 1, N, D), dtype=np.float32))
                 reps = a.reps if S * n * N < 2 ** 26 else 5
-                outs, ms = {}, {}
-                for v in VARIANTS:
-                    outs[v] = xp.empty((n + 1, N, LKV), np.float32)
-                    ms[v] = graph_median_ms(lambda: tree_verify.tree_attention(
-                        q, cache, S, paths_d, depth_d, SCALE, LKV, max_depth=paths.shape[1] - 1, out=outs[v],
-                        variant=v), reps if GPU else 1, 1 if not GPU else 3)
+                outs, ms = time_variants(lambda v, o: tree_verify.tree_attention(
+                    q, cache, S, paths_d, depth_d, SCALE, LKV, max_depth=paths.shape[1] - 1, out=o, variant=v),
+                    (n + 1, N, LKV), reps)
                 if not rows:
                     print_reference_errors(f"tree S={S} n={n} N={N}", outs,
                                            tree_verify.tree_attention_ref(H(q), H(cache), S, parents, SCALE, LKV))
@@ -177,12 +184,8 @@ if "causal" in only:
         cache = xp.asarray(rng.standard_normal((start + T, D), dtype=np.float32))
         q = xp.asarray(rng.standard_normal((T, N, D), dtype=np.float32))
         reps = a.reps if start * N < 2 ** 20 and T < 1024 else 5
-        outs, ms = {}, {}
-        for v in VARIANTS:
-            outs[v] = xp.empty((T, N, LKV), np.float32)
-            ms[v] = graph_median_ms(lambda: mla_attention.mla_attention(q, cache, start, SCALE, LKV, out=outs[v],
-                                                                        variant=v),
-                                    reps if GPU else 1, 1 if not GPU else 3)
+        outs, ms = time_variants(lambda v, o: mla_attention.mla_attention(q, cache, start, SCALE, LKV, out=o,
+                                                                          variant=v), (T, N, LKV), reps)
         if not rows:
             print_reference_errors(f"causal T={T} start={start} N={N}", outs,
                                    mla_attention.mla_attention_ref(H(q), H(cache), start, SCALE, LKV))

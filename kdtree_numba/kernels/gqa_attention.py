@@ -436,7 +436,7 @@ def _launch_v3(q, k, v, start0, start_dev, scale, causal, out, max_keys, splits,
     T, Nq, _ = q.shape
     B = k.shape[1]
     kernel, tile = (_gqa_v4_kernel, KT4) if v4 else (_gqa_v3_kernel, KT3)
-    shared = 4 * QT * v3_warps() * Q_STRIDE4 if v4 else 0
+    shared = v4_shared_bytes() - V4_STATIC_BYTES if v4 else 0       # the staged query rows
     width = copy_width(q, k, v) if v4 else copy_width(k, v)
     return launch_split(kernel, -(-(T * (Nq // B)) // (QT * v3_warps())), B, 32 * v3_warps(), tile, q, out,
                         max_keys, splits, (k, v, start0, start_dev, np.float32(scale), Nq // B, bool(causal), width),
