@@ -14,6 +14,8 @@
   caller pays one add per copy instead of numba's per-axis index arithmetic. Width 4 needs both addresses 16-byte
   aligned. ``copy_async_wait()`` (``cp.async.wait_all``) waits for this thread's copies; a block barrier after it
   makes every thread's copies visible to the block.
+- ``view2d(a, off, rows, cols)``: ``a[off : off + rows * cols].reshape(rows, cols)`` for a 1-D float32 array (a
+  tile carved out of dynamic shared memory, which numba gives as one 1-D array); no copy, no bounds check.
 
 The simulator's libdevice stubs return NaN, so there each is plain Python (ex2 rounded once to float32, without
 the flush to zero). ``SIM`` says which one runs. Warp and block collectives (shuffles, reductions, scans, the
@@ -57,6 +59,9 @@ if SIM:
     @cuda.jit(device=True)
     def copy_async_wait():
         pass
+
+    def view2d(a, off, rows, cols):
+        return a[off:off + rows * cols].reshape(rows, cols)
 else:
     def unary_f32(text):
         """An intrinsic (x: float32) -> float32 emitting the PTX statement ``text`` ($0 the result, $1 x)."""
@@ -138,6 +143,26 @@ else:
     @cuda.jit(device=True)
     def copy_async_wait():
         _cp_async_wait_all()
+
+    @intrinsic
+    def view2d(typingctx, a, off, rows, cols):
+        """A C-contiguous [rows, cols] view of a 1-D float32 array from flat element ``off`` (numba's reshape on
+        the device calls a runtime helper the CUDA target does not link)."""
+        if not (isinstance(a, types.Array) and a.ndim == 1 and a.dtype == types.float32):
+            return None
+        ret = types.Array(types.float32, 2, "C")
+
+        def codegen(context, builder, sig, args):
+            src = context.make_array(sig.args[0])(context, builder, value=args[0])
+            view = context.make_array(ret)(context, builder)
+            data = builder.gep(src.data, [context.cast(builder, args[1], sig.args[1], types.int64)])
+            r = context.cast(builder, args[2], sig.args[2], types.intp)
+            c = context.cast(builder, args[3], sig.args[3], types.intp)
+            item = context.get_constant(types.intp, 4)
+            context.populate_array(view, data=data, shape=[r, c], strides=[builder.mul(c, item), item],
+                                   itemsize=item, meminfo=None)
+            return view._getvalue()
+        return ret(a, off, rows, cols), codegen
 
     @cuda.jit(device=True)
     def ex2(t):
