@@ -249,7 +249,7 @@ def _gqa_v3_kernel(q, k, v, start0, start_dev, scale, group, causal, width, spli
         for i in range(24):
             s[i] = float32(0.0)
         for kk in range(ksteps):                         # S [16, 16] = Q K^T, 3xTF32 in three accumulator sets
-            _v2_score_step(q, ks, ra, rb, kk * 8 + t, Dk, g, s, scratch)
+            _v2_score_step(q, ks, ra, rb, kk * 8 + t, Dk, g, s, scratch, 2)
         kf = k0 + 2 * t                                  # this lane's keys: kf, kf + 1, kf + 8, kf + 9
         lim = min(lim_a, k_hi)
         pa0, pa1, pa2, pa3, m_a, l_a, xa = _v3_row_softmax(
@@ -271,7 +271,7 @@ def _gqa_v3_kernel(q, k, v, start0, start_dev, scale, group, causal, width, spli
             cuda.syncthreads()
         else:
             cuda.syncwarp()
-        _v2_pv_tile(ps[w], uint64(g), uint64(g + 8), t, vs, uint64(g), acc, frags, xa, xb, scratch)   # O += P V
+        _v2_pv_tile(ps[w], uint64(g), uint64(g + 8), t, vs, uint64(g), acc, frags, xa, xb, scratch, 2)   # O += P V
         cuda.syncthreads()                               # the tiles and P are rewritten next
     _v3_end(acc, frags, t, ta, tb, ra, rb, n, m_a, l_a, m_b, l_b, z, direct, out, o_part, m_part, l_part)
 

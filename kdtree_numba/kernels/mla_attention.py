@@ -11,12 +11,20 @@ serves a prefill chunk (T tokens) and a single-token decode step (T = 1). The tr
 (``tree_verify.py``) builds its kernels from this module's device functions with another key list: this module
 holds the shared machinery (tiles, scores, online softmax, accumulators, key splits and their combine).
 
-Variants (``variant=`` picks one; None -> ``default_variant()``: v2 on a GPU, v1 on the simulator, where v2's MMA
-stand-in costs a block barrier per instruction). Each is checked against ``masked_attention_ref`` in
-tests/kernels/test_attention.py before benchmarks/bench_verify.py times it.
+Variants (``variant=`` picks one; None -> ``default_variant()``: v3 on a GPU - v2 for a small decode grid,
+``short_splits`` - and v1 on the simulator, where the MMA stand-in costs a block barrier per instruction). Each is
+checked against ``masked_attention_ref`` in tests/kernels/test_attention.py before benchmarks/bench_verify.py times
+it.
   v1  the readable first version: a block per (token, 4 heads), CUDA-core dot products.
   v2  tiles of 32 (token, head) query rows x 16 key rows on tensor cores (3xTF32, kernels/mma.py): a latent row
       is loaded once into shared memory for 32 query rows instead of 4, and both products run on MMA.
+  v3  v2 with key tiles of 32 rows: the same kernel source (``_tiled_kernel(kt, ...)`` compiles it once per tile
+      height), so the per-tile work that does not scale with the keys - the key table, five barriers, the
+      softmax's shuffles, the 64-accumulator rescale - is paid once per 32 keys, and each warp runs 12
+      independent score MMA chains instead of 6. The 74 KB tile no longer fits the 48 KB of static shared memory:
+      it lives in dynamic shared memory (``_intrinsics.view2d``), before the staged query rows (167 KB in all).
+      H200: tree 4096 / 256 / 64 5.34 -> 4.97 ms, 32768 / 256 / 64 43.7 -> 38.5, decode 1 / 4096 / 64 0.083 ->
+      0.079; slower only on a decode over a short context (few blocks: ``short_splits``).
 
 v1 mapping: grid (token t, head group of HG heads, key split z). A block walks its split of t's key list in tiles
 of BK rows: the tile is loaded into shared memory (row stride padded to an odd length so column reads do not
@@ -49,11 +57,12 @@ tile, needed only in the last key tile or two). Per key tile of KT = 16 cache ro
   4. O = alpha O + P V: warp w owns m16 block w // 4 and Lkv columns (w % 4) * 128 .. + 127: 16 n8 fragments,
      i.e. 64 fp32 accumulators per thread in registers; 2 k8 steps (the 16 keys) per tile
   Every product is 3xTF32 with the truncating split (mma.split_tf32_fast): ~3e-6 relative per product, fp32-grade
-  dot products. Splits and their combine as in v1. Budget: shared 37,120 (ks) + 8,192 (sp) + 384 (m, l, alpha) +
-  64 (key table; tree: 192) + 8 (the 1-float placeholders of the simulator's scratch arrays) bytes = 45,768
-  static (< 48 KB) + 74,240 dynamic (the staged query rows, Q_BYTES2); registers (ptxas, sm_90, CUDA 13.0,
-  numba-cuda 0.30.4): 206 per thread (separate values: 221; tree: 205), no spills, the 64 accumulators in
-  registers - so one block (8 warps) per SM. Work per block and key tile:
+  dot products. Splits and their combine as in v1. Budget: static shared 8,192 (sp) + 384 (m, l, alpha) + 64 (key
+  table; tree: 192) + the simulator's 1-float scratch placeholders = 8,640 (tree 8,768) bytes; dynamic 37,120
+  (the key tile ks) + 74,240 (the staged query rows, Q_BYTES2, where the device allows: ``stage_bytes``). v3:
+  static 18,944 (tree 19,200: sp [4, 32, 36]), dynamic 74,240 + 74,240. Registers (ptxas, sm_90, CUDA 13.0,
+  numba-cuda 0.30.4): v2 188 per thread (separate values 200, tree 188), v3 211 (225, 209), no spills, the 64
+  accumulators in registers - so one block (8 warps) per SM. Work per block and key tile:
   32 x 16 x (576 + 512) x 2 = 1.1 MFLOP as 8 x 204 = 1,632 MMA instructions, for one 36 KB read of the tile (v1: 4
   query rows per read).
   What made it 4x faster than its first version (H200, docs/PERFORMANCE.md): the first filled the tile with a
@@ -82,11 +91,11 @@ from numba import cuda, float32, int32, uint64
 
 from .. import backend
 from . import _checks
-from ._intrinsics import copy_async, copy_async_wait
+from ._intrinsics import copy_async, copy_async_wait, view2d
 from .primitives import GROUP_BUF, group_max, group_sum, online_softmax_row
 from .mma import SCRATCH_SHAPE, SIM, mma_m16n8k8_3xtf32, mma_m16n8k8_tf32, split_tf32_fast
 
-VARIANTS = ("v1", "v2")
+VARIANTS = ("v1", "v2", "v3")
 NEG_INF = -math.inf
 MAX_D = 576       # widest cache row the kernels support (Kimi / DeepSeek: 512 + 64)
 MAX_LKV = 512
@@ -106,14 +115,22 @@ KT = 16           # cache rows per key tile: two n8 blocks of scores, two k8 ste
 ROW_T = 580       # padded key-tile row stride: 580 = 4 mod 32 (conflict-free score B-fragment loads)
 Q_STRIDE2 = 580   # the staged query rows' stride (``_v2_stage_q``), 4 mod 32: conflict-free A-fragment loads
 Q_BYTES2 = 4 * MT * Q_STRIDE2   # their dynamic shared memory: 74 KB (above 48 KB: backend.launch opts in)
-V2_STATIC_BYTES = 45888   # the v2 kernels' static shared memory (the tree kernel's; the causal one has 45,768)
-STAGE_MIN_TILES = 3       # blocks of at least this many key tiles per split stage their query rows: staged, a
+STAGE_MIN_KEYS = 48       # blocks of at least this many keys per split stage their query rows: staged, a v2
                           # decode split of 2 tiles measured 11 % slower (H200), runs of many tiles 1.2-1.36x faster
+# v3: v2's kernels with key tiles of 32 rows (the per-tile barriers, softmax and rescale paid once per 32 keys;
+# 12 independent score MMA chains per warp instead of 6), the tile in dynamic shared memory (74 KB)
+KT3 = 32
+SCORE_ACC = 48    # 3 products x KT3 / 8 n8 blocks x 4: a warp's score accumulators per lane (v2 uses 24 of them)
+SP_STRIDE3 = 36   # v3's partial-score row stride: 36 = 4 mod 32, P's A-fragment loads hit 32 banks
+# The kernels' static shared memory (ptxas, sm_90), the largest of the causal and tree kernels': the launchers
+# check it + the dynamic part (key tile, staged query rows) against the device's per-block limit.
+STATIC_BYTES = {KT: 8768, KT3: 19200}
 KPARTS = 4        # most k-parts of the score (warps per m16 block): sp [KPARTS, MT, KT]
 FRAGS = 16        # most n8 output fragments per warp: 16 x 8 = 128 of the Lkv columns
 ACC = 64          # FRAGS * 4 accumulators per thread
 WARPS = 8         # warps per block on the GPU (MB * KPARTS)
 assert MT == 16 * MB and ACC == 4 * FRAGS and WARPS == MB * KPARTS and KT == 16 and ROW_T >= MAX_D
+assert KT3 == 32 and SP_STRIDE3 >= KT3 and SCORE_ACC == 3 * KT3 // 2
 TILE_ALIGN = None if SIM else 16  # the key tile's byte alignment: copy_async's 16-byte copies (the simulator
                                   # takes no alignment argument; its arrays are numpy's). Rows: ROW_T * 4 = 16 * 145.
 SPLIT_TARGET = 264  # blocks the key splits aim for: two per SM of the H200's 132
@@ -128,9 +145,12 @@ V2_JIT = {} if SIM else {"launch_bounds": (32 * WARPS, V2_MIN_BLOCKS)}
 
 
 def default_variant() -> str:
-    """The variant ``variant=None`` runs: v2 (tensor cores) on a GPU; v1 on the simulator, where every MMA of v2's
-    stand-in is a block barrier (the simulator tests run v2 explicitly)."""
-    return "v2" if backend.name == "cuda" else "v1"
+    """The variant ``variant=None`` runs: on a GPU v3 (32-key tiles on tensor cores), or v2 where a block cannot
+    have v3's 93 KB of shared memory (sm_75); v1 on the simulator, where every MMA of the tiled variants' stand-in
+    is a block barrier (the simulator tests run v2 / v3 explicitly)."""
+    if backend.name != "cuda":
+        return "v1"
+    return "v3" if tiled_fits("v3") else "v2"
 
 
 def check_variant(variant) -> str:
@@ -299,14 +319,14 @@ def _v2_warps():
 
 
 @cuda.jit(device=True)
-def _v2_begin(acc, ks, m_run, l_run, D):
-    """Accumulators and softmax state cleared; the key tile's columns D..MAX_D-1 zeroed once (never loaded: the
-    score's k-parts may step past D there). Ends with a barrier."""
+def _v2_begin(acc, ks, m_run, l_run, D, kt):
+    """Accumulators and softmax state cleared; columns D..MAX_D-1 of the key tile's kt rows zeroed once (never
+    loaded: the score's k-parts may step past D there). Ends with a barrier."""
     tid = cuda.threadIdx.x
     for i in range(ACC):
         acc[i] = float32(0.0)
     pad = MAX_D - D
-    for i in range(tid, KT * pad, cuda.blockDim.x):
+    for i in range(tid, kt * pad, cuda.blockDim.x):
         ks[i // pad, D + i % pad] = float32(0.0)
     if tid < MT:
         m_run[tid] = float32(NEG_INF)
@@ -328,15 +348,15 @@ def _v2_copy_plan(D, width):
 
 
 @cuda.jit(device=True)
-def _v2_load_keys(src, rows, ks, D, width, plan, stride, base, col):
-    """Issue the key tile's copies: ks[j, col .. col + D - 1] = the D floats at flat offset rows[j] * stride + base
+def _v2_load_keys(src, rows, ks, D, width, plan, stride, base, col, kt):
+    """Issue the copies of the key tile's kt rows: ks[j, col .. col + D - 1] = the D floats at flat offset rows[j] * stride + base
     of ``src`` (C-contiguous; a cache [C, D]: stride D, base 0; a kv head b of k [S, B, D]: stride B D, base b D),
     zeros where rows[j] < 0 (past the list, or a skipped slot), as asynchronous copies of ``width`` floats
     (kernels/_intrinsics.copy_async: L2 -> shared with no register staging). The caller waits for them
     (copy_async_wait) and its barrier publishes them. ``plan``: _v2_copy_plan(D, width)'s. The (row, column) of
     successive copies advance by adds, not by a division per copy."""
     dq, j, c, dj, dc = plan
-    while j < KT:
+    while j < kt:
         row = rows[j]
         copy_async(ks, uint64(j * ROW_T + col + c * width), src, uint64(max(row, 0) * stride + base + c * width),
                    width, row >= 0)
@@ -366,27 +386,30 @@ def _v2_qrow(r, n, G, nq, b):
 
 
 @cuda.jit(device=True)
-def _v2_score_mma(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ks, d, g, s, scratch):
-    """The MMAs of one k8 step of a warp's scores S [16 query rows, 16 keys] at dims d = 8 kk + t, given the split
-    A fragments: the B fragments (keys g and 8 + g of the tile ``ks``) split for 3xTF32, whose three TF32 products
-    add into three accumulator sets of ``s`` [product][n8 block][c0..c3] (24 floats)."""
-    for nb in range(2):                                  # B[k][n] = K^T[dim][key] = ks[8 nb + n, dim]
-        bh0, bl0 = split_tf32_fast(ks[uint64(nb * 8 + g), uint64(d)])
-        bh1, bl1 = split_tf32_fast(ks[uint64(nb * 8 + g), uint64(d + 4)])
-        i = 4 * nb
-        s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
-            al0, al1, al2, al3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
-        i = 8 + 4 * nb
-        s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
-            ah0, ah1, ah2, ah3, bl0, bl1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
-        i = 16 + 4 * nb
-        s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
-            ah0, ah1, ah2, ah3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+def _v2_score_mma(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ks, d, g, s, scratch, nbs):
+    """The MMAs of one k8 step of a warp's scores S [16 query rows, 8 nbs keys] at dims d = 8 kk + t, given the
+    split A fragments: the B fragments (keys 8 nb + g of the tile ``ks``, nb < nbs) split for 3xTF32, whose three
+    TF32 products add into three accumulator sets of ``s`` [product][n8 block][c0..c3] (12 nbs floats; nbs = 2
+    for 16-key tiles, 4 for 32)."""
+    ps = 4 * nbs                                         # one product's accumulators
+    for nb in range(KT3 // 8):                           # B[k][n] = K^T[dim][key] = ks[8 nb + n, dim]
+        if nb < nbs:
+            bh0, bl0 = split_tf32_fast(ks[uint64(nb * 8 + g), uint64(d)])
+            bh1, bl1 = split_tf32_fast(ks[uint64(nb * 8 + g), uint64(d + 4)])
+            i = 4 * nb
+            s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+                al0, al1, al2, al3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+            i = ps + 4 * nb
+            s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+                ah0, ah1, ah2, ah3, bl0, bl1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+            i = 2 * ps + 4 * nb
+            s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+                ah0, ah1, ah2, ah3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
 
 
 @cuda.jit(device=True)
-def _v2_score_step(q, ks, ra, rb, d, D, g, s, scratch):
-    """One k8 step of a warp's scores with the A fragments from global q (gqa_attention's v3): q rows ra, rb, dims
+def _v2_score_step(q, ks, ra, rb, d, D, g, s, scratch, nbs):
+    """One k8 step of a warp's scores (``_v2_score_mma``) with the A fragments from global q: q rows ra, rb, dims
     d and d + 4, clamped to D - 1 (past D the key tile holds zeros, so any finite q will do)."""
     da = uint64(min(d, D - 1))
     db = uint64(min(d + 4, D - 1))
@@ -394,7 +417,7 @@ def _v2_score_step(q, ks, ra, rb, d, D, g, s, scratch):
     ah1, al1 = split_tf32_fast(q[rb, da])
     ah2, al2 = split_tf32_fast(q[ra, db])
     ah3, al3 = split_tf32_fast(q[rb, db])
-    _v2_score_mma(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ks, d, g, s, scratch)
+    _v2_score_mma(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ks, d, g, s, scratch, nbs)
 
 
 @cuda.jit(device=True)
@@ -419,9 +442,9 @@ def _v2_stage_q(q, qs, r0, rows, stride, n, G, nq, b, D, width):
 
 
 @cuda.jit(device=True)
-def _v2_scores(q, qs, staged, ks, sp, r0, n, G, nq, b, D, scratch):
+def _v2_scores(q, qs, staged, ks, sp, r0, n, G, nq, b, D, scratch, kt):
     """Partial scores on tensor cores: warp w -> m16 block mb = w // kparts, k-part kp = w % kparts;
-    sp[kp, 16 mb .. 16 mb + 15, 0..15] = Q[rows, dims of kp] @ ks[0..15, dims of kp]^T (unscaled, 3xTF32).
+    sp[kp, 16 mb .. 16 mb + 15, 0..kt-1] = Q[rows, dims of kp] @ ks[0..kt-1, dims of kp]^T (unscaled, 3xTF32).
     A fragments (the query rows r0 + 16 mb + g, + 8 of kv head b) from the block's staged rows ``qs`` when
     ``staged`` (``_v2_stage_q``: splits of at least STAGE_MIN_TILES key tiles), else straight from global q
     (``_v2_qrow``'s rows: a block of a tile or two - a decode step's split - would only pay the staging's
@@ -440,8 +463,10 @@ def _v2_scores(q, qs, staged, ks, sp, r0, n, G, nq, b, D, scratch):
     kp = tid // 32 % kparts
     ksteps = (D + 7) // 8
     steps = (ksteps + kparts - 1) // kparts              # k8 steps per k-part (the last part may have fewer)
-    s = cuda.local.array(24, float32)                    # [product][n8 block][c0..c3]
-    for i in range(24):
+    nbs = kt // 8                                        # n8 blocks of keys
+    ps = 4 * nbs
+    s = cuda.local.array(SCORE_ACC, float32)             # [product][n8 block][c0..c3] (registers: 12 nbs used)
+    for i in range(SCORE_ACC):
         s[i] = float32(0.0)
     if staged:
         qa = uint64((mb * 16 + g) * Q_STRIDE2 + t)       # this lane's A-fragment rows g, g + 8 in qs (column t)
@@ -452,45 +477,46 @@ def _v2_scores(q, qs, staged, ks, sp, r0, n, G, nq, b, D, scratch):
             ah1, al1 = split_tf32_fast(qs[qb + o])
             ah2, al2 = split_tf32_fast(qs[qa + o + uint64(4)])
             ah3, al3 = split_tf32_fast(qs[qb + o + uint64(4)])
-            _v2_score_mma(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ks, kk * 8 + t, g, s, scratch)
+            _v2_score_mma(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ks, kk * 8 + t, g, s, scratch, nbs)
     else:
         ra = _v2_qrow(r0 + mb * 16 + g, n, G, nq, b)
         rb = _v2_qrow(r0 + mb * 16 + g + 8, n, G, nq, b)
         for kk in range(kp * steps, min(kp * steps + steps, ksteps)):
-            _v2_score_step(q, ks, ra, rb, kk * 8 + t, D, g, s, scratch)
-    for nb in range(KT // 8):
-        i = 4 * nb
-        sp[kp, mb * 16 + g, nb * 8 + 2 * t] = (s[i] + s[8 + i]) + s[16 + i]
-        sp[kp, mb * 16 + g, nb * 8 + 2 * t + 1] = (s[i + 1] + s[9 + i]) + s[17 + i]
-        sp[kp, mb * 16 + g + 8, nb * 8 + 2 * t] = (s[i + 2] + s[10 + i]) + s[18 + i]
-        sp[kp, mb * 16 + g + 8, nb * 8 + 2 * t + 1] = (s[i + 3] + s[11 + i]) + s[19 + i]
+            _v2_score_step(q, ks, ra, rb, kk * 8 + t, D, g, s, scratch, nbs)
+    for nb in range(KT3 // 8):
+        if nb < nbs:
+            i = 4 * nb
+            sp[kp, mb * 16 + g, nb * 8 + 2 * t] = (s[i] + s[ps + i]) + s[2 * ps + i]
+            sp[kp, mb * 16 + g, nb * 8 + 2 * t + 1] = (s[i + 1] + s[ps + i + 1]) + s[2 * ps + i + 1]
+            sp[kp, mb * 16 + g + 8, nb * 8 + 2 * t] = (s[i + 2] + s[ps + i + 2]) + s[2 * ps + i + 2]
+            sp[kp, mb * 16 + g + 8, nb * 8 + 2 * t + 1] = (s[i + 3] + s[ps + i + 3]) + s[2 * ps + i + 3]
 
 
 @cuda.jit(device=True)
-def _v2_row():
-    """This thread's share of the tile's softmax: (query row r, first key j0, keys per thread). The block's threads
-    split into MT groups of G = threads / MT consecutive lanes (8 on the GPU), one group per query row, each lane
-    taking KT / G consecutive keys (2 on the GPU)."""
+def _v2_row(kt):
+    """This thread's share of the softmax of a tile of kt keys: (query row r, first key j0, keys per thread). The
+    block's threads split into MT groups of G = threads / MT consecutive lanes (8 on the GPU), one group per query
+    row, each lane taking kt / G consecutive keys (2 on the GPU for kt = 16, 4 for 32)."""
     tid = cuda.threadIdx.x
     G = 32 * _v2_warps() // MT
-    return tid // G, tid % G * (KT // G), KT // G
+    return tid // G, tid % G * (kt // G), kt // G
 
 
 @cuda.jit(device=True)
-def _v2_softmax(sp, vis, scale, m_run, l_run, alpha, buf):
+def _v2_softmax(sp, vis, scale, m_run, l_run, alpha, buf, kt):
     """The tile's scores and online softmax, every thread of the block (``_v2_row``'s mapping): this lane's keys'
     scores s_j = scale * sum of the k-parts (or -inf where bit j - j0 of ``vis`` is clear: the kernel's mask), the
     row's m = max(m, max_j s_j) and sum over its G lanes (group_max / group_sum: shuffles), alpha = exp(m_old - m),
     sp[0, r, j] = P = exp(s_j - m), l = alpha l + sum_j P. A row whose keys are all hidden so far keeps m = -inf,
     l = 0 and gets alpha = 1, P = 0 (a split past a token's last key, a tree slot of another token).
     ``buf``: primitives.GROUP_BUF floats of shared scratch (the simulator's)."""
-    r, j0, kpt = _v2_row()
+    r, j0, kpt = _v2_row(kt)
     G = 32 * _v2_warps() // MT
     parts = _v2_warps() // MB
-    s = cuda.local.array(KT, float32)                    # this lane's scores (registers: kpt <= KT, unrolled)
+    s = cuda.local.array(KT3, float32)                   # this lane's scores (registers: kpt <= KT3, unrolled)
     m_old = m_run[r]
     mx = m_old
-    for jj in range(KT):
+    for jj in range(KT3):
         if jj < kpt:
             v = float32(0.0)
             for p in range(KPARTS):
@@ -502,7 +528,7 @@ def _v2_softmax(sp, vis, scale, m_run, l_run, alpha, buf):
     mx = group_max(mx, G, buf)
     a = float32(1.0)
     lsum = float32(0.0)
-    for jj in range(KT):
+    for jj in range(KT3):
         if jj < kpt:
             e = float32(0.0) if mx == NEG_INF else float32(math.exp(s[jj] - mx))
             sp[0, r, j0 + jj] = e
@@ -527,7 +553,7 @@ def _v2_pv(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ks, ka, kb, c, acc, f, scratc
 
 
 @cuda.jit(device=True)
-def _v2_accumulate(sp, ks, acc, alpha, lkv, vo, scratch):
+def _v2_accumulate(sp, ks, acc, alpha, lkv, vo, scratch, kt):
     """O = alpha O + P V on tensor cores: warp w -> m16 block mb = w // groups and the Lkv columns of column group
     w % groups (``frags`` n8 fragments from column cg * 8 * frags); acc[4 f + i] holds this lane's d_i of fragment
     f (rows g and g + 8, columns 2t and 2t + 1). P comes from sp[0], V from the key tile ks[:, vo .. vo + Lkv - 1]
@@ -543,7 +569,7 @@ def _v2_accumulate(sp, ks, acc, alpha, lkv, vo, scratch):
     frags = (lkv + 8 * groups - 1) // (8 * groups)
     col0 = tid // 32 % groups * frags * 8
     _v2_pv_tile(sp[0], uint64(mb * 16 + g), uint64(mb * 16 + g + 8), t, ks, uint64(col0 + g + vo), acc, frags,
-                alpha[mb * 16 + g], alpha[mb * 16 + g + 8], scratch)
+                alpha[mb * 16 + g], alpha[mb * 16 + g + 8], scratch, kt // 8)
 
 
 @cuda.jit(device=True)
@@ -573,13 +599,13 @@ def _v2_pv_frags(ah0, ah1, ah2, ah3, al0, al1, al2, al3, vs, ka, kb, c, acc, fra
 
 
 @cuda.jit(device=True)
-def _v2_pv_tile(p, pa, pb, t, vs, c, acc, frags, xa, xb, scratch):
+def _v2_pv_tile(p, pa, pb, t, vs, c, acc, frags, xa, xb, scratch, ksteps):
     """One key tile's O = alpha O + P V for this lane: its ``frags`` n8 fragments of accumulators (rows pa, pb of
-    P; value columns c + 8 f) rescaled by xa (row pa) and xb (row pb), then two k8 steps of P [rows, 16 keys]
-    (A fragments from the shared ``p``) @ V [16 keys, columns] (B fragments from the shared tile ``vs``, rows =
+    P; value columns c + 8 f) rescaled by xa (row pa) and xb (row pb), then ``ksteps`` k8 steps of P [rows, 8 ksteps
+    keys] (A fragments from the shared ``p``) @ V [keys, columns] (B fragments from the shared tile ``vs``, rows =
     keys)."""
     _v2_rescale(acc, frags, xa, xb)
-    for kk in range(2):
+    for kk in range(ksteps):
         ah0, al0 = split_tf32_fast(p[pa, uint64(kk * 8 + t)])            # A = P [rows, keys]
         ah1, al1 = split_tf32_fast(p[pb, uint64(kk * 8 + t)])
         ah2, al2 = split_tf32_fast(p[pa, uint64(kk * 8 + t + 4)])
@@ -632,73 +658,89 @@ def _v2_store(out, o_part, z, direct, r, c, v0, v1):
                 o_part[z, r, c + e] = v0 if e == 0 else v1
 
 
-@cuda.jit(**V2_JIT)
-def _attention_v2_kernel(q, k, v, start0, start_dev, scale, group, causal, width, split_len, direct, out, o_part,
-                         m_part, l_part, stage):
-    """v2 over kv heads (grid z = kv head b): q [T*Nq, Dk] (rows token-major), k [S, B, Dk] C-contiguous, B kv
-    heads of ``group`` = G = Nq / B query heads each. Values: v [S, B, Dv] C-contiguous, its rows landing in the
-    tile at column vo = Dk rounded up to 8 (the score's k8 steps never reach them); or, for absorbed MLA (B = 1,
-    G = Nq), a 1-d placeholder: the values are the key rows' first Dv columns, one copy per row (v's number of
-    dimensions is part of its type, so this kernel is compiled once per case and the absorbed one carries no
-    value-copy code: a runtime flag cost it 10 % on the H200). ``causal``: token t sees rows 0 .. start + t; else
-    every token sees rows 0 .. start + T - 1. out [T*Nq, Dv], o_part [splits, T*Nq, Dv], m/l_part [splits, T*Nq];
-    ``width``: floats per asynchronous copy of a row (4 when q's, k's and v's rows are 16-byte aligned, else 1);
-    ``stage``: the launch gave the block Q_BYTES2 of dynamic shared memory for its query rows (``v2_stage_bytes``)."""
-    ks = cuda.shared.array((KT, ROW_T), float32, alignment=TILE_ALIGN)   # the key tile: KT cache rows
-    sp = cuda.shared.array((KPARTS, MT, KT), float32)    # partial scores per k-part; sp[0]: scores, then P
-    m_run = cuda.shared.array(MT, float32)
-    l_run = cuda.shared.array(MT, float32)
-    alpha = cuda.shared.array(MT, float32)
-    rows = cuda.shared.array(KT, int32)                  # the key tile's cache rows (-1: none)
-    scratch = cuda.shared.array(SCRATCH_SHAPE, float32)  # the simulator's MMA exchange (GPU: unused)
-    buf = cuda.shared.array(GROUP_BUF, float32)          # the simulator's group scratch (GPU: unused)
-    acc = cuda.local.array(ACC, float32)                 # this thread's output accumulators (registers)
-    qs = cuda.shared.array(0, float32)                   # dynamic: the block's query rows [MT, Q_STRIDE2]
-    tid = cuda.threadIdx.x
-    B = k.shape[1]
-    Dk = q.shape[1]
-    Dv = out.shape[1]
-    nq = B * group
-    T = q.shape[0] // nq
-    n = T * group                                        # kv head b's tile rows (t, j): token t, query head b G + j
-    vo = (Dk + 7) // 8 * 8 if v.ndim == 3 else 0         # the values' first tile column (absorbed: 0)
-    r0 = cuda.blockIdx.x * MT                            # the tile's first row
-    z = cuda.blockIdx.y
-    b = cuda.blockIdx.z
-    start = start0 + start_dev[0]                        # the host part + the device part (graph replay)
+def _named_kernel(fn, name):
+    """``fn`` compiled as a v2-family kernel under ``name`` (the name profiles and tutorials show)."""
+    fn.__name__ = fn.__qualname__ = name
+    return cuda.jit(**V2_JIT)(fn)
 
-    t_last = (min(r0 + MT, n) - 1) // group if causal else T - 1
-    k_lo = z * split_len
-    k_hi = min(start + t_last + 1, k_lo + split_len)     # the tile's list: rows 0 .. start + t_last
-    plan = _v2_copy_plan(Dk, width)
-    staged = stage and split_len >= STAGE_MIN_TILES * KT   # short splits read q from global memory
-    if staged:
-        _v2_stage_q(q, qs, r0, MT, Q_STRIDE2, n, group, nq, b, Dk, width)
-    r, j0, kpt = _v2_row()
-    last_key = start + ((r0 + r) // group if causal else T - 1)   # this thread's query row sees rows <= last_key
-    _v2_begin(acc, ks, m_run, l_run, Dk)
-    for k0 in range(k_lo, k_hi, KT):
-        if tid < KT:
-            rows[tid] = k0 + tid if k0 + tid < k_hi else -1
-        cuda.syncthreads()
-        _v2_load_keys(k, rows, ks, Dk, width, plan, B * Dk, b * Dk, 0)
-        if v.ndim == 3:                                  # separate values (their plan: a few integer ops a tile)
-            _v2_load_keys(v, rows, ks, Dv, width, _v2_copy_plan(Dv, width), B * Dv, b * Dv, vo)
-        copy_async_wait()
-        cuda.syncthreads()
-        _v2_scores(q, qs, staged, ks, sp, r0, n, group, nq, b, Dk, scratch)
-        cuda.syncthreads()
-        vis = 0                                          # causal mask of this thread's keys
-        for jj in range(KT):
-            if jj < kpt:
-                row = rows[j0 + jj]
-                if row >= 0 and row <= last_key:
-                    vis |= 1 << jj
-        _v2_softmax(sp, vis, scale, m_run, l_run, alpha, buf)
-        cuda.syncthreads()
-        _v2_accumulate(sp, ks, acc, alpha, Dv, vo, scratch)
-        cuda.syncthreads()
-    _v2_end(acc, m_run, l_run, r0, n, group, nq, b, z, direct, out, o_part, m_part, l_part)
+
+def _tiled_kernel(kt, sp_stride, name):
+    """The tiled kernel over kv heads with key tiles of ``kt`` rows (v2: 16, v3: 32) and partial scores at row
+    stride ``sp_stride``; both are compile-time constants of the kernel it returns (closure variables are frozen
+    when numba compiles, so every loop over the tile unrolls as if it were written with a literal)."""
+    def kernel(q, k, v, start0, start_dev, scale, group, causal, width, split_len, direct, out, o_part, m_part,
+               l_part, stage):
+        """Grid z = kv head b: q [T*Nq, Dk] (rows token-major), k [S, B, Dk] C-contiguous, B kv heads of ``group``
+        = G = Nq / B query heads each. Values: v [S, B, Dv] C-contiguous, its rows landing in the tile at column
+        vo = Dk rounded up to 8 (the score's k8 steps never reach them); or, for absorbed MLA (B = 1, G = Nq), a
+        1-d placeholder: the values are the key rows' first Dv columns, one copy per row (v's number of dimensions
+        is part of its type, so this kernel is compiled once per case and the absorbed one carries no value-copy
+        code: a runtime flag cost it 10 % on the H200). ``causal``: token t sees rows 0 .. start + t; else every
+        token sees rows 0 .. start + T - 1. out [T*Nq, Dv], o_part [splits, T*Nq, Dv], m/l_part [splits, T*Nq];
+        ``width``: floats per asynchronous copy of a row (4 when q's, k's and v's rows are 16-byte aligned, else
+        1); ``stage``: the launch gave the block Q_BYTES2 of dynamic shared memory after the key tile for its query
+        rows (``stage_bytes``)."""
+        sp = cuda.shared.array((KPARTS, MT, sp_stride), float32)   # partial scores per k-part; sp[0]: then P
+        m_run = cuda.shared.array(MT, float32)
+        l_run = cuda.shared.array(MT, float32)
+        alpha = cuda.shared.array(MT, float32)
+        rows = cuda.shared.array(kt, int32)              # the key tile's cache rows (-1: none)
+        scratch = cuda.shared.array(SCRATCH_SHAPE, float32)   # the simulator's MMA exchange (GPU: unused)
+        buf = cuda.shared.array(GROUP_BUF, float32)      # the simulator's group scratch (GPU: unused)
+        acc = cuda.local.array(ACC, float32)             # this thread's output accumulators (registers)
+        dyn = cuda.shared.array(0, float32, alignment=TILE_ALIGN)   # dynamic shared memory:
+        ks = view2d(dyn, 0, kt, ROW_T)                   # the key tile [kt, ROW_T] (cp.async: 16-byte aligned)
+        qs = dyn[kt * ROW_T:]                            # the block's staged query rows [MT, Q_STRIDE2]
+        tid = cuda.threadIdx.x
+        B = k.shape[1]
+        Dk = q.shape[1]
+        Dv = out.shape[1]
+        nq = B * group
+        T = q.shape[0] // nq
+        n = T * group                                    # kv head b's tile rows (t, j): token t, query head b G + j
+        vo = (Dk + 7) // 8 * 8 if v.ndim == 3 else 0     # the values' first tile column (absorbed: 0)
+        r0 = cuda.blockIdx.x * MT                        # the tile's first row
+        z = cuda.blockIdx.y
+        b = cuda.blockIdx.z
+        start = start0 + start_dev[0]                    # the host part + the device part (graph replay)
+
+        t_last = (min(r0 + MT, n) - 1) // group if causal else T - 1
+        k_lo = z * split_len
+        k_hi = min(start + t_last + 1, k_lo + split_len)   # the tile's list: rows 0 .. start + t_last
+        plan = _v2_copy_plan(Dk, width)
+        staged = stage and split_len >= STAGE_MIN_KEYS   # short splits read q from global memory
+        if staged:
+            _v2_stage_q(q, qs, r0, MT, Q_STRIDE2, n, group, nq, b, Dk, width)
+        r, j0, kpt = _v2_row(kt)
+        last_key = start + ((r0 + r) // group if causal else T - 1)   # this thread's row sees rows <= last_key
+        _v2_begin(acc, ks, m_run, l_run, Dk, kt)
+        for k0 in range(k_lo, k_hi, kt):
+            if tid < kt:
+                rows[tid] = k0 + tid if k0 + tid < k_hi else -1
+            cuda.syncthreads()
+            _v2_load_keys(k, rows, ks, Dk, width, plan, B * Dk, b * Dk, 0, kt)
+            if v.ndim == 3:                              # separate values (their plan: a few integer ops a tile)
+                _v2_load_keys(v, rows, ks, Dv, width, _v2_copy_plan(Dv, width), B * Dv, b * Dv, vo, kt)
+            copy_async_wait()
+            cuda.syncthreads()
+            _v2_scores(q, qs, staged, ks, sp, r0, n, group, nq, b, Dk, scratch, kt)
+            cuda.syncthreads()
+            vis = 0                                      # causal mask of this thread's keys
+            for jj in range(kt):
+                if jj < kpt:
+                    row = rows[j0 + jj]
+                    if row >= 0 and row <= last_key:
+                        vis |= 1 << jj
+            _v2_softmax(sp, vis, scale, m_run, l_run, alpha, buf, kt)
+            cuda.syncthreads()
+            _v2_accumulate(sp, ks, acc, alpha, Dv, vo, scratch, kt)
+            cuda.syncthreads()
+        _v2_end(acc, m_run, l_run, r0, n, group, nq, b, z, direct, out, o_part, m_part, l_part)
+    return _named_kernel(kernel, name)
+
+
+_attention_v2_kernel = _tiled_kernel(KT, KT, "_attention_v2_kernel")
+_attention_v3_kernel = _tiled_kernel(KT3, SP_STRIDE3, "_attention_v3_kernel")
 
 
 # ------------------------------------------------------------------------------------------------ combine
@@ -848,27 +890,62 @@ def copy_width(*arrays) -> int:
     return 4
 
 
-def v2_stage_bytes() -> int:
-    """The dynamic shared memory the v2 kernels are launched with: Q_BYTES2 for their staged query rows where the
-    device lets a block have V2_STATIC_BYTES + Q_BYTES2 (~120 KB: sm_80, sm_90), else 0 - the kernels then read
-    the query rows from global memory in every block (sm_86 / sm_89 allow 99 KB, sm_75 64 KB)."""
-    return Q_BYTES2 if backend.shared_optin() >= V2_STATIC_BYTES + Q_BYTES2 else 0
+TILE_ROWS = {"v2": KT, "v3": KT3}   # key rows per tile of the tiled variants
 
 
-def attention_v2(q, k, v, start0: int, start_dev, scale: float, causal: bool, out, max_keys: int, splits):
-    """Launch ``_attention_v2_kernel``: q [T, Nq, Dk], k [S, B, Dk], v [S, B, Dv] (or None: absorbed MLA, values =
-    the key rows' first Dv columns), out [T, Nq, Dv]; grid (ceil(T G / MT), splits, B) with G = Nq / B,
-    rows flattened (views, no copies), then the combine when there are several splits. start = start0 +
-    start_dev[0] (``_checks.device_int``'s parts). ``max_keys``: the longest key list any block may have (every
-    row it may read: the grid is fixed before a device-side start is read)."""
+def tile_bytes(kt: int) -> int:
+    """A tiled kernel's key tile (kt rows of ROW_T floats) in dynamic shared memory: 37 KB (v2), 74 KB (v3)."""
+    return 4 * kt * ROW_T
+
+
+def stage_bytes(kt: int) -> int:
+    """The dynamic shared memory after the key tile for the staged query rows: Q_BYTES2 where the device lets a
+    block have STATIC_BYTES + tile_bytes + Q_BYTES2 (v2 ~120 KB, v3 ~168 KB: both on sm_90, v2 on sm_80), else 0 -
+    the kernel then reads the query rows from global memory in every block (sm_86 / sm_89 allow 99 KB)."""
+    return Q_BYTES2 if backend.shared_optin() >= STATIC_BYTES[kt] + tile_bytes(kt) + Q_BYTES2 else 0
+
+
+def tiled_fits(variant: str) -> bool:
+    """Whether this device gives a block the tiled ``variant``'s shared memory without the staged rows."""
+    kt = TILE_ROWS[variant]
+    return backend.shared_optin() >= STATIC_BYTES[kt] + tile_bytes(kt)
+
+
+def check_tiled_fits(variant: str) -> None:
+    kt = TILE_ROWS[variant]
+    need = STATIC_BYTES[kt] + tile_bytes(kt)
+    if not tiled_fits(variant):
+        raise ValueError(f"variant: {variant} needs {need} bytes of shared memory per block, this GPU gives "
+                         f"{backend.shared_optin()}; use 'v2'")
+
+
+def short_splits(rows: int, max_keys: int) -> bool:
+    """Whether v2's launch for ``rows`` query rows over ``max_keys`` keys has splits of a single 16-key tile: a
+    small grid (a decode step over a short context), latency-bound, where v3's half as many blocks of twice the
+    keys are slower - the default pair's decode step (8 rows, 300 keys): v2 0.022 ms, v3 0.028 (H200). Causal
+    launches with ``variant=None`` run v2 there. (A tree verify always has enough rows for v3 to pay.)"""
+    tiles = -(-rows // MT)
+    return plan_splits(tiles, max_keys, KT, MIN_SPLIT_TILES * KT, None)[1] < 2 * KT
+
+
+def attention_v2(q, k, v, start0: int, start_dev, scale: float, causal: bool, out, max_keys: int, splits,
+                 variant: str = "v2"):
+    """Launch the tiled kernel of ``variant`` (``_attention_v2_kernel``: 16-key tiles; ``_attention_v3_kernel``:
+    32): q [T, Nq, Dk], k [S, B, Dk], v [S, B, Dv] (or None: absorbed MLA, values = the key rows' first Dv
+    columns), out [T, Nq, Dv]; grid (ceil(T G / MT), splits, B) with G = Nq / B, rows flattened (views, no
+    copies), then the combine when there are several splits. start = start0 + start_dev[0]
+    (``_checks.device_int``'s parts). ``max_keys``: the longest key list any block may have (every row it may
+    read: the grid is fixed before a device-side start is read)."""
     T, Nq, _ = q.shape
     B = k.shape[1]
     width = copy_width(q, k) if v is None else copy_width(q, k, v)
     v = _placeholder() if v is None else v
-    shared = v2_stage_bytes()
-    return launch_split(_attention_v2_kernel, -(-(T * (Nq // B)) // MT), B, 32 * v2_warps(out.shape[2]), KT, q, out,
+    kt = TILE_ROWS[variant]
+    kernel = _attention_v3_kernel if variant == "v3" else _attention_v2_kernel
+    stage = stage_bytes(kt)
+    return launch_split(kernel, -(-(T * (Nq // B)) // MT), B, 32 * v2_warps(out.shape[2]), kt, q, out,
                         max_keys, splits, (k, v, start0, start_dev, np.float32(scale), Nq // B, bool(causal), width),
-                        (shared > 0,), shared=shared)
+                        (stage > 0,), shared=tile_bytes(kt) + stage)
 
 
 def launch_split(kernel, tiles: int, heads, threads: int, tile: int, q, out, max_keys: int, splits, args,
@@ -893,15 +970,15 @@ def launch_split(kernel, tiles: int, heads, threads: int, tile: int, q, out, max
     return out
 
 
-def launch_v2(kernel, q, cache, start, scale, lkv, out, max_keys, splits, *extra):
-    """Launch tree_verify's v2 kernel on grid (ceil(T N / MT), splits) with the rows flattened (views, no
-    copies), then the combine when there are several splits."""
+def launch_v2(kernel, kt, q, cache, start, scale, lkv, out, max_keys, splits, *extra):
+    """Launch a tree_verify tiled kernel with key tiles of ``kt`` rows on grid (ceil(T N / MT), splits) with the
+    rows flattened (views, no copies), then the combine when there are several splits."""
     start0, start_dev = _checks.device_int(start, "start")
     T, N, _ = q.shape
-    shared = v2_stage_bytes()
-    return launch_split(kernel, -(-(T * N) // MT), None, 32 * v2_warps(lkv), KT, q, out, max_keys, splits,
-                        (cache, start0, start_dev, np.float32(scale), N, copy_width(q, cache)), extra + (shared > 0,),
-                        shared=shared)
+    stage = stage_bytes(kt)
+    return launch_split(kernel, -(-(T * N) // MT), None, 32 * v2_warps(lkv), kt, q, out, max_keys, splits,
+                        (cache, start0, start_dev, np.float32(scale), N, copy_width(q, cache)), extra + (stage > 0,),
+                        shared=tile_bytes(kt) + stage)
 
 
 def mla_attention(q, cache, start, scale: float, lkv: int, out=None, splits: int | None = None,
@@ -912,8 +989,10 @@ def mla_attention(q, cache, start, scale: float, lkv: int, out=None, splits: int
     launch runs ceil(keys / split_len) of them, split_len rounded up to whole tiles, which can be fewer.
     ``start``: an int, or a device int32 [1] array the kernel reads (graph replay: decode/replay.py); the grid then
     covers every cache row and splits past a token's last key contribute nothing.
-    ``variant``: "v1" | "v2" | None (``default_variant()``); the numpy backend runs the reference for any.
+    ``variant``: "v1" | "v2" | "v3" | None (``default_variant()``, or v2 for launches ``short_splits`` names); the
+    numpy backend runs the reference for any.
     """
+    auto = variant is None
     variant = check_variant(variant)
     q, cache, lkv, out = check_qkv(q, cache, lkv, out)
     splits = check_splits(splits)
@@ -933,5 +1012,8 @@ def mla_attention(q, cache, start, scale: float, lkv: int, out=None, splits: int
     max_keys = cache.shape[0] if device_start else start0 + T
     if variant == "v1":
         return launch_v1(_attention_kernel, q, cache, start, scale, lkv, out, max_keys, splits)
+    if auto and variant == "v3" and splits is None and short_splits(T * q.shape[1], max_keys):
+        variant = "v2"
+    check_tiled_fits(variant)
     keys = cache.reshape(cache.shape[0], 1, cache.shape[1])                        # [C, 1, D]: one kv head
-    return attention_v2(q, keys, None, start0, start_dev, scale, True, out, max_keys, splits)
+    return attention_v2(q, keys, None, start0, start_dev, scale, True, out, max_keys, splits, variant)

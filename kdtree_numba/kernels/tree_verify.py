@@ -24,6 +24,9 @@ This module owns the tree-mode kernels; ``mla_attention.py`` holds the machinery
      (i, h) sees the tree key of node j at depth d iff ``depth[i] >= d and path[i, d] == j`` (the mask is
      computed per (query row, key) from the paths, never stored). With N >= 32 heads a tile holds one token:
      its list is exactly its own path; with N = 16 two tokens share 2 (L + 1) slots.
+  v3 ``_tree_attention_v3_kernel``: v2 with key tiles of 32 rows (the same source, ``_tiled_tree_kernel(32, ..)``;
+     see mla_attention's v3). The default on a GPU: every tree cell of bench_verify ran as fast or faster (H200:
+     4096 / 256 / 64 5.34 -> 4.97 ms; the default pair's 65-node verify 0.036 -> 0.029).
 Shapes: q [n+1, N, D] float32, cache [C, D] float32, paths [n+1, >= L+1] int32, depths [n+1] int32
 -> out [n+1, N, Lkv] float32.
 Example: start 2, parents [-1, 0, 0, 1]: node 3 (depth 2) sees rows 0, 1 (committed), 2 (root), 3 (node 1), 5
@@ -40,11 +43,13 @@ from .. import backend
 from . import _checks
 from ._intrinsics import copy_async_wait
 from .primitives import GROUP_BUF
-from .mla_attention import (ACC, BK, HG, KPARTS, KT, MAX_D, MAX_LKV, MAX_SUBS, MT, PAIRS, Q_STRIDE2, ROW, ROW_T,
-                            SCRATCH_SHAPE, STAGE_MIN_TILES, TILE_ALIGN, V2_JIT, _v1_begin, _v1_end, _v1_tile,
-                            _v2_accumulate, _v2_begin, _v2_copy_plan, _v2_end, _v2_load_keys, _v2_row, _v2_scores,
-                            _v2_softmax, _v2_stage_q, check_qkv, check_splits, check_variant, launch_v1, launch_v2,
-                            masked_attention_fast, masked_attention_ref)
+from ._intrinsics import view2d
+from .mla_attention import (ACC, BK, HG, KPARTS, KT, KT3, MAX_D, MAX_LKV, MAX_SUBS, MT, PAIRS, Q_STRIDE2, ROW, ROW_T,
+                            SCRATCH_SHAPE, SP_STRIDE3, STAGE_MIN_KEYS, TILE_ALIGN, TILE_ROWS, _named_kernel,
+                            _v1_begin, _v1_end, _v1_tile, _v2_accumulate, _v2_begin, _v2_copy_plan, _v2_end,
+                            _v2_load_keys, _v2_row, _v2_scores, _v2_softmax, _v2_stage_q, check_qkv, check_splits,
+                            check_tiled_fits, check_variant, launch_v1, launch_v2, masked_attention_fast,
+                            masked_attention_ref)
 
 
 def tree_attention_ref(q, cache, start: int, parents, scale: float, lkv: int):
@@ -120,64 +125,72 @@ def _tree_key(paths, depths, start, t_first, width, k, k_hi, j, rows, kdep, knod
     knode[j] = node
 
 
-@cuda.jit(**V2_JIT)
-def _tree_attention_v2_kernel(q, cache, start0, start_dev, scale, n_heads, copy_w, split_len, direct, out, o_part,
-                              m_part, l_part, paths, depths, width, stage):
-    """Tree v2: q [(n+1)*N, D] (rows token-major), out [(n+1)*N, Lkv], partials, ``copy_w`` and ``stage`` as
-    ``_attention_v2_kernel``; ``width`` path slots per token (max_depth + 1)."""
-    ks = cuda.shared.array((KT, ROW_T), float32, alignment=TILE_ALIGN)   # the key tile
-    sp = cuda.shared.array((KPARTS, MT, KT), float32)    # partial scores; sp[0]: scores, then P
-    m_run = cuda.shared.array(MT, float32)
-    l_run = cuda.shared.array(MT, float32)
-    alpha = cuda.shared.array(MT, float32)
-    rows = cuda.shared.array(KT, int32)                  # the key tile's cache rows (-1: none)
-    kdep = cuda.shared.array(KT, int32)                  # -1: committed row; else the tree depth of the key
-    knode = cuda.shared.array(KT, int32)                 # the tree node of the key
-    scratch = cuda.shared.array(SCRATCH_SHAPE, float32)  # the simulator's MMA exchange (GPU: unused)
-    buf = cuda.shared.array(GROUP_BUF, float32)          # the simulator's group scratch (GPU: unused)
-    acc = cuda.local.array(ACC, float32)                 # this thread's output accumulators (registers)
-    qs = cuda.shared.array(0, float32)                   # dynamic: the block's query rows [MT, Q_STRIDE2]
-    tid = cuda.threadIdx.x
-    n_rows = q.shape[0]
-    D = q.shape[1]
-    r0 = cuda.blockIdx.x * MT
-    z = cuda.blockIdx.y
-    start = start0 + start_dev[0]                        # the host part + the device part (graph replay)
+def _tiled_tree_kernel(kt, sp_stride, name):
+    """The tiled tree kernel with key tiles of ``kt`` rows (v2: 16, v3: 32), partial scores at row stride
+    ``sp_stride`` (compile-time constants, as ``mla_attention._tiled_kernel``'s)."""
+    def kernel(q, cache, start0, start_dev, scale, n_heads, copy_w, split_len, direct, out, o_part, m_part, l_part,
+               paths, depths, width, stage):
+        """q [(n+1)*N, D] (rows token-major), out [(n+1)*N, Lkv], partials, ``copy_w`` and ``stage`` as
+        ``mla_attention``'s tiled kernel; ``width`` path slots per token (max_depth + 1)."""
+        sp = cuda.shared.array((KPARTS, MT, sp_stride), float32)   # partial scores; sp[0]: scores, then P
+        m_run = cuda.shared.array(MT, float32)
+        l_run = cuda.shared.array(MT, float32)
+        alpha = cuda.shared.array(MT, float32)
+        rows = cuda.shared.array(kt, int32)              # the key tile's cache rows (-1: none)
+        kdep = cuda.shared.array(kt, int32)              # -1: committed row; else the tree depth of the key
+        knode = cuda.shared.array(kt, int32)             # the tree node of the key
+        scratch = cuda.shared.array(SCRATCH_SHAPE, float32)   # the simulator's MMA exchange (GPU: unused)
+        buf = cuda.shared.array(GROUP_BUF, float32)      # the simulator's group scratch (GPU: unused)
+        acc = cuda.local.array(ACC, float32)             # this thread's output accumulators (registers)
+        dyn = cuda.shared.array(0, float32, alignment=TILE_ALIGN)   # dynamic shared memory:
+        ks = view2d(dyn, 0, kt, ROW_T)                   # the key tile [kt, ROW_T]
+        qs = dyn[kt * ROW_T:]                            # the block's staged query rows [MT, Q_STRIDE2]
+        tid = cuda.threadIdx.x
+        n_rows = q.shape[0]
+        D = q.shape[1]
+        r0 = cuda.blockIdx.x * MT
+        z = cuda.blockIdx.y
+        start = start0 + start_dev[0]                    # the host part + the device part (graph replay)
 
-    t_first = r0 // n_heads
-    t_last = (min(r0 + MT, n_rows) - 1) // n_heads
-    k_lo = z * split_len
-    k_hi = min(start + (t_last - t_first + 1) * width, k_lo + split_len)   # committed rows, then the path slots
-    plan = _v2_copy_plan(D, copy_w)
-    r, j0, kpt = _v2_row()
-    real = r0 + r < n_rows                               # this thread's query row exists (else all masked)
-    i = min(r0 + r, n_rows - 1) // n_heads               # ... and is tree token i
-    depth_i = depths[i]
-    staged = stage and split_len >= STAGE_MIN_TILES * KT   # short splits read q from global memory
-    if staged:
-        _v2_stage_q(q, qs, r0, MT, Q_STRIDE2, n_rows, n_heads, n_heads, 0, D, copy_w)
-    _v2_begin(acc, ks, m_run, l_run, D)
-    for k0 in range(k_lo, k_hi, KT):
-        if tid < KT:
-            _tree_key(paths, depths, start, t_first, width, k0 + tid, k_hi, tid, rows, kdep, knode)
-        cuda.syncthreads()
-        _v2_load_keys(cache, rows, ks, D, copy_w, plan, D, 0, 0)
-        copy_async_wait()
-        cuda.syncthreads()
-        _v2_scores(q, qs, staged, ks, sp, r0, n_rows, n_heads, n_heads, 0, D, scratch)
-        cuda.syncthreads()
-        vis = 0                                          # tree mask: a committed row is seen by every token, a
-        for jj in range(KT):                             # tree key by the tokens on whose path its node lies
-            if jj < kpt:
-                j = j0 + jj
-                d = kdep[j]
-                if real and rows[j] >= 0 and (d < 0 or (depth_i >= d and paths[i, d] == knode[j])):
-                    vis |= 1 << jj
-        _v2_softmax(sp, vis, scale, m_run, l_run, alpha, buf)
-        cuda.syncthreads()
-        _v2_accumulate(sp, ks, acc, alpha, out.shape[1], 0, scratch)
-        cuda.syncthreads()
-    _v2_end(acc, m_run, l_run, r0, n_rows, n_heads, n_heads, 0, z, direct, out, o_part, m_part, l_part)
+        t_first = r0 // n_heads
+        t_last = (min(r0 + MT, n_rows) - 1) // n_heads
+        k_lo = z * split_len
+        k_hi = min(start + (t_last - t_first + 1) * width, k_lo + split_len)   # committed rows, then path slots
+        plan = _v2_copy_plan(D, copy_w)
+        r, j0, kpt = _v2_row(kt)
+        real = r0 + r < n_rows                           # this thread's query row exists (else all masked)
+        i = min(r0 + r, n_rows - 1) // n_heads           # ... and is tree token i
+        depth_i = depths[i]
+        staged = stage and split_len >= STAGE_MIN_KEYS   # short splits read q from global memory
+        if staged:
+            _v2_stage_q(q, qs, r0, MT, Q_STRIDE2, n_rows, n_heads, n_heads, 0, D, copy_w)
+        _v2_begin(acc, ks, m_run, l_run, D, kt)
+        for k0 in range(k_lo, k_hi, kt):
+            if tid < kt:
+                _tree_key(paths, depths, start, t_first, width, k0 + tid, k_hi, tid, rows, kdep, knode)
+            cuda.syncthreads()
+            _v2_load_keys(cache, rows, ks, D, copy_w, plan, D, 0, 0, kt)
+            copy_async_wait()
+            cuda.syncthreads()
+            _v2_scores(q, qs, staged, ks, sp, r0, n_rows, n_heads, n_heads, 0, D, scratch, kt)
+            cuda.syncthreads()
+            vis = 0                                      # tree mask: a committed row is seen by every token, a
+            for jj in range(kt):                         # tree key by the tokens on whose path its node lies
+                if jj < kpt:
+                    j = j0 + jj
+                    d = kdep[j]
+                    if real and rows[j] >= 0 and (d < 0 or (depth_i >= d and paths[i, d] == knode[j])):
+                        vis |= 1 << jj
+            _v2_softmax(sp, vis, scale, m_run, l_run, alpha, buf, kt)
+            cuda.syncthreads()
+            _v2_accumulate(sp, ks, acc, alpha, out.shape[1], 0, scratch, kt)
+            cuda.syncthreads()
+        _v2_end(acc, m_run, l_run, r0, n_rows, n_heads, n_heads, 0, z, direct, out, o_part, m_part, l_part)
+    return _named_kernel(kernel, name)
+
+
+_tree_attention_v2_kernel = _tiled_tree_kernel(KT, KT, "_tree_attention_v2_kernel")
+_tree_attention_v3_kernel = _tiled_tree_kernel(KT3, SP_STRIDE3, "_tree_attention_v3_kernel")
 
 
 # ------------------------------------------------------------------------------------------------ launcher
@@ -190,7 +203,7 @@ def tree_attention(q, cache, start, paths, depths, scale: float, lkv: int, max_d
     is read on the host, the grid covers ``start <= C - (n+1)``). ``paths [n+1, >= L+1]`` / ``depths [n+1]``: each
     node's root-to-node path (``tree.ancestor_paths``, or the device tree build's); ``max_depth``: L
     (default: the paths' width - 1). ``splits`` forces the key splits (tests); ``variant`` as in
-    ``mla_attention`` ("v1" | "v2" | None)."""
+    ``mla_attention`` ("v1" | "v2" | "v3" | None: ``default_variant()``)."""
     variant = check_variant(variant)
     q, cache, lkv, out = check_qkv(q, cache, lkv, out)
     splits = check_splits(splits)
@@ -217,7 +230,9 @@ def tree_attention(q, cache, start, paths, depths, scale: float, lkv: int, max_d
     if variant == "v1":
         return launch_v1(_tree_attention_kernel, q, cache, start, scale, lkv, out, most_start + max_depth + 1,
                          splits, paths, depths)
+    check_tiled_fits(variant)
     r0 = np.arange(0, n1 * N, MT)                                                  # each tile's first row
     tokens = int(((np.minimum(r0 + MT, n1 * N) - 1) // N - r0 // N).max()) + 1    # most tokens in a tile
-    return launch_v2(_tree_attention_v2_kernel, q, cache, start, scale, lkv, out,
+    kernel = _tree_attention_v3_kernel if variant == "v3" else _tree_attention_v2_kernel
+    return launch_v2(kernel, TILE_ROWS[variant], q, cache, start, scale, lkv, out,
                      most_start + tokens * (max_depth + 1), splits, paths, depths, max_depth + 1)

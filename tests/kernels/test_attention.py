@@ -1,5 +1,6 @@
 """Absorbed MLA attention (causal) and tree-verify attention (ancestor-only) against explicit references, for every
-kernel variant (v1: per token and head group; v2: tiles of query rows on tensor cores, 3xTF32). Simulator cases
+kernel variant (v1: per token and head group; v2 / v3: tiles of query rows on tensor cores, 3xTF32, with key tiles
+of 16 / 32 rows). Simulator cases
 are tiny (a few blocks); ``gpu`` cases run Kimi-sized shapes on a real GPU."""
 import numpy as np
 import pytest
@@ -31,6 +32,10 @@ def test_causal_matches_reference(T, N, D, lkv, start, splits, variant):
     np.testing.assert_allclose(H(out), mla.mla_attention_ref(q, cache, start, 0.37, lkv), **TOL)
 
 
+TILED = ("v2", "v3")
+
+
+@pytest.mark.parametrize("variant", TILED)
 @pytest.mark.parametrize("T,N,D,lkv,start,splits", [
     (3, 20, 24, 16, 9, None),     # 60 query rows: 2 tiles, tile 0 = token 0 + 12 heads of token 1 (masked keys)
     (5, 3, 13, 9, 0, None),       # 15 rows, 5 tokens in one tile: the causal mask inside the tile
@@ -39,18 +44,18 @@ def test_causal_matches_reference(T, N, D, lkv, start, splits, variant):
     (1, 3, 20, 16, 170, 11),      # 11 splits: the combine's eight-split steps, the second one partial
     (2, 2, 140, 136, 5, None),    # Lkv > 128: 4 warps on the simulator (2 k-parts, 2 column groups)
 ])
-def test_v2_causal_tiles(T, N, D, lkv, start, splits):
+def test_tiled_causal(T, N, D, lkv, start, splits, variant):
     rng = np.random.default_rng(T + N + D)
     q = (2 * rng.standard_normal((T, N, D))).astype(np.float32)
     cache = rng.standard_normal((start + T + 2, D)).astype(np.float32)
     out = poisoned((T, N, lkv))
-    mla.mla_attention(q, cache, start, 0.3, lkv, out=out, splits=splits, variant="v2")
+    mla.mla_attention(q, cache, start, 0.3, lkv, out=out, splits=splits, variant=variant)
     want = mla.mla_attention_ref(q, cache, start, 0.3, lkv)
     np.testing.assert_allclose(H(out), want, **TOL)
     if T == 5:                        # rows token 0 must not see (its tile loads them for later tokens): masked
         future = cache.copy()
         future[start + 1:] = 1e6
-        got0 = H(mla.mla_attention(q, future, start, 0.3, lkv, splits=splits, variant="v2"))[0]
+        got0 = H(mla.mla_attention(q, future, start, 0.3, lkv, splits=splits, variant=variant))[0]
         np.testing.assert_array_equal(got0, H(out)[0])
 
 
@@ -80,10 +85,11 @@ def test_tree_attention_sees_only_committed_rows_and_ancestors(parents, start, s
         np.testing.assert_allclose(H(out), mla.mla_attention_ref(q, cache, start, 0.5, lkv), **TOL)
 
 
+@pytest.mark.parametrize("variant", TILED)
 @pytest.mark.parametrize("n,N,start,splits,seed", [(9, 4, 6, None, 0),     # 40 rows: tiles of 8 and 2 tokens
                                                   (6, 10, 3, 2, 1),       # tiles straddle tokens; 2 splits
                                                   (5, 1, 0, None, 2)])    # 6 tokens in one tile, no committed rows
-def test_v2_tree_random_trees(n, N, start, splits, seed):
+def test_tiled_tree_random_trees(n, N, start, splits, seed, variant):
     rng = np.random.default_rng(seed)
     parents = random_parents(n, rng)
     D, lkv = 12, 8
@@ -91,7 +97,7 @@ def test_v2_tree_random_trees(n, N, start, splits, seed):
     cache = rng.standard_normal((start + n + 3, D)).astype(np.float32)
     paths, depths = kt.ancestor_paths(parents, max_depth=int(kt.ancestor_paths(parents)[1].max()) + 1)
     out = poisoned((n + 1, N, lkv))
-    tv.tree_attention(q, cache, start, paths, depths, 0.4, lkv, out=out, splits=splits, variant="v2")
+    tv.tree_attention(q, cache, start, paths, depths, 0.4, lkv, out=out, splits=splits, variant=variant)
     want = tv.tree_attention_ref(q, cache, start, parents, 0.4, lkv)
     np.testing.assert_allclose(H(out), want, **TOL)
     if seed:
@@ -101,7 +107,7 @@ def test_v2_tree_random_trees(n, N, start, splits, seed):
     on_path = set(paths[last, :depths[last] + 1].tolist())
     other = cache.copy()
     other[[start + j for j in range(n + 1) if j not in on_path]] = 1e3
-    got = H(tv.tree_attention(q, other, start, paths, depths, 0.4, lkv, splits=splits, variant="v2"))
+    got = H(tv.tree_attention(q, other, start, paths, depths, 0.4, lkv, splits=splits, variant=variant))
     np.testing.assert_array_equal(got[last], H(out)[last])
 
 
@@ -132,10 +138,10 @@ def test_bad_splits_and_shapes_name_the_argument():
 
 
 def test_variant_selection():
-    assert mla.default_variant() == ("v2" if kd.backend.name == "cuda" else "v1")
+    assert mla.default_variant() == ("v3" if kd.backend.name == "cuda" else "v1")
     assert mla.check_variant(None) == mla.default_variant()
-    with pytest.raises(ValueError, match="variant: expected one of 'v1', 'v2' or None, got 'v3'"):
-        mla.mla_attention(np.zeros((1, 1, 4), np.float32), np.zeros((2, 4), np.float32), 0, 1.0, 3, variant="v3")
+    with pytest.raises(ValueError, match="variant: expected one of 'v1', 'v2', 'v3' or None, got 'v4'"):
+        mla.mla_attention(np.zeros((1, 1, 4), np.float32), np.zeros((2, 4), np.float32), 0, 1.0, 3, variant="v4")
 
 
 def test_ancestor_paths_example():
@@ -212,26 +218,49 @@ def test_gpu_tree_kimi_shapes(n, N, start, variant):
                                **TOL)
 
 
-def test_v2_without_room_for_staged_query_rows(monkeypatch):
-    """A GPU that gives a block less than the v2 kernels' static tiles + 74 KB of staged query rows (sm_86 / sm_89:
-    99 KB) gets launches without dynamic shared memory and query rows read from global memory: the same products
-    in the same order, so the outputs are bit for bit those of the staged launch."""
+@pytest.mark.parametrize("variant", TILED)
+def test_tiled_without_room_for_staged_query_rows(monkeypatch, variant):
+    """A GPU that gives a block less than a tiled kernel's static arrays + key tile + 74 KB of staged query rows
+    (sm_86 / sm_89: 99 KB) gets launches with the key tile only and query rows read from global memory: the same
+    products in the same order, so the outputs are bit for bit those of the staged launch."""
     rng = np.random.default_rng(7)
     parents = random_parents(9, rng)
     paths, depths = kt.ancestor_paths(parents)
     q = rng.standard_normal((10, 4, 12)).astype(np.float32)
     cache = rng.standard_normal((75, 12)).astype(np.float32)
     qc = rng.standard_normal((3, 5, 12)).astype(np.float32)
-    assert 60 >= mla.STAGE_MIN_TILES * mla.KT                   # both launches below have splits that stage
+    assert 60 >= mla.STAGE_MIN_KEYS                            # both launches below have splits that stage
+    kt_rows = mla.TILE_ROWS[variant]
 
     def run():
-        return (H(tv.tree_attention(q, cache, 60, paths, depths, 0.4, 8, variant="v2")),
-                H(mla.mla_attention(qc, cache, 60, 0.4, 8, variant="v2")))
-    assert mla.v2_stage_bytes() == mla.Q_BYTES2
+        return (H(tv.tree_attention(q, cache, 60, paths, depths, 0.4, 8, variant=variant)),
+                H(mla.mla_attention(qc, cache, 60, 0.4, 8, variant=variant)))
+    assert mla.stage_bytes(kt_rows) == mla.Q_BYTES2
     staged = run()
     monkeypatch.setattr(kd.backend, "shared_optin", lambda: 101376)
-    assert mla.v2_stage_bytes() == 0
+    assert mla.stage_bytes(kt_rows) == 0 and mla.tiled_fits(variant)
     plain = run()
     np.testing.assert_allclose(plain[0], tv.tree_attention_ref(q, cache, 60, parents, 0.4, 8), **TOL)
     for a, b in zip(plain, staged):
         np.testing.assert_array_equal(a, b)
+
+
+def test_v3_needs_its_shared_memory(monkeypatch):
+    """v3's 74 KB key tile does not fit a 64 KB block (sm_75): named error; v2's 37 KB one does."""
+    monkeypatch.setattr(kd.backend, "shared_optin", lambda: 65536)
+    q, cache = np.zeros((1, 2, 8), np.float32), np.zeros((4, 8), np.float32)
+    with pytest.raises(ValueError, match="variant: v3 needs 93440 bytes of shared memory per block, this GPU gives "
+                                         "65536; use 'v2'"):
+        mla.mla_attention(q, cache, 1, 1.0, 4, variant="v3")
+    with pytest.raises(ValueError, match="variant: v3 needs"):
+        tv.tree_attention(q, cache, 1, np.zeros((1, 1), np.int32), np.zeros(1, np.int32), 1.0, 4, variant="v3")
+    assert mla.tiled_fits("v2")
+
+
+def test_short_decode_splits_run_v2():
+    """variant=None runs v3 except on launches whose v2 splits would be single 16-key tiles (small decode grids,
+    latency-bound: measured faster as v2); the choice depends on the grid the backend plans."""
+    if kd.backend.name == "cuda":
+        assert mla.short_splits(8, 300) and not mla.short_splits(64, 4097) and not mla.short_splits(16, 32768)
+    else:                                              # one split per block: short only below two tiles of keys
+        assert mla.short_splits(8, 16) and not mla.short_splits(8, 300)
