@@ -16,7 +16,8 @@ Run:  KDTREE_BACKEND=sim python tutorials/14_tensor_core_attention.py [--size sm
 # 3. the key tile: asynchronous copies (`cp.async`) with an add-only copy plan (`_v2_copy_plan`, `_v2_load_keys`);
 # 4. the online softmax on 8 lanes per query row (`_v2_row`, `_v2_softmax`);
 # 5. the whole kernel against `mla_attention_ref` and `tree_attention_ref`, outputs poisoned with NaN;
-# 6. what each change bought on an H200, quoted from docs/PERFORMANCE.md.
+# 6. what each change bought on an H200, quoted from docs/PERFORMANCE.md;
+# 7. v3: the same kernel with key tiles of 32 rows (dynamic shared memory, `view2d`, the default on a GPU).
 #
 # The functions are called by their names in the package; the constants (MT, KT, ...) are read from it, and the
 # kernels are printed from it (`show_kernel`), so the page cannot drift from the code.
@@ -574,7 +575,7 @@ def key_tile_kernel(cache, rows_in, width, plan_out, tile_out):
     plan = mla._v2_copy_plan(D, width)
     dq, j, c, dj, dc = plan
     plan_out[tid, 0], plan_out[tid, 1], plan_out[tid, 2], plan_out[tid, 3], plan_out[tid, 4] = dq, j, c, dj, dc
-    mla._v2_load_keys(cache, rows, ks, D, width, plan, D, 0, 0)  # copy_async per copy: row r from r * D + 0,
+    mla._v2_load_keys(cache, rows, ks, D, width, plan, D, 0, 0, KT)  # copy_async per copy: row r from r * D + 0,
     copy_async_wait()                                            # to tile column 0; then wait for them
     cuda.syncthreads()
     for i in range(tid, KT * D, cuda.blockDim.x):
@@ -700,7 +701,7 @@ def softmax_kernel(sp_in, vis_in, scale, p_out, state_out):
     if tid < MT:
         m_run[tid] = float32(-math.inf)
         l_run[tid] = float32(0.0)
-    r, j0, kpt = mla._v2_row()
+    r, j0, kpt = mla._v2_row(KT)
     for tile in range(2):
         for i in range(tid, KPARTS * MT * KT, cuda.blockDim.x):
             sp[i // (MT * KT), i // KT % MT, i % KT] = sp_in[tile, i // (MT * KT), i // KT % MT, i % KT]
@@ -710,7 +711,7 @@ def softmax_kernel(sp_in, vis_in, scale, p_out, state_out):
             if jj < kpt:
                 if vis_in[tile, r, j0 + jj] != 0:
                     vis |= 1 << jj
-        mla._v2_softmax(sp, vis, scale, m_run, l_run, alpha, buf)
+        mla._v2_softmax(sp, vis, scale, m_run, l_run, alpha, buf, KT)
         cuda.syncthreads()
         for i in range(tid, MT * KT, cuda.blockDim.x):
             p_out[tile, i // KT, i % KT] = sp[0, i // KT, i % KT]
@@ -785,7 +786,7 @@ for G_, parts_ in dict.fromkeys([(8, 4), (G_run, parts_run)]):
 # `_attention_v2_kernel`, printed from the package. Per key tile: the tile's cache rows into `rows` (-1 past the
 # list), barrier, `_v2_load_keys`, barrier, `_v2_scores` (warp w: m16 block `w // kparts`, k-part `w % kparts`; A
 # fragments from the block's query rows, copied once by `_v2_stage_q` into dynamic shared memory when its split has
-# at least `STAGE_MIN_TILES` = 3 key tiles, else straight from global q; B from ks; the three TF32 products in
+# at least `STAGE_MIN_KEYS` = 48 keys (3 tiles), else straight from global q; B from ks; the three TF32 products in
 # three accumulator sets), barrier, the
 # lane's mask bits `vis`, `_v2_softmax`, barrier, `_v2_accumulate` (warp w: m16 block and a group of Lkv columns,
 # 16 n8 fragments = 64 fp32 accumulators per thread in registers), barrier. At the end `_v2_end` stores `O / l`
@@ -923,6 +924,102 @@ check_true("quoted numbers consistent: 7.96 / 2.02 = 3.9x (the section's title);
 print("Same section: errors vs float64 stayed within the tests' 1e-4 (4096 / 64 / 64: 2.6e-5); 191 registers "
       "(tree 197), no spills, one 8-warp block per SM; 38-40 % of the fp32 roofline on the large cells; >= 1.0x "
       "SDPA in 11 of 18 tree cells and every decode step, 0.62-0.996x in the rest.")
+
+# %% [markdown]
+# ## 7. v3: the same kernel with key tiles of 32 rows
+#
+# Section 1's per-tile work has a part that grows with the keys (the MMAs, the copies) and a part that does not:
+# the key table, five block barriers, the softmax's shuffles, the rescale of 64 accumulators per thread. The ninth
+# session's SASS count put the second part near half of a 16-key tile's instructions. **v3** pays it once per 32
+# keys: `mla_attention._tiled_kernel(kt, sp_stride, name)` compiles the kernel of section 5 with the tile height
+# `kt` (16 for v2, 32 for v3) as a constant (numba freezes a closure's variables at compile time, so every
+# `range(kt)` unrolls as a literal would), and each warp then runs 12 independent score MMA chains instead of 6.
+# Two things change around it:
+#
+# * a 32-row tile is 74 KB, past numba's 48 KB of static shared memory: both tiled variants now keep the key tile
+#   in **dynamic** shared memory, the staged query rows after it. numba gives dynamic shared memory as one 1-D
+#   array, and its `reshape` on the device calls a runtime helper the CUDA target does not link, so
+#   `_intrinsics.view2d(dyn, offset, rows, cols)` builds the 2-D view directly (data pointer + offset, shape,
+#   strides; the simulator slices and reshapes);
+# * P (the scores after the softmax, `sp[0]`) is read as A fragments: lane (g, t) loads row g, column t. With rows
+#   of 32 floats all eight rows of a column fall in one bank (8-way conflicts); v3 pads the rows to 36 floats.
+#
+# The launcher checks the device: v3's 167 KB (static + tile + staged rows) fit the H100 / H200 (227 KB per block),
+# v3 without the staged rows (91 KB) fits the 99 KB of sm_86 / sm_89, and a 64 KB GPU (sm_75) runs v2.
+
+# %%
+section("v3: budget, bank conflicts and MMAs per key")
+budget = []
+for v in ("v2", "v3"):
+    kt_v = mla.TILE_ROWS[v]
+    st, tile, stage = mla.STATIC_BYTES[kt_v], mla.tile_bytes(kt_v), mla.Q_BYTES2
+    budget.append((v, kt_v, st, tile, stage, st + tile + stage))
+table(budget, ("variant", "keys per tile", "static bytes", "key tile", "staged rows", "bytes per block"))
+check_true("v2 = 8,768 + 37,120 + 74,240 bytes; v3 fits the H200's 232,448 bytes per block, and 99 KB without its "
+           "staged rows", budget[0][5] == 8768 + 37120 + 74240 and budget[1][5] <= 232448
+           and budget[1][2] + budget[1][3] <= 101376, f"{budget}")
+
+
+def p_bank_ways(stride):
+    """Most lanes of a warp on one bank for the P A-fragment load p[g, t] (g = lane // 4, t = lane % 4)."""
+    banks = [(stride * (lane // 4) + lane % 4) % 32 for lane in range(32)]
+    return max(banks.count(b) for b in set(banks))
+
+
+ways = {st: p_bank_ways(st) for st in (16, 32, mla.SP_STRIDE3)}
+print("lanes per bank for P's A-fragment loads at row stride 16 (v2) / 32 / 36 (v3): "
+      + ", ".join(f"{st}: {w}" for st, w in ways.items()))
+check_true("stride 36 = 4 mod 32 puts the 32 lanes on 32 banks (32 would put 8 on one)",
+           ways[mla.SP_STRIDE3] == 1 and ways[32] == 8, f"{ways}")
+steps_gpu = (mla.MAX_D // 8) // KPARTS
+for v in ("v2", "v3"):
+    kt_v = mla.TILE_ROWS[v]
+    mmas = steps_gpu * (kt_v // 8) * 3 + (kt_v // 8) * FRAGS * 3
+    print(f"{v}: per warp and tile of {kt_v} keys {mmas} MMAs = {mmas / kt_v:.1f} per key; "
+          f"5 block barriers = {5 / kt_v:.3f} per key")
+
+# %% [markdown]
+# v3 against the references, as in section 5 (outputs NaN-poisoned; the causal case with two key splits so the
+# combine runs, and the random tree), then which variant a launch with `variant=None` runs: v3, except a causal
+# launch whose v2 splits would be single 16-key tiles (`short_splits`: a decode step over a short context, a small
+# latency-bound grid where v3's half as many blocks measured slower on the H200).
+
+# %%
+section("v3 vs the references (NaN-poisoned outputs)")
+out_3 = kd.backend.full((Tc, Nc, Lkv), np.nan, np.float32)                    # [T, N, Lkv] poisoned
+with spy() as s3:
+    mla.mla_attention(q_b, cache_b, start_b, sc, Lkv, out=out_3, splits=2, variant="v3")
+check(f"causal start {start_b}, splits=2: {'v3' if KERNELS else WHO} vs mla_attention_ref", out_3,
+      mla.mla_attention_ref(q_b, cache_b, start_b, sc, Lkv), **TOL)
+if KERNELS:
+    check_true("launched: _attention_v3_kernel, then _combine_kernel",
+               [n for n, _, _ in s3.launches][:1] == ["_attention_v3_kernel"], f"{s3.launches}")
+out_t3 = kd.backend.full((tree_n + 1, Nt, Lkv), np.nan, np.float32)           # [n+1, N, Lkv] poisoned
+tv.tree_attention(q_t, cache_t, start_t, paths, depths, sc, Lkv, out=out_t3, variant="v3")
+check(f"tree, {tree_n + 1} nodes: {'v3' if KERNELS else WHO} vs tree_attention_ref", out_t3,
+      tv.tree_attention_ref(q_t, cache_t, start_t, parents, sc, Lkv), **TOL)
+for rows_, keys_ in ((8, 300), (64, 4097)):
+    print(f"{rows_} query rows over {keys_} keys on this backend: short_splits = {mla.short_splits(rows_, keys_)}"
+          f" -> variant=None runs {'v2' if GPU and mla.short_splits(rows_, keys_) else mla.default_variant()}")
+
+# %% [markdown]
+# Measured on the H200 (docs/PERFORMANCE.md, "Tenth session (2026-12-03): v3", device time of CUDA-graph replays;
+# base = v2 at the ninth session's code, same call), **not measured by this tutorial**.
+
+# %%
+section("quoted from docs/PERFORMANCE.md (H200, tenth session) - not measured here")
+V3 = [  # cell, base v2 ms, v3 ms, SDPA fp32 ms (bench_verify, same day), quoted v3 speedup over SDPA
+    ("tree 4096 / 256 / 64", 5.338, 4.970, 4.752, 0.95),
+    ("tree 32768 / 256 / 64", 43.714, 38.752, 39.147, 1.02),
+    ("tree, default pair 150 / 64 / 8 (D 112)", 0.0357, 0.0294, None, None),
+    ("decode, default pair 300 / 8 (D 112)", 0.0220, 0.0277, None, None),
+]
+table([(c, f"{b:.4f}", f"{v:.4f}", f"{b / v:.2f}x", "" if sd is None else f"{sd:.3f} ({q:.2f}x)")
+       for c, b, v, sd, q in V3], ("cell", "base v2 ms", "v3 ms", "v3 vs base", "SDPA fp32 ms (v3 speedup)"))
+check_true("quoted ratios consistent: the decode cell is the one v3 loses (hence short_splits)",
+           V3[3][2] > V3[3][1] and all(v < b for _, b, v, _, _ in V3[:3]))
+print("Same section: bench_verify's tree cells at or above SDPA fp32: 17 of 18 (was 16); the 4096 / 256 / 64 cell "
+      "0.95x (bench_verify's own v3 run: 4.992 ms); errors vs float64 unchanged (9.1e-5 on 4096 / 256 / 64).")
 
 # %%
 finish()
