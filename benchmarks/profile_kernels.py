@@ -7,8 +7,8 @@ kernels a plain decode step or a DDTree round spends its time in.
 
 The first command generates twice untimed (compile, capture), then profiles a third generation (``--tokens``,
 default 20) between cudaProfilerStart / Stop, so ncu sees only replayed steps or rounds (their graph nodes are
-profiled one by one) plus the generation's prefill. ``--method``: ``ar`` (plain decoding) or ``ddtree``
-(budget ``--budget``, default 64). ncu serialises the kernels and by default flushes the caches before each one,
+profiled one by one) plus the generation's prefill. ``--method``: ``ar`` (plain decoding), ``ddtree``
+(budget ``--budget``, default 64) or ``chain`` (the DFlash chain: DDTree's round with one draft per depth). ncu serialises the kernels and by default flushes the caches before each one,
 so its times run ~10 % above the CUDA-event stage times of bench_round.py; use them for shares, not totals.
 The second reads ncu's CSV: per kernel name (template and ABI suffixes cut), the calls per step / round, the mean
 and the total, largest first; a step or round is delimited by the kernel that runs once in each (the sampler for
@@ -33,6 +33,7 @@ def fail(message: str) -> None:
 # (plain decoding: its last, the sampler - the one-block kernel, or the pick among chunk winners for rows of more
 # than sampling.CHUNK columns, e.g. a Kimi-sized vocabulary)
 MARKERS = {"ddtree": ("topk_block::_topk_kernel",),
+           "chain": ("topk_block::_topk_kernel",),                 # the same round program, top-1 per depth
            "ar": ("sampling::_choose_kernel", "sampling::_choose_parts_kernel")}
 
 
@@ -89,7 +90,8 @@ def profile(method: str, tokens: int, budget: int) -> None:
         fail("profiling needs a GPU (KDTREE_BACKEND=cuda)")
     target, drafter = kd.load_default()
     prompt = target.tokenizer.encode('def running_mean(xs):\n    """Return the running mean of a list of numbers."""\n')
-    kw = dict(replay=True) if method == "ar" else dict(replay=True, drafter=drafter, budget=budget)
+    kw = {"ar": dict(replay=True), "chain": dict(replay=True, drafter=drafter, chain=True),
+          "ddtree": dict(replay=True, drafter=drafter, budget=budget)}[method]
     for _ in range(2):                                          # compile, capture; then the programs are kept
         kd.generate(target, prompt, tokens, **kw)
     kd.backend.synchronize()

@@ -218,6 +218,25 @@ def test_gpu_tree_kimi_shapes(n, N, start, variant):
                                **TOL)
 
 
+@pytest.mark.gpu
+def test_static_shared_memory_within_the_launchers_budget():
+    """The launchers check STATIC_BYTES (copied from ptxas) + the dynamic part against the device's per-block limit:
+    every compiled tiled kernel's static shared memory must be within it (a kernel that grew would under-count)."""
+    rng = np.random.default_rng(3)
+    parents = random_parents(20, rng)
+    paths, depths = kt.ancestor_paths(parents)
+    q = rng.standard_normal((21, 16, 576)).astype(np.float32)
+    cache = rng.standard_normal((300, 576)).astype(np.float32)
+    for variant in TILED:
+        tv.tree_attention(q, cache, 200, paths, depths, 0.1, 512, variant=variant)
+        mla.mla_attention(q, cache, 200, 0.1, 512, variant=variant)
+    kernels = {mla._attention_v2_kernel: mla.KT, mla._attention_v3_kernel: mla.KT3,
+               tv._tree_attention_v2_kernel: mla.KT, tv._tree_attention_v3_kernel: mla.KT3}
+    for kernel, kt_rows in kernels.items():
+        sizes = kernel.get_shared_mem_per_block()
+        assert sizes and max(sizes.values()) <= mla.STATIC_BYTES[kt_rows], (kernel, sizes)
+
+
 @pytest.mark.parametrize("variant", TILED)
 def test_tiled_without_room_for_staged_query_rows(monkeypatch, variant):
     """A GPU that gives a block less than a tiled kernel's static arrays + key tile + 74 KB of staged query rows
