@@ -69,6 +69,32 @@ def test_single_depth_and_single_candidate():
     assert kd.build_tree(lp, ids, 0).n == 0
 
 
+@pytest.mark.parametrize("budget", [1, 3, 6, 7, 20])
+def test_chain_shortcut(budget):
+    """K = 1 (the DFlash chain) skips the level loop: the same tree, paths and padding as the heap's, and the level
+    statistics the loop would have written - including a log-prob of exactly 0 at depth B + 1 (its child reaches
+    G's floor, is counted, and cut) and a -inf row that ends the chain early."""
+    H = kd.backend.to_host
+    rows = [np.array([-0.5, -0.25, 0.0, -1.0, 0.0, -0.125, 0.0], np.float32),
+            np.array([-0.5, -0.25, -np.inf, -1.0, -2.0, -0.125, -0.5], np.float32)]
+    for lp_row in rows:
+        L = lp_row.shape[0]
+        lp = lp_row[:, None]                                         # [L, 1]
+        ids = (np.arange(L, dtype=np.int32)[:, None] + 10)           # [L, 1]
+        builder = tb.TreeBuilder(1, L, 1, budget)
+        out = builder.build(kd.backend.asarray(lp[None]), kd.backend.asarray(ids[None]))
+        tree = out.to_trees()[0]
+        assert tree == tb.build_tree_ref(lp, ids, budget)
+        n = tree.n
+        paths, depth = tree.paths(L)
+        np.testing.assert_array_equal(H(out.paths)[0, :n + 1], paths)
+        np.testing.assert_array_equal(H(out.path_depth)[0, :n + 1], depth)
+        np.testing.assert_array_equal(H(out.paths)[0, n + 1:, 1], np.arange(n + 1, budget + 1))   # root children
+        want = tb.level_counts_ref(lp, budget)
+        np.testing.assert_array_equal(H(builder.candidates)[0], want.candidates)
+        np.testing.assert_array_equal(H(builder.probes)[0], want.probes)
+
+
 def test_inexact_telescoping_walks_chains_in_order():
     """W + lp[0] rounds here, so the heap's second child (W + lp[0] - lp[0]) + lp[1] differs in the last bit from
     W + lp[1]: the fast path must notice and walk the chain in the heap's order."""
