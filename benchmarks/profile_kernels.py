@@ -8,8 +8,9 @@ kernels a plain decode step or a DDTree round spends its time in.
 The first command generates twice untimed (compile, capture), then profiles a third generation (``--tokens``,
 default 20) between cudaProfilerStart / Stop, so ncu sees only replayed steps or rounds (their graph nodes are
 profiled one by one) plus the generation's prefill. ``--method``: ``ar`` (plain decoding), ``ddtree``
-(budget ``--budget``, default 64) or ``chain`` (the DFlash chain: DDTree's round with one draft per depth). ncu serialises the kernels and by default flushes the caches before each one,
-so its times run ~10 % above the CUDA-event stage times of bench_round.py; use them for shares, not totals.
+(budget ``--budget``, default 64) or ``chain`` (the DFlash chain: DDTree's round with one draft per depth). ncu
+serialises the kernels and by default flushes the caches before each one, so its times run ~10 % above the
+CUDA-event stage times of bench_round.py; use them for shares, not totals.
 The second reads ncu's CSV: per kernel name (template and ABI suffixes cut), the calls per step / round, the mean
 and the total, largest first; a step or round is delimited by the kernel that runs once in each (the sampler for
 ``ar``, the top-K for ``ddtree``), and the prefill before the first one is left out.

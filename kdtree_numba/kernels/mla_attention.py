@@ -349,10 +349,10 @@ def _v2_copy_plan(D, width):
 
 @cuda.jit(device=True)
 def _v2_load_keys(src, rows, ks, D, width, plan, stride, base, col, kt):
-    """Issue the copies of the key tile's kt rows: ks[j, col .. col + D - 1] = the D floats at flat offset rows[j] * stride + base
-    of ``src`` (C-contiguous; a cache [C, D]: stride D, base 0; a kv head b of k [S, B, D]: stride B D, base b D),
-    zeros where rows[j] < 0 (past the list, or a skipped slot), as asynchronous copies of ``width`` floats
-    (kernels/_intrinsics.copy_async: L2 -> shared with no register staging). The caller waits for them
+    """Issue the copies of the key tile's kt rows: ks[j, col .. col + D - 1] = the D floats at flat offset
+    rows[j] * stride + base of ``src`` (C-contiguous; a cache [C, D]: stride D, base 0; a kv head b of k [S, B, D]:
+    stride B D, base b D), zeros where rows[j] < 0 (past the list, or a skipped slot), as asynchronous copies of
+    ``width`` floats (kernels/_intrinsics.copy_async: L2 -> shared with no register staging). The caller waits for them
     (copy_async_wait) and its barrier publishes them. ``plan``: _v2_copy_plan(D, width)'s. The (row, column) of
     successive copies advance by adds, not by a division per copy."""
     dq, j, c, dj, dc = plan
@@ -427,8 +427,9 @@ def _v2_stage_q(q, qs, r0, rows, stride, n, G, nq, b, D, width):
     (the last k8 step reads them against the key tile's zeros); completed by the first key tile's wait and
     barrier. Every k8 step of every key tile then reads its A fragments from here: from global memory they cost a
     64-bit row x stride product and two clamps per load (measured on gqa_attention's v3: 25 % of the kernel's
-    time). The v2 kernels stage MT rows of Q_STRIDE2 only in blocks of more than one key tile (``_v2_scores``;
-    the launch reserves Q_BYTES2 either way); gqa_attention's v4 stages its 128 rows always."""
+    time). The tiled kernels stage MT rows of Q_STRIDE2 only in splits of at least STAGE_MIN_KEYS keys
+    (``_v2_scores``; the launch reserves Q_BYTES2 either way, where the device allows); gqa_attention's v4 stages
+    its 128 rows always."""
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
     pad = (D + 7) // 8 * 8 - D
@@ -446,8 +447,8 @@ def _v2_scores(q, qs, staged, ks, sp, r0, n, G, nq, b, D, scratch, kt):
     """Partial scores on tensor cores: warp w -> m16 block mb = w // kparts, k-part kp = w % kparts;
     sp[kp, 16 mb .. 16 mb + 15, 0..kt-1] = Q[rows, dims of kp] @ ks[0..kt-1, dims of kp]^T (unscaled, 3xTF32).
     A fragments (the query rows r0 + 16 mb + g, + 8 of kv head b) from the block's staged rows ``qs`` when
-    ``staged`` (``_v2_stage_q``: splits of at least STAGE_MIN_TILES key tiles), else straight from global q
-    (``_v2_qrow``'s rows: a block of a tile or two - a decode step's split - would only pay the staging's
+    ``staged`` (``_v2_stage_q``: splits of at least STAGE_MIN_KEYS keys), else straight from global q
+    (``_v2_qrow``'s rows: a block of a few dozen keys - a decode step's split - would only pay the staging's
     latency); B fragments
     (the keys, columns 0 .. D - 1 of the tile) from the shared tile; no k8 step starts at or past D.
     The three TF32 products (lo.hi, hi.lo, hi.hi) go to three accumulator sets, summed at the end: six
