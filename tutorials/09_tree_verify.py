@@ -106,9 +106,10 @@ save_figure(fig, args, "09_tree_mask.png")
 # tutorial 05 (`mla_attention.py`: the tile loop, online softmax and split merge as device functions) over another
 # key list. v1 (`_tree_attention_kernel`, the readable one, used on the simulator): grid (tree token, head group,
 # key split), a block streams its token's keys `[0 .. start-1] + [start + paths[i, 0], .., start + paths[i,
-# depth[i]]]` through shared memory in tiles with an online softmax. v2 (`_tree_attention_v2_kernel`, the GPU
-# default): a block takes 32 (token, head) rows, streams the committed rows once for all of them with tensor-core
-# MMAs, then the tile's ancestor rows, each visible to a row iff it lies on that token's path.
+# depth[i]]]` through shared memory in tiles with an online softmax. v2 (`_tree_attention_v2_kernel`): a block
+# takes 32 (token, head) rows, streams the committed rows once for all of them in tiles of 16 keys with
+# tensor-core MMAs, then the tile's ancestor rows, each visible to a row iff it lies on that token's path; v3 (the
+# GPU default, tutorial 14 section 7) is the same kernel with tiles of 32 keys.
 # The reference `tree_attention_ref(q, cache, start, parents, ...)` builds the explicit visibility matrix.
 # Below: the real tree's structure, random q and cache at a tiny shape (2 heads, latent 8 + rope 4, 5 committed
 # rows), the output poisoned with NaN before the launch.
