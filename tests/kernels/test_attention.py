@@ -264,6 +264,14 @@ def test_tiled_without_room_for_staged_query_rows(monkeypatch, variant):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("optin, want", [(232448, "v3"), (166912, "v2"), (101376, "v3"), (65536, "v2")])
+def test_default_tiled_variant_by_shared_memory(monkeypatch, optin, want):
+    """What variant=None runs on a GPU: v3 where it stages its query rows (H100 / H200), v2 where only v2 can (A100: staging pays more than
+    longer tiles), v3 unstaged where neither stages (sm_86 / sm_89), v2 where v3 does not fit (sm_75)."""
+    monkeypatch.setattr(kd.backend, "shared_optin", lambda: optin)
+    assert mla.tiled_default() == want
+
+
 def test_v3_needs_its_shared_memory(monkeypatch):
     """v3's 74 KB key tile does not fit a 64 KB block (sm_75): named error; v2's 37 KB one does."""
     monkeypatch.setattr(kd.backend, "shared_optin", lambda: 65536)
