@@ -61,7 +61,7 @@ tile, needed only in the last key tile or two). Per key tile of KT = 16 cache ro
   table; tree: 192) + the simulator's 1-float scratch placeholders = 8,640 (tree 8,768) bytes; dynamic 37,120
   (the key tile ks) + 74,240 (the staged query rows, Q_BYTES2, where the device allows: ``stage_bytes``). v3:
   static 18,944 (tree 19,200: sp [4, 32, 36]), dynamic 74,240 + 74,240. Registers (ptxas, sm_90, CUDA 13.0,
-  numba-cuda 0.30.4): v2 188 per thread (separate values 200, tree 188), v3 211 (225, 209), no spills, the 64
+  numba-cuda 0.30.4): v2 207 per thread (separate values 223, tree 206), v3 211 (225, 209), no spills, the 64
   accumulators in registers - so one block (8 warps) per SM. Work per block and key tile:
   32 x 16 x (576 + 512) x 2 = 1.1 MFLOP as 8 x 204 = 1,632 MMA instructions, for one 36 KB read of the tile (v1: 4
   query rows per read).
@@ -397,21 +397,22 @@ def _v2_score_mma(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ks, d, g, s, scratch, 
     """The MMAs of one k8 step of a warp's scores S [16 query rows, 8 nbs keys] at dims d = 8 kk + t, given the
     split A fragments: the B fragments (keys 8 nb + g of the tile ``ks``, nb < nbs) split for 3xTF32, whose three
     TF32 products add into three accumulator sets of ``s`` [product][n8 block][c0..c3] (12 nbs floats; nbs = 2
-    for 16-key tiles, 4 for 32)."""
+    for 16-key tiles, 4 for 32). ``range(nbs)``, not a guarded ``range(4)``: with the guard LLVM no longer
+    unrolled v2's k8 loop three times (ptxas: 36 -> 12 score HMMAs in the binary, 205 -> 188 registers; v2 ran
+    2-3 % slower on the H200); with nbs folded from the caller's constant, v2's binary has its old shape again."""
     ps = 4 * nbs                                         # one product's accumulators
-    for nb in range(KT3 // 8):                           # B[k][n] = K^T[dim][key] = ks[8 nb + n, dim]
-        if nb < nbs:
-            bh0, bl0 = split_tf32_fast(ks[uint64(nb * 8 + g), uint64(d)])
-            bh1, bl1 = split_tf32_fast(ks[uint64(nb * 8 + g), uint64(d + 4)])
-            i = 4 * nb
-            s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
-                al0, al1, al2, al3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
-            i = ps + 4 * nb
-            s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
-                ah0, ah1, ah2, ah3, bl0, bl1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
-            i = 2 * ps + 4 * nb
-            s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
-                ah0, ah1, ah2, ah3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+    for nb in range(nbs):                                # B[k][n] = K^T[dim][key] = ks[8 nb + n, dim]
+        bh0, bl0 = split_tf32_fast(ks[uint64(nb * 8 + g), uint64(d)])
+        bh1, bl1 = split_tf32_fast(ks[uint64(nb * 8 + g), uint64(d + 4)])
+        i = 4 * nb
+        s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+            al0, al1, al2, al3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+        i = ps + 4 * nb
+        s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+            ah0, ah1, ah2, ah3, bl0, bl1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+        i = 2 * ps + 4 * nb
+        s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+            ah0, ah1, ah2, ah3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
 
 
 @cuda.jit(device=True)
