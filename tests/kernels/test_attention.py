@@ -243,31 +243,33 @@ def test_tiled_without_room_for_staged_query_rows(monkeypatch, variant):
     (sm_86 / sm_89: 99 KB) gets launches with the key tile only and query rows read from global memory: the same
     products in the same order, so the outputs are bit for bit those of the staged launch."""
     rng = np.random.default_rng(7)
-    parents = random_parents(9, rng)
+    parents = random_parents(4, rng)
     paths, depths = kt.ancestor_paths(parents)
-    q = rng.standard_normal((10, 4, 12)).astype(np.float32)
-    cache = rng.standard_normal((75, 12)).astype(np.float32)
-    qc = rng.standard_normal((3, 5, 12)).astype(np.float32)
-    assert 60 >= mla.STAGE_MIN_KEYS                            # both launches below have splits that stage
+    q = rng.standard_normal((5, 2, 12)).astype(np.float32)                     # 10 query rows: one tile
+    cache = rng.standard_normal((56, 12)).astype(np.float32)
+    qc = rng.standard_normal((3, 3, 12)).astype(np.float32)
+    start = mla.STAGE_MIN_KEYS                                 # both launches below have splits that stage
     kt_rows = mla.TILE_ROWS[variant]
 
     def run():
-        return (H(tv.tree_attention(q, cache, 60, paths, depths, 0.4, 8, variant=variant)),
-                H(mla.mla_attention(qc, cache, 60, 0.4, 8, variant=variant)))
+        return (H(tv.tree_attention(q, cache, start, paths, depths, 0.4, 8, variant=variant)),
+                H(mla.mla_attention(qc, cache, start, 0.4, 8, variant=variant)))
     assert mla.stage_bytes(kt_rows) == mla.Q_BYTES2
     staged = run()
     monkeypatch.setattr(kd.backend, "shared_optin", lambda: 101376)
     assert mla.stage_bytes(kt_rows) == 0 and mla.tiled_fits(variant)
     plain = run()
-    np.testing.assert_allclose(plain[0], tv.tree_attention_ref(q, cache, 60, parents, 0.4, 8), **TOL)
+    np.testing.assert_allclose(plain[0], tv.tree_attention_ref(q, cache, start, parents, 0.4, 8), **TOL)
+    np.testing.assert_allclose(plain[1], mla.mla_attention_ref(qc, cache, start, 0.4, 8), **TOL)
     for a, b in zip(plain, staged):
         np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("optin, want", [(232448, "v3"), (166912, "v2"), (101376, "v3"), (65536, "v2")])
 def test_default_tiled_variant_by_shared_memory(monkeypatch, optin, want):
-    """What variant=None runs on a GPU: v3 where it stages its query rows (H100 / H200), v2 where only v2 can (A100: staging pays more than
-    longer tiles), v3 unstaged where neither stages (sm_86 / sm_89), v2 where v3 does not fit (sm_75)."""
+    """What variant=None runs on a GPU: v3 where it stages its query rows (H100 / H200), v2 where only v2 can (A100:
+    staging pays more than longer tiles), v3 unstaged where neither stages (sm_86 / sm_89), v2 where v3 does not fit
+    (sm_75)."""
     monkeypatch.setattr(kd.backend, "shared_optin", lambda: optin)
     assert mla.tiled_default() == want
 
