@@ -251,9 +251,9 @@ def test_tiled_without_room_for_staged_query_rows(monkeypatch, variant):
     start = mla.STAGE_MIN_KEYS                                 # both launches below have splits that stage
     kt_rows = mla.TILE_ROWS[variant]
 
-    def run():
-        return (H(tv.tree_attention(q, cache, start, paths, depths, 0.4, 8, variant=variant)),
-                H(mla.mla_attention(qc, cache, start, 0.4, 8, variant=variant)))
+    def run():                                                 # one split each: a GPU would cut 16-key ones
+        return (H(tv.tree_attention(q, cache, start, paths, depths, 0.4, 8, variant=variant, splits=1)),
+                H(mla.mla_attention(qc, cache, start, 0.4, 8, variant=variant, splits=1)))
     assert mla.stage_bytes(kt_rows) == mla.Q_BYTES2
     staged = run()
     monkeypatch.setattr(kd.backend, "shared_optin", lambda: 101376)
