@@ -907,25 +907,27 @@ def tile_bytes(kt: int) -> int:
     return 4 * kt * ROW_T
 
 
+def tiled_bytes(kt: int) -> int:
+    """A tiled kernel's shared memory without the staged query rows: STATIC_BYTES + the key tile."""
+    return STATIC_BYTES[kt] + tile_bytes(kt)
+
+
 def stage_bytes(kt: int) -> int:
     """The dynamic shared memory after the key tile for the staged query rows: Q_BYTES2 where the device lets a
-    block have STATIC_BYTES + tile_bytes + Q_BYTES2 (v2 ~120 KB, v3 ~168 KB: both on sm_90, v2 on sm_80), else 0 -
-    the kernel then reads the query rows from global memory in every block (sm_86 / sm_89 allow 99 KB)."""
-    return Q_BYTES2 if backend.shared_optin() >= STATIC_BYTES[kt] + tile_bytes(kt) + Q_BYTES2 else 0
+    block have tiled_bytes + Q_BYTES2 (v2 ~120 KB, v3 ~168 KB: both on sm_90, v2 on sm_80), else 0 - the kernel
+    then reads the query rows from global memory in every block (sm_86 / sm_89 allow 99 KB)."""
+    return Q_BYTES2 if backend.shared_optin() >= tiled_bytes(kt) + Q_BYTES2 else 0
 
 
 def tiled_fits(variant: str) -> bool:
     """Whether this device gives a block the tiled ``variant``'s shared memory without the staged rows."""
-    kt = TILE_ROWS[variant]
-    return backend.shared_optin() >= STATIC_BYTES[kt] + tile_bytes(kt)
+    return backend.shared_optin() >= tiled_bytes(TILE_ROWS[variant])
 
 
 def check_tiled_fits(variant: str) -> None:
-    kt = TILE_ROWS[variant]
-    need = STATIC_BYTES[kt] + tile_bytes(kt)
     if not tiled_fits(variant):
-        raise ValueError(f"variant: {variant} needs {need} bytes of shared memory per block, this GPU gives "
-                         f"{backend.shared_optin()}; use 'v2'")
+        raise ValueError(f"variant: {variant} needs {tiled_bytes(TILE_ROWS[variant])} bytes of shared memory per "
+                         f"block, this GPU gives {backend.shared_optin()}; use 'v2'")
 
 
 def short_splits(rows: int, max_keys: int) -> bool:
