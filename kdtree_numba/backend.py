@@ -283,6 +283,21 @@ def shared_optin() -> int:
     return _optin[dev]
 
 
+SIM_SM_COUNT = 132                  # the simulator's answer: an H200's streaming multiprocessors
+_sms: dict = {}                      # device id -> SMs
+
+
+def sm_count() -> int:
+    """Streaming multiprocessors of this thread's device (132 on an H200, 108 on an A100): launchers that size a
+    grid to one wave ask it. Simulator: SIM_SM_COUNT. Example: on an H200, sm_count() == 132."""
+    if _name() != "cuda":
+        return SIM_SM_COUNT
+    dev = cp.cuda.Device().id
+    if dev not in _sms:
+        _sms[dev] = int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
+    return _sms[dev]
+
+
 def block_size(gpu: int, sim: int = 32) -> int:
     """Threads per block: ``gpu`` on a real GPU, a small count on the simulator (one OS thread per CUDA thread)."""
     return gpu if _name() == "cuda" else sim

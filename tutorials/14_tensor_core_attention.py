@@ -137,8 +137,11 @@ check_true("stride 580: the score B-fragment loads hit 32 different banks (576: 
 
 # %% [markdown]
 # **Key splits.** `plan_splits(blocks, max_keys, KT, MIN_SPLIT_TILES * KT, splits)` cuts every block's key list into
-# runs of `L` keys (whole tiles). On the GPU the count aims at SPLIT_TARGET = 264 blocks (two per SM of the H200's 132)
-# with at least one tile per split: `splits = max(1, min(ceil(264 / blocks), ceil(max_keys / 16)))`, then
+# runs of `L` keys (whole tiles). On the GPU the count is planned by waves (`wave_splits`): one tiled block runs per
+# SM (`tiled_wave()` = 132 on an H200: eight warps of ~210 registers leave no room for a second), a block costs its
+# key tiles + BLOCK_TILES = 2, and among the most splits that fit one, two or three waves the plan takes the least
+# `ceil(blocks * splits / 132) * (tiles per split + 2)`, ties to fewer splits (a few blocks left for a second wave
+# cost about a whole one: docs/PERFORMANCE.md has the measurements). With the count chosen,
 # `L = ceil(ceil(max_keys / splits) / 16) * 16` and the count recomputed as `ceil(max_keys / L)` (so a forced count
 # can come out smaller). On the simulator the plan is 1 split unless `splits=` forces one. With several, each split
 # writes `(o, m, l)` and the combine merges them:
@@ -153,7 +156,7 @@ section("tiles, key lists and splits (the module docstring's examples)")
 
 def gpu_split_count(blocks, max_keys):
     """plan_splits's GPU branch (splits=None on cuda), evaluated on any backend."""
-    return max(1, min(-(-mla.SPLIT_TARGET // blocks), -(-max_keys // (mla.MIN_SPLIT_TILES * KT))))
+    return mla.wave_splits(blocks, max_keys, KT, mla.MIN_SPLIT_TILES * KT, mla.tiled_wave())[0]
 
 
 def v2_plan(T, N, start, splits):
@@ -197,12 +200,12 @@ for ctx in (32768, 4097):                                                      #
     kimi.append((ctx, blocks, Z, L))
 table([(c, b, z, l, b * z) for c, b, z, l in kimi], ("keys (start + 1)", "tiles (N 64)", "GPU splits", "split length",
                                                      "blocks"))
-check_true("Kimi decode, 32768 rows: 2 tiles x 128 splits of 256 rows (docstring); context 4096: 129 splits "
-           "(docs/PERFORMANCE.md)", kimi[0][1:] == (2, 128, 256) and kimi[1][2] == 129)
+check_true("Kimi decode, 32768 rows: 2 tiles x 64 splits of 512 rows (docstring); context 4096: 65 splits of 64",
+           kimi[0][1:] == (2, 64, 512) and kimi[1][2:] == (65, 64))
 if GPU:
     check_true("gpu_split_count == plan_splits's own GPU branch",
-               all(mla.plan_splits(b, c, KT, KT, None) == mla.plan_splits(b, c, KT, KT, gpu_split_count(b, c))
-                   for c, b, _, _ in kimi))
+               all(mla.plan_splits(b, c, KT, KT, None, mla.tiled_wave())
+                   == mla.plan_splits(b, c, KT, KT, gpu_split_count(b, c)) for c, b, _, _ in kimi))
 print(f"on this backend plan_splits(2, 32768, ...) gives {mla.plan_splits(2, 32768, KT, KT, None)} (splits, length); "
       f"forcing splits=2 at 12 keys gives {mla.plan_splits(2, 12, KT, KT, 2)}: one tile cannot split")
 

@@ -627,12 +627,12 @@ def qkv(T, Nq, Nkv, Dk, Dv, S):
         np.float32), R.standard_normal((S, Nkv, Dv)).astype(np.float32))
 
 
-def grid_of(T, Nq, Nkv, S, rows, tile=KT3):
+def grid_of(T, Nq, Nkv, S, rows, tile=KT3, wave=None):
     """The launch grid (row tiles, key splits, kv heads) for blocks of ``rows`` tile rows and S = start + T keys in
     tiles of ``tile``; the split count from ``plan_splits`` as the launchers call it (1 on the simulator; on the GPU
-    enough splits for about 264 blocks)."""
+    enough splits for about 264 blocks for the GQA kernels, planned by ``wave`` for the MLA tiled kernel)."""
     tiles = -(-(T * (Nq // Nkv)) // rows)
-    return tiles, mla.plan_splits(tiles * Nkv, S, tile, mla.MIN_SPLIT_TILES * tile, None)[0], Nkv
+    return tiles, mla.plan_splits(tiles * Nkv, S, tile, mla.MIN_SPLIT_TILES * tile, None, wave)[0], Nkv
 
 
 def launched(launches, name, grid, threads=None):
@@ -660,6 +660,7 @@ k1f, v1f = k1.copy(), v1.copy()
 k1f[st1 + 1:], v1f[st1 + 1:] = 1e3, 1e6                                       # rows token 0 must not see
 q2, k2, v2 = qkv(T2, Nq2, Nkv2, D2, D2, st2 + T2 + 3)
 want2 = gqa.gqa_attention_ref(q2, k2, v2, st2, 0.3, causal=False)
+WAVE = mla.tiled_wave()                                                        # the MLA tiled kernel's wave
 for variant in gqa.VARIANTS:
     who = variant if KERNELS else f"numpy path ({variant} asked)"
     out1, l1 = run("G 1 causal", q1, k1, v1, st1, True, variant)
@@ -682,8 +683,9 @@ for variant in gqa.VARIANTS:
                    f"{l1}, {l2}")
     if KERNELS and variant == "v2":
         check_true(f"v2 launched _attention_v2_kernel on grid (ceil(T G / {mla.MT}), splits, Nkv)",
-                   launched(l1, "_attention_v2_kernel", grid_of(T1, N1, N1, st1 + T1, mla.MT))
-                   and launched(l2, "_attention_v2_kernel", grid_of(T2, Nq2, Nkv2, st2 + T2, mla.MT)), f"{l1}, {l2}")
+                   launched(l1, "_attention_v2_kernel", grid_of(T1, N1, N1, st1 + T1, mla.MT, mla.KT, WAVE))
+                   and launched(l2, "_attention_v2_kernel", grid_of(T2, Nq2, Nkv2, st2 + T2, mla.MT, mla.KT, WAVE)),
+                   f"{l1}, {l2}")
         out_b = kd.backend.full((T2, Nq2, D2), np.nan, np.float32)             # [B, Nq, D] poisoned
         ba.block_attention(q2, k2, v2, st2 + T2, 0.3, out=out_b, variant="v2")
         check("block_attention(variant='v2') == gqa_attention(v2, not causal, start = n_keys - B), bit for bit",

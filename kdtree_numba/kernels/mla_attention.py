@@ -76,8 +76,8 @@ tile, needed only in the last key tile or two). Per key tile of KT = 16 cache ro
 Example (v2): T = 3 tokens, N = 20 heads, start 100 -> 60 query rows, 2 tiles. Tile 0 = rows 0..31 = token 0
 (heads 0..19) + token 1 (heads 0..11); its list is rows 0..101 (token 1's): 7 key tiles (6 of 16, one of 6), and
 in the last one key 101 is masked (-inf) for token 0's 20 rows. Tile 1 = token 1 (heads 12..19) + token 2: rows
-0..102. Kimi decode (T = 1, N = 64, start 32767: 32768 keys): 2 tiles x 128 splits of 256 rows, then the combine
-(start 32768: 129 splits, the last of one key).
+0..102. Kimi decode (T = 1, N = 64, start 32767: 32768 keys, an H200's 132 SMs): 2 tiles x 64 splits of 512 rows,
+then the combine (start 32768: 65 splits, the last of one key).
 Shapes: q [T, N, D] float32, cache [C, D] float32 (D = Lkv + R <= 576, Lkv <= 512) -> out [T, N, Lkv] float32.
 Example: one head, D = 2, Lkv = 1, scale 1, cache [[1, 0], [0, 1]], start 0, q [[[0, 0]], [[ln 3, 0]]]:
 token 0 sees row 0 -> out 1; token 1 sees rows 0, 1 with weights 3/4, 1/4 -> out 0.75.
@@ -133,7 +133,8 @@ assert MT == 16 * MB and ACC == 4 * FRAGS and WARPS == MB * KPARTS and KT == 16 
 assert KT3 == 32 and SP_STRIDE3 >= KT3 and SCORE_ACC == 3 * KT3 // 2
 TILE_ALIGN = None if SIM else 16  # the key tile's byte alignment: copy_async's 16-byte copies (the simulator
                                   # takes no alignment argument; its arrays are numpy's). Rows: ROW_T * 4 = 16 * 145.
-SPLIT_TARGET = 264  # blocks the key splits aim for: two per SM of the H200's 132
+SPLIT_TARGET = 264  # blocks v1's (and gqa_attention's) key splits aim for: two per SM of the H200's 132; the MLA
+                    # tiled kernels plan by waves (wave_splits)
 MIN_SPLIT_TILES = 1  # v2 key splits down to one tile: a small decode's few blocks each wait for one tile, not four
 # Launch bounds (256 threads, V2_MIN_BLOCKS blocks per SM) for ptxas. With 1 (sm_90, CUDA 13.0): 206 registers
 # (separate values 221, tree 205), no spills -> one block of 8 warps per SM. With 2: capped at 128 registers for
@@ -779,7 +780,7 @@ def _term(m, l, o, z, Z, mx):
 def _combine_kernel(o_part, m_part, l_part, out):
     """out[r, c] = sum_z exp(m_z - M) o_z[r, c] / sum_z exp(m_z - M) l_z[r], M = max_z m_z (empty splits: l = 0).
     One thread per output (rows flattened: o_part [Z, rows, Lkv], m_part / l_part [Z, rows], out [rows, Lkv]).
-    Eight splits' loads go out together (a decode step has up to SPLIT_TARGET splits, most of them one tile:
+    Eight splits' loads go out together (a decode step has up to a few hundred splits, most of them short:
     one load at a time made this 10-13 us a call, ncu 2026-12-02)."""
     rows = out.shape[0]
     lkv = out.shape[1]
@@ -826,18 +827,52 @@ def check_qkv(q, cache, lkv, out):
     return q, cache, lkv, out
 
 
-def plan_splits(blocks: int, max_keys: int, tile: int, min_len: int, splits: int | None) -> tuple[int, int]:
+def plan_splits(blocks: int, max_keys: int, tile: int, min_len: int, splits: int | None,
+                wave: int | None = None) -> tuple[int, int]:
     """(splits, split_len): each block's key list cut into ``splits`` runs of ``split_len`` keys (whole tiles).
-    On the GPU, enough splits for about SPLIT_TARGET blocks, each run at least ``min_len`` keys; ``splits`` forces
-    a count (tests). ``max_keys``: the longest list any block may have (the grid is fixed before the kernel
-    reads a device-side start)."""
+    On the GPU, each run at least ``min_len`` keys and: with ``wave`` (blocks that run at once) the count
+    ``wave_splits`` picks, else enough splits for about SPLIT_TARGET blocks; ``splits`` forces a count (tests).
+    ``max_keys``: the longest list any block may have (the grid is fixed before the kernel reads a device-side
+    start). Example: 17 blocks, 512 keys, 32-key tiles, no wave -> 16 splits of 32 keys."""
     if splits is None:
         splits = 1
         if backend.name == "cuda":
+            if wave is not None:
+                return wave_splits(blocks, max_keys, tile, min_len, wave)
             splits = max(1, min(-(-SPLIT_TARGET // blocks), -(-max_keys // min_len)))
     split_len = -(-max(max_keys, 1) // splits)
     split_len = -(-split_len // tile) * tile
     return -(-max(max_keys, 1) // split_len), split_len
+
+
+BLOCK_TILES = 2   # a tiled block's fixed cost in key tiles (staging its query rows, the partials, the combine's
+                  # share): fitted to the default pair's 65-node verify, where 15 one-tile splits ran slower
+                  # than 5 of three tiles
+
+
+def wave_splits(blocks: int, max_keys: int, tile: int, min_len: int, wave: int) -> tuple[int, int]:
+    """(splits, split_len) for ``blocks`` blocks per split when ``wave`` run at once (the tiled kernels: one per
+    SM, ``tiled_wave``) and a block costs its key tiles + BLOCK_TILES: among the most splits that fit
+    one, two or three waves, the one with the least ceil(blocks splits / wave) x (tiles per split + BLOCK_TILES),
+    ties to fewer splits (less to combine). A few blocks past a full wave cost about a whole wave: on the H200,
+    ``blocks`` x ceil(132 / blocks) splits ran 1.2-1.6x slower than SPLIT_TARGET's plan wherever that left a few
+    blocks for a second wave (tree verify, 4096 ctx / 16 nodes / 64 heads: 34 x 4 blocks of 33 tiles 0.62 ms,
+    SPLIT_TARGET's 34 x 8 of 17 0.43, this rule's 34 x 7 of 19 0.42). Against SPLIT_TARGET's plan this rule ran
+    the bench_verify tree cells 1.0-1.5x faster (one 2.5 % slower), a Kimi decode step 1.2-1.4x, the default
+    pair's 65-node verify 1.1-1.5x (docs/PERFORMANCE.md, eleventh session).
+    Example: 2 blocks (a Kimi decode step's 64 heads), 4097 keys, 32-key tiles, wave 132: 65 splits of 64 keys
+    (130 blocks, one wave of 2 tiles each)."""
+    key_tiles = -(-max(max_keys, 1) // tile)
+    most = max(1, -(-max(max_keys, 1) // min_len))
+    best = None
+    for waves in (1, 2, 3):
+        n = max(1, min(waves * wave // blocks, most, key_tiles))
+        length = -(-key_tiles // n)                                    # tiles per split
+        n = -(-key_tiles // length)                                    # splits once the length is whole tiles
+        cost = (-(-(blocks * n) // wave) * (length + BLOCK_TILES), n)
+        if best is None or cost < best[0]:
+            best = (cost, n, length * tile)
+    return best[1], best[2]
 
 
 def _placeholder():
@@ -936,7 +971,14 @@ def short_splits(rows: int, max_keys: int) -> bool:
     keys are slower - the default pair's decode step (8 rows, 300 keys): v2 0.022 ms, v3 0.028 (H200). Causal
     launches with ``variant=None`` run v2 there. (A tree verify always has enough rows for v3 to pay.)"""
     tiles = -(-rows // MT)
-    return plan_splits(tiles, max_keys, KT, MIN_SPLIT_TILES * KT, None)[1] < 2 * KT
+    return plan_splits(tiles, max_keys, KT, MIN_SPLIT_TILES * KT, None, tiled_wave())[1] < 2 * KT
+
+
+def tiled_wave() -> int:
+    """Blocks of an MLA tiled kernel that run at once - the ``wave`` of its key-split plan (``wave_splits``): one
+    per SM (V2_MIN_BLOCKS): eight warps of 205-225 registers leave no room for a second block, nor do v3's 167 KB
+    of shared memory. Example: 132 on an H200."""
+    return backend.sm_count() * V2_MIN_BLOCKS
 
 
 def attention_v2(q, k, v, start0: int, start_dev, scale: float, causal: bool, out, max_keys: int, splits,
@@ -956,20 +998,20 @@ def attention_v2(q, k, v, start0: int, start_dev, scale: float, causal: bool, ou
     stage = stage_bytes(kt)
     return launch_split(kernel, -(-(T * (Nq // B)) // MT), B, 32 * v2_warps(out.shape[2]), kt, q, out,
                         max_keys, splits, (k, v, start0, start_dev, np.float32(scale), Nq // B, bool(causal), width),
-                        (stage > 0,), shared=tile_bytes(kt) + stage)
+                        (stage > 0,), shared=tile_bytes(kt) + stage, wave=tiled_wave())
 
 
 def launch_split(kernel, tiles: int, heads, threads: int, tile: int, q, out, max_keys: int, splits, args,
-                 tail=(), shared: int = 0):
+                 tail=(), shared: int = 0, wave: int | None = None):
     """The launch every tiled attention kernel shares: key splits planned for ``tiles`` x ``heads`` blocks (keys
-    in whole tiles of ``tile``), the kernel on grid (tiles, splits, heads) - (tiles, splits) when ``heads`` is None
-    - with arguments ``q`` [T*N, D] (rows flattened: a view), ``*args``, split length, direct, ``out`` [T*N, Dv],
+    in whole tiles of ``tile``; ``wave``: as in ``plan_splits``), the kernel on grid (tiles, splits, heads) -
+    (tiles, splits) when ``heads`` is None - with arguments ``q`` [T*N, D] (rows flattened: a view), ``*args``, split length, direct, ``out`` [T*N, Dv],
     the split partials [splits, T*N(, Dv)] (1-element placeholders when direct), ``*tail``; then the combine when
     there are several splits. Returns ``out``."""
     T, N, D = q.shape
     Dv = out.shape[2]
     rows = T * N
-    splits, split_len = plan_splits(tiles * (heads or 1), max_keys, tile, MIN_SPLIT_TILES * tile, splits)
+    splits, split_len = plan_splits(tiles * (heads or 1), max_keys, tile, MIN_SPLIT_TILES * tile, splits, wave)
     direct, o_part, m_part, l_part = _partials(splits, T, N, Dv)
     flat = (o_part.reshape(splits, rows, Dv), m_part.reshape(splits, rows), l_part.reshape(splits, rows)) \
         if not direct else (o_part.reshape(1, 1, 1), m_part.reshape(1, 1), l_part.reshape(1, 1))
@@ -989,7 +1031,7 @@ def launch_v2(kernel, kt, q, cache, start, scale, lkv, out, max_keys, splits, *e
     stage = stage_bytes(kt)
     return launch_split(kernel, -(-(T * N) // MT), None, 32 * v2_warps(lkv), kt, q, out, max_keys, splits,
                         (cache, start0, start_dev, np.float32(scale), N, copy_width(q, cache)), extra + (stage > 0,),
-                        shared=tile_bytes(kt) + stage)
+                        shared=tile_bytes(kt) + stage, wave=tiled_wave())
 
 
 def mla_attention(q, cache, start, scale: float, lkv: int, out=None, splits: int | None = None,

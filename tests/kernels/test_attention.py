@@ -218,10 +218,8 @@ def test_gpu_tree_kimi_shapes(n, N, start, variant):
                                **TOL)
 
 
-@pytest.mark.gpu
-def test_static_shared_memory_within_the_launchers_budget():
-    """The launchers check STATIC_BYTES (copied from ptxas) + the dynamic part against the device's per-block limit:
-    every compiled tiled kernel's static shared memory must be within it (a kernel that grew would under-count)."""
+def _compiled_tiled_kernels() -> dict:
+    """{kernel: key-tile rows} of the causal and tree tiled kernels, each compiled by a launch at Kimi's widths."""
     rng = np.random.default_rng(3)
     parents = random_parents(20, rng)
     paths, depths = kt.ancestor_paths(parents)
@@ -230,11 +228,32 @@ def test_static_shared_memory_within_the_launchers_budget():
     for variant in TILED:
         tv.tree_attention(q, cache, 200, paths, depths, 0.1, 512, variant=variant)
         mla.mla_attention(q, cache, 200, 0.1, 512, variant=variant)
-    kernels = {mla._attention_v2_kernel: mla.KT, mla._attention_v3_kernel: mla.KT3,
-               tv._tree_attention_v2_kernel: mla.KT, tv._tree_attention_v3_kernel: mla.KT3}
-    for kernel, kt_rows in kernels.items():
+    return {mla._attention_v2_kernel: mla.KT, mla._attention_v3_kernel: mla.KT3,
+            tv._tree_attention_v2_kernel: mla.KT, tv._tree_attention_v3_kernel: mla.KT3}
+
+
+@pytest.mark.gpu
+def test_static_shared_memory_within_the_launchers_budget():
+    """The launchers check STATIC_BYTES (copied from ptxas) + the dynamic part against the device's per-block limit:
+    every compiled tiled kernel's static shared memory must be within it (a kernel that grew would under-count)."""
+    for kernel, kt_rows in _compiled_tiled_kernels().items():
         sizes = kernel.get_shared_mem_per_block()
         assert sizes and max(sizes.values()) <= mla.STATIC_BYTES[kt_rows], (kernel, sizes)
+
+
+@pytest.mark.gpu
+def test_tiled_key_splits_count_one_block_per_sm():
+    """tiled_wave counts V2_MIN_BLOCKS (1) block per SM because no second block fits: eight warps x the
+    registers ptxas gave each compiled tiled kernel exceed half an SM's 64K registers (a kernel that shrank below
+    would want its waves counted again). The default pair's 65-node verify over a 512-row cache (17 row tiles,
+    32-key tiles) then runs 6 splits of 96 keys: 102 blocks, not 16 x 17 in three waves."""
+    for kernel in _compiled_tiled_kernels():
+        regs = max(kernel.get_regs_per_thread().values())
+        assert 2 * regs * 32 * mla.WARPS > 65536, (kernel, regs)
+    target = mla.tiled_wave()
+    assert target == kd.backend.sm_count() * mla.V2_MIN_BLOCKS
+    if target == 132:                                                             # an H200 / H100 SXM
+        assert mla.plan_splits(17, 512, mla.KT3, mla.KT3, None, target) == (6, 96)
 
 
 @pytest.mark.parametrize("variant", TILED)
@@ -284,6 +303,45 @@ def test_v3_needs_its_shared_memory(monkeypatch):
     with pytest.raises(ValueError, match="variant: v3 needs"):
         tv.tree_attention(q, cache, 1, np.zeros((1, 1), np.int32), np.zeros(1, np.int32), 1.0, 4, variant="v3")
     assert mla.tiled_fits("v2")
+
+
+def test_sm_count_and_split_plans():
+    """The simulator answers an H200's 132 SMs; the MLA tiled kernels plan their key splits by waves of one block
+    per SM, v1 for about SPLIT_TARGET blocks; a forced split count is taken as asked on every backend."""
+    if kd.backend.name != "cuda":
+        assert kd.backend.sm_count() == kd.backend.SIM_SM_COUNT == 132
+        assert mla.plan_splits(17, 512, 32, 32, None, 132) == (1, 512)
+    assert mla.tiled_wave() == kd.backend.sm_count() * mla.V2_MIN_BLOCKS < mla.SPLIT_TARGET
+    assert mla.plan_splits(17, 512, 32, 32, 8, 132) == mla.plan_splits(17, 512, 32, 32, 8) == (8, 64)
+
+
+@pytest.mark.parametrize("blocks, keys, want", [
+    (2, 4097, (65, 64)),        # a Kimi decode step: one wave of two-tile splits (SPLIT_TARGET's: 129 of one)
+    (34, 4113, (7, 608)),       # 4096 ctx, 16 nodes, 64 heads: 238 blocks in two full waves, not 136 in two
+    (17, 512, (6, 96)),         # the default pair's verify over a 512-row cache: 102 blocks of 3 tiles
+    (9, 529, (9, 64)),          # 512 ctx, 16 nodes, 16 heads: 81 blocks of 2 tiles, not 153 of one
+    (514, 33057, (1, 33088)),   # more row tiles than SMs: one split, no combine
+])
+def test_wave_splits(blocks, keys, want):
+    """wave_splits' plan on shapes measured on the H200 (docs/PERFORMANCE.md), 32-key tiles, 132 SMs."""
+    assert mla.wave_splits(blocks, keys, 32, 32, 132) == want
+
+
+def test_wave_splits_cover_the_keys():
+    """Every plan covers the keys in whole tiles of at least min_len, with no empty split, and never costs more
+    than one split per block or SPLIT_TARGET's plan by its own measure."""
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        blocks, keys = int(rng.integers(1, 600)), int(rng.integers(1, 40000))
+        tile = int(rng.choice([16, 32]))
+        wave = int(rng.integers(1, 200))
+        n, length = mla.wave_splits(blocks, keys, tile, tile, wave)
+        assert length % tile == 0 and length >= tile and n * length >= keys > (n - 1) * length, (blocks, keys)
+
+        def cost(n, length):
+            return -(-(blocks * n) // wave) * (length // tile + mla.BLOCK_TILES)
+        one = -(-keys // tile) * tile
+        assert cost(n, length) <= cost(1, one), (blocks, keys, tile, wave)
 
 
 def test_short_decode_splits_run_v2():
