@@ -25,7 +25,11 @@ never runs while the worker processes of the acceptance part are alive):
    every cache capacity the prompts need, as a server captures its graphs at start-up), then ``--repeats`` (1)
    passes of one generation per prompt timed by wall clock around ``kd.generate`` (prefill included); tokens/s =
    total new tokens / total wall seconds of the median pass (every pass's rate is kept: the table shows their
-   range). The backend and device name are reported. ``--replay`` adds the same methods with ``replay=True``
+   range). The passes are interleaved - pass r of every method, then pass r + 1 - so the machine's drift (other
+   tenants, clocks: 12 % between two processes of the same code on the H200) falls on every method alike, and the
+   speedup is the median of the per-pass ratios to autoregressive; when the model objects keep fewer replay
+   programs (``decode/replay.py``'s KEEP per object) than the methods need, a pass would capture again, so the
+   methods then run one after another, each right after its own warm-up. The backend and device name are reported. ``--replay`` adds the same methods with ``replay=True``
    (graph-replayed steps and rounds), timed in the same run.
 
 Usage::
@@ -335,6 +339,11 @@ def _timed_pass(kd, target, ids: list, max_new_tokens: int, kw: dict) -> tuple:
     return secs, toks, post, texts
 
 
+def _kept_programs(*owners) -> set:
+    """ids of the replay programs the model objects keep now (decode/replay.py: the last KEEP per object)."""
+    return {id(p) for o in owners for p in vars(o).get("_programs", {}).values()}
+
+
 def run_speed(kd, target, drafter, prompts: list, max_new_tokens: int, budgets: list, replay: bool = False,
               repeats: int = 1) -> dict:
     import numpy as np
@@ -345,30 +354,57 @@ def run_speed(kd, target, drafter, prompts: list, max_new_tokens: int, budgets: 
         methods.update({f"{name} (replay)": dict(kw, replay=True) for name, kw in list(methods.items())})
     ids = [np.asarray(target.tokenizer.encode(p["prompt"]), np.int32) for p in prompts]
     load_before = _loadavg()
+
+    def warm(kw):                # untimed: compiles, and (replay) captures every cache capacity used, longest
+        for x in sorted(ids, key=len, reverse=True):         # first (bench_round.py says why)
+            kd.generate(target, x, max_new_tokens, **kw)
+
+    built = set()
+    for kw in methods.values():
+        before = _kept_programs(target, drafter)
+        warm(kw)
+        built |= _kept_programs(target, drafter) - before
+    # Interleaved passes (pass r of every method, then pass r + 1) share the machine's drift between methods -
+    # unless a model object keeps fewer programs than the methods built, when a pass would capture again.
+    interleaved = built <= _kept_programs(target, drafter)
+    passes = {name: [] for name in methods}
+    if interleaved:
+        for _ in range(repeats):
+            for name, kw in methods.items():
+                passes[name].append(_timed_pass(kd, target, ids, max_new_tokens, kw))
+    else:
+        for name, kw in methods.items():
+            warm(kw)             # its programs again: a later method's warm-up pushed them out
+            passes[name] = [_timed_pass(kd, target, ids, max_new_tokens, kw) for _ in range(repeats)]
     out = {}
-    for name, kw in methods.items():
-        for x in sorted(ids, key=len, reverse=True):    # warm-up, untimed: compiles, and (replay) captures every
-            kd.generate(target, x, max_new_tokens, **kw)  # cache capacity used, longest first (bench_round.py: why)
-        passes = [_timed_pass(kd, target, ids, max_new_tokens, kw) for _ in range(repeats)]
-        rates = [sum(p[1]) / sum(p[0]) for p in passes]
-        secs, toks, post, texts = passes[sorted(range(repeats), key=rates.__getitem__)[(repeats - 1) // 2]]
+    for name in methods:
+        rates = [sum(p[1]) / sum(p[0]) for p in passes[name]]
+        secs, toks, post, texts = passes[name][sorted(range(repeats), key=rates.__getitem__)[(repeats - 1) // 2]]
         same = out["autoregressive"]["outputs"] if out else texts
         out[name] = {"tokens_per_second": sum(toks) / sum(secs), "tokens_per_second_passes": rates,
                      "seconds": secs, "tokens": toks, "outputs": texts,
-                     "mismatches_vs_autoregressive": sum(u != v for p in passes for u, v in zip(p[3], same)),
+                     "mismatches_vs_autoregressive": sum(u != v for p in passes[name] for u, v in zip(p[3], same)),
                      "median_generation_seconds": float(np.median(secs)),
                      "tokens_per_second_after_prefill_mean": float(np.mean(post))}
         spread = f"; passes {min(rates):.1f} .. {max(rates):.1f}" if repeats > 1 else ""
         _log(f"[speed] {name}: {out[name]['tokens_per_second']:.1f} tokens/s "
              f"({sum(toks)} tokens in {sum(secs):.2f}s{spread})")
-    ar = out["autoregressive"]["tokens_per_second"]
-    for v in out.values():
-        v["speedup_vs_autoregressive"] = v["tokens_per_second"] / ar
+    ar = out["autoregressive"]["tokens_per_second_passes"]
+    for v in out.values():       # interleaved: the median of the per-pass ratios (pass r against AR's pass r)
+        ratios = [x / y for x, y in zip(v["tokens_per_second_passes"], ar)] if interleaved else \
+            [v["tokens_per_second"] / out["autoregressive"]["tokens_per_second"]]
+        v["speedup_vs_autoregressive"] = float(np.median(ratios))
+        v["speedup_vs_autoregressive_passes"] = ratios
         del v["outputs"]
+    order = "interleaved: pass r of every method, then pass r + 1" if interleaved else \
+        "method by method (the model objects keep fewer replay programs than the methods need)"
     return {"definition": "per method: one untimed warm-up generation per subset prompt, then "
                           f"{'one pass' if repeats == 1 else f'{repeats} passes'} of one generation per subset "
-                          "prompt timed by wall clock around kd.generate (prefill included); tokens_per_second = "
-                          "total new tokens / total seconds" + (" of the median pass" if repeats > 1 else ""),
+                          f"prompt ({order}) timed by wall clock around kd.generate (prefill included); "
+                          "tokens_per_second = total new tokens / total seconds" +
+                          (" of the median pass; speedup = the median of the per-pass ratios to AR" if repeats > 1
+                           and interleaved else " of the median pass" if repeats > 1 else ""),
+            "interleaved": interleaved,
             "task_ids": [p["task_id"] for p in prompts], "max_new_tokens": max_new_tokens, "budget": budgets[0],
             "budgets": budgets, "repeats": repeats,
             "backend": kd.backend.name, "device": device_name(kd), "cpu_count": os.cpu_count(),

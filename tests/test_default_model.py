@@ -105,3 +105,29 @@ def test_greedy_ddtree_and_chain_equal_autoregressive(pair, prompts, index):
     assert tree.tokens == ar.tokens
     assert chain.tokens == ar.tokens
     assert tree.target_forwards < ar.target_forwards            # the trained drafter does get tokens accepted
+
+
+@pytest.mark.parametrize("keep, interleaved", [(4, True), (1, False)])
+def test_eval_speed_passes_interleave_when_programs_stay(pair, prompts, monkeypatch, keep, interleaved):
+    """eval_humaneval's speed part times pass r of every method before pass r + 1 (drift falls on all alike, the
+    speedup is the median per-pass ratio) - unless the model objects keep fewer replay programs than the methods
+    built, when a pass would capture again and the methods run one after another, each after its own warm-up."""
+    import sys
+    from kdtree_numba.decode import replay
+    sys.path.insert(0, os.path.join(os.path.dirname(MODEL_DIR), "..", "benchmarks"))
+    import eval_humaneval as ev
+
+    monkeypatch.setattr(replay, "KEEP", keep)
+    target, drafter = pair
+    for model in (target, drafter):
+        vars(model).pop("_programs", None)
+    with kd.backend.use("numpy"):
+        res = ev.run_speed(kd, target, drafter, prompts[:1], 2, [4], replay=True, repeats=2)
+    assert res["interleaved"] is interleaved
+    methods = res["methods"]
+    assert set(methods) == {"autoregressive", "chain", "ddtree@4", "autoregressive (replay)", "chain (replay)",
+                            "ddtree@4 (replay)"}
+    for v in methods.values():
+        assert len(v["tokens_per_second_passes"]) == 2 and v["mismatches_vs_autoregressive"] == 0
+        assert len(v["speedup_vs_autoregressive_passes"]) == (2 if interleaved else 1)
+    assert methods["autoregressive"]["speedup_vs_autoregressive"] == 1.0
