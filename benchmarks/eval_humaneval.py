@@ -412,6 +412,13 @@ def run_speed(kd, target, drafter, prompts: list, max_new_tokens: int, budgets: 
 
 
 # ------------------------------------------------------------------------------------------------ report
+def _order(speed: dict) -> str:
+    """How the timed passes were ordered (results from before the interleaving say nothing)."""
+    if "interleaved" not in speed:
+        return ""
+    return "; passes interleaved across methods" if speed["interleaved"] else "; methods timed one after another"
+
+
 def markdown(res: dict) -> str:
     lines = []
     b = res.get("bpb")
@@ -436,7 +443,8 @@ def markdown(res: dict) -> str:
         ids = s["task_ids"]
         named = f"{ids[0]} .. {ids[-1]}" if len(ids) > 1 else ids[0]
         lines += [f"**Speed** ({s['backend']} backend, {s['device']}; {len(ids)} prompts {named} x "
-                  f"{s['max_new_tokens']} tokens, wall clock incl. prefill, after one warm-up per prompt):", "",
+                  f"{s['max_new_tokens']} tokens, wall clock incl. prefill, after one warm-up per prompt"
+                  f"{_order(s)}):", "",
                   "| method | tokens/s | speedup vs AR | passes (min .. max) |", "|---|---|---|---|"]
         for name, v in s["methods"].items():
             r = v.get("tokens_per_second_passes") or [v["tokens_per_second"]]

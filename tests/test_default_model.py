@@ -131,3 +131,4 @@ def test_eval_speed_passes_interleave_when_programs_stay(pair, prompts, monkeypa
         assert len(v["tokens_per_second_passes"]) == 2 and v["mismatches_vs_autoregressive"] == 0
         assert len(v["speedup_vs_autoregressive_passes"]) == (2 if interleaved else 1)
     assert methods["autoregressive"]["speedup_vs_autoregressive"] == 1.0
+    assert ("passes interleaved" if interleaved else "one after another") in ev.markdown({"speed": res})
