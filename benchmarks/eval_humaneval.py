@@ -29,8 +29,9 @@ never runs while the worker processes of the acceptance part are alive):
    tenants, clocks: 12 % between two processes of the same code on the H200) falls on every method alike, and the
    speedup is the median of the per-pass ratios to autoregressive; when the model objects keep fewer replay
    programs (``decode/replay.py``'s KEEP per object) than the methods need, a pass would capture again, so the
-   methods then run one after another, each right after its own warm-up. The backend and device name are reported. ``--replay`` adds the same methods with ``replay=True``
-   (graph-replayed steps and rounds), timed in the same run.
+   methods then run one after another, each right after its own warm-up. The backend and device name are
+   reported. ``--replay`` adds the same methods with ``replay=True`` (graph-replayed steps and rounds), timed in
+   the same run.
 
 Usage::
 

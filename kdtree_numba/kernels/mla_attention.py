@@ -1005,9 +1005,9 @@ def launch_split(kernel, tiles: int, heads, threads: int, tile: int, q, out, max
                  tail=(), shared: int = 0, wave: int | None = None):
     """The launch every tiled attention kernel shares: key splits planned for ``tiles`` x ``heads`` blocks (keys
     in whole tiles of ``tile``; ``wave``: as in ``plan_splits``), the kernel on grid (tiles, splits, heads) -
-    (tiles, splits) when ``heads`` is None - with arguments ``q`` [T*N, D] (rows flattened: a view), ``*args``, split length, direct, ``out`` [T*N, Dv],
-    the split partials [splits, T*N(, Dv)] (1-element placeholders when direct), ``*tail``; then the combine when
-    there are several splits. Returns ``out``."""
+    (tiles, splits) when ``heads`` is None - with arguments ``q`` [T*N, D] (rows flattened: a view), ``*args``,
+    split length, direct, ``out`` [T*N, Dv], the split partials [splits, T*N(, Dv)] (1-element placeholders when
+    direct), ``*tail``; then the combine when there are several splits. Returns ``out``."""
     T, N, D = q.shape
     Dv = out.shape[2]
     rows = T * N
