@@ -399,12 +399,12 @@ def run_speed(kd, target, drafter, prompts: list, max_new_tokens: int, budgets: 
         del v["outputs"]
     order = "interleaved: pass r of every method, then pass r + 1" if interleaved else \
         "method by method (the model objects keep fewer replay programs than the methods need)"
+    median = "" if repeats == 1 else " of the median pass" + (
+        "; speedup = the median of the per-pass ratios to AR" if interleaved else "")
     return {"definition": "per method: one untimed warm-up generation per subset prompt, then "
                           f"{'one pass' if repeats == 1 else f'{repeats} passes'} of one generation per subset "
                           f"prompt ({order}) timed by wall clock around kd.generate (prefill included); "
-                          "tokens_per_second = total new tokens / total seconds" +
-                          (" of the median pass; speedup = the median of the per-pass ratios to AR" if repeats > 1
-                           and interleaved else " of the median pass" if repeats > 1 else ""),
+                          f"tokens_per_second = total new tokens / total seconds{median}",
             "interleaved": interleaved,
             "task_ids": [p["task_id"] for p in prompts], "max_new_tokens": max_new_tokens, "budget": budgets[0],
             "budgets": budgets, "repeats": repeats,

@@ -112,9 +112,8 @@ def test_eval_speed_passes_interleave_when_programs_stay(pair, prompts, monkeypa
     """eval_humaneval's speed part times pass r of every method before pass r + 1 (drift falls on all alike, the
     speedup is the median per-pass ratio) - unless the model objects keep fewer replay programs than the methods
     built, when a pass would capture again and the methods run one after another, each after its own warm-up."""
-    import sys
     from kdtree_numba.decode import replay
-    sys.path.insert(0, os.path.join(os.path.dirname(MODEL_DIR), "..", "benchmarks"))
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(MODEL_DIR), "..", "benchmarks"))
     import eval_humaneval as ev
 
     monkeypatch.setattr(replay, "KEEP", keep)
