@@ -3,7 +3,8 @@ against the CPU path of the official code (top-K on the GPU, a host copy, the he
 
     PYTHONPATH=$PWD python3 benchmarks/bench_tree.py
 Goal (issue 4): at budget 256, R = 16, >= 100x faster per tree than the CPU path.
-Also reported per cell: the most candidates one level's chains held (over requests and depths; above SORT_CACHE
+Also reported per cell (the level loop; "heap" where the build runs the heap itself, budgets <= HEAP_BUDGET): the
+most candidates one level's chains held (over requests and depths; above SORT_CACHE
 the sort runs in global memory) and the most bisection probes one level spent raising its floor
 (kernels/tree_build.py, "The floor"). K = min(budget, V) as in the decode loop: a chain never passes rank B - 1, so
 any K >= B (K = V included) builds the same chains and candidates as K = B.
@@ -70,8 +71,9 @@ for R in batches:
         ms_gpu = graph_median_ms(gpu, a.reps)                # device time: the two launches from a CUDA graph
         ms_topk = graph_median_ms(lambda: logprobs.topk_logprobs(logits, K, out=(lp, ids)), a.reps)
         assert not kd.backend.to_host(builder.overflow).any()
-        cand_max = int(kd.backend.to_host(builder.candidates).max())
-        probes_max = int(kd.backend.to_host(builder.probes).max())
+        heap = tree_build.heap_path(L, K, budget, 0)         # the heap itself: no levels, no counts
+        cand_max = "heap" if heap else int(kd.backend.to_host(builder.candidates).max())
+        probes_max = "heap" if heap else int(kd.backend.to_host(builder.probes).max())
         # correctness on this very input: the GPU trees equal the heap's
         got = builder.out.to_trees()
         lp_h, ids_h = kd.backend.to_host(lp).reshape(R, L, K), kd.backend.to_host(ids).reshape(R, L, K)

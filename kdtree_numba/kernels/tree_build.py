@@ -94,6 +94,16 @@ Floor example (L = 2, K = 3, budget 4): lp = [[-0.1, -0.2, -0.3], [-0.5, -1.0, -
   bisect over t_r = -0.1 + lp[2][r]: r = 1, t = -1.1: count = 3 (G) + 4 ((0,0) -0.6, (0,1) -1.1, (1,0) -0.7,
   (2,0) -0.8) = 7 in [4, 8]: one probe, floor -1.1 - margin, those 4 candidates; tree (0), (1), (2), (0,0).
 
+**Small budgets: the heap itself (``_heap_nodes``, budgets <= HEAP_BUDGET = 64, K > 1).** The level loop pays its
+barriers, sort and merge once per depth: its build stage took 0.104 ms of a 1.1 ms DDTree-64 round of the trained
+pair (bench_round), against 15-19 us for bench_tree's 2-3-deep trees. At small budgets warp 0 runs the heap
+algorithm instead, pop by pop: the frontier (at most B + 1 pushed, unpopped nodes) in shared memory, each lane
+taking the first of its slots in pop order and a 5-step shuffle butterfly the first of the warp (weights, then
+rank tuples on ties, read through the node table), lane 0 writing the popped node and pushing its next sibling
+and first child with the reference's float64 arithmetic - the same tree, with no levels to count (``stats`` stays
+0; TreeBuilder mode LEVELS forces the level loop). Its cost grows with the budget (B pops of a few hundred cycles
+each), not with the depth.
+
 **A chain (K = 1: the DFlash chain baseline, one draft per depth)** needs no search: the heap pops depth 1, 2, ..
 in order, each node the only child of the one before. ``_chain_nodes`` writes that table in one thread (weights
 added in the heap's order; the level loop's statistics with it) instead of running the level loop once per depth:
@@ -122,7 +132,8 @@ from numba import cuda, float32, float64, int32, uint32
 
 from .. import backend
 from . import _checks
-from .primitives import block_min, block_prefix_sum
+from ._intrinsics import SIM
+from .primitives import FULL, block_min, block_prefix_sum
 from .tree import Tree
 
 MAX_BUDGET = 1024
@@ -135,6 +146,8 @@ SORT_CACHE = 2048         # candidates sorted with their keys in shared memory (
 RANK_SORT = 64            # up to this many candidates: rank sort; above: bitonic (128 measured no faster at
                           # B = 64 and 256, R = 16)
 SLOW_CHAINS, BITONIC = 1, 2   # TreeBuilder modes (tests): walk every chain in order / always sort by bitonic
+LEVELS = 4                # TreeBuilder mode: the level loop even where the heap path would run (any mode does)
+HEAP_BUDGET = 64          # budgets up to this (K > 1, mode 0): warp 0 runs the heap itself (``_heap_nodes``)
 # the node table's int32 fields: itab[copy, FIELD, request, entry] (the float64 weight is wtab[copy, request, entry])
 DEPTH, RANK, PARENT, RECORD_PARENT, RECORD_DEPTH = 0, 1, 2, 3, 4
 N_FIELDS = 5
@@ -381,6 +394,165 @@ def _chain_nodes(lp_req, L, B, nodes, stats, r, count):
             n = uint32(n + uint32(1))
             d = uint32(d + uint32(1))
         count[0] = n
+    cuda.syncthreads()
+    return uint32(count[0])
+
+
+# ------------------------------------------------------------------------------------------------ the heap path
+def heap_path(L: int, K: int, budget: int, mode: int) -> bool:
+    """Whether the build runs the heap itself (``_heap_nodes``) rather than the level loop: budgets up to
+    HEAP_BUDGET with K > 1, no test mode, and the log-prob rows a pop can read, L x min(K, budget + 1), within the
+    2 x MAX_BUDGET floats of the kernel's row buffer. Example: heap_path(15, 4096, 64, 0) -> True."""
+    return mode == 0 and K > 1 and budget <= HEAP_BUDGET and L * min(K, budget + 1) <= 2 * MAX_BUDGET
+
+
+if SIM:
+    @cuda.jit(device=True)
+    def _warp_sync():
+        """The warp's lanes meet (the simulator's block is that one warp)."""
+        cuda.syncthreads()
+
+    @cuda.jit(device=True)
+    def _warp_first(bw, be, depth, parent, rank, fbuf, ibuf):
+        """The simulator's stand-in of the butterfly below: every lane's (weight, entry) through shared memory, the
+        first in pop order to all."""
+        lane = cuda.threadIdx.x
+        fbuf[lane] = bw
+        ibuf[lane] = be
+        cuda.syncthreads()
+        bw = fbuf[0]
+        be = ibuf[0]
+        for j in range(1, 32):
+            ow = fbuf[j]
+            oe = ibuf[j]
+            if oe >= 0 and (be < 0 or ow > bw or (ow == bw and _tuple_less(oe, be, depth, parent, rank))):
+                bw = ow
+                be = oe
+        cuda.syncthreads()
+        return bw, be
+else:
+    @cuda.jit(device=True)
+    def _warp_sync():
+        """The warp's lanes meet; their shared and global writes before it are seen after it."""
+        cuda.syncwarp(FULL)
+
+    @cuda.jit(device=True)
+    def _warp_first(bw, be, depth, parent, rank, fbuf, ibuf):
+        """The first in pop order of the lanes' (weight, table entry) pairs, to every lane: a 5-step shfl_xor
+        butterfly; heavier first, equal weights by rank tuple (``_tuple_less``, which reads the table); entry -1
+        (a lane without a candidate) loses. fbuf / ibuf: the simulator's scratch, untouched here."""
+        off = 16
+        while off > 0:
+            ow = cuda.shfl_xor_sync(FULL, bw, off)
+            oe = cuda.shfl_xor_sync(FULL, be, off)
+            if oe >= 0 and (be < 0 or ow > bw or (ow == bw and _tuple_less(oe, be, depth, parent, rank))):
+                bw = ow
+                be = oe
+            off >>= 1
+        return bw, be
+
+
+@cuda.jit(device=True)
+def _heap_lp(lp_rows, W, d, r):
+    """lp[d][r] from the staged rows (row d at d W of the flat 2 x MAX_BUDGET buffer)."""
+    i = uint32(d * W + r)
+    return lp_rows[i >> uint32(10), i & uint32(1023)]
+
+
+@cuda.jit(device=True)
+def _heap_set(f, B, wv, d, rk, p, fw, fdepth, frank, fparent, w, depth, rank, parent):
+    """Frontier slot f = (weight, depth, rank, tree parent's entry), mirrored at table entry B + f (where a tie
+    comparison walks from it)."""
+    fw[f] = wv
+    fdepth[f] = d
+    frank[f] = rk
+    fparent[f] = p
+    e = uint32(B + f)
+    w[e] = wv
+    depth[e] = d
+    rank[e] = rk
+    parent[e] = p
+
+
+@cuda.jit(device=True)
+def _heap_nodes(lp_req, lp_rows, L, K, B, nodes, fw, fdepth, frank, fparent, fbuf, ibuf, count):
+    """Budgets <= HEAP_BUDGET (``heap_path``): warp 0 runs the heap algorithm itself - ``build_tree_ref`` step for
+    step, so the same tree bit for bit - where the level loop pays its barriers and sorts once per depth (a deep
+    tree of the trained pair: ~15 levels). Table entries 0 .. n - 1 are the popped nodes in pop order (what
+    ``_write_outputs`` reads); the frontier (at most B + 1 pushed, unpopped nodes) lives in shared slots f, each
+    mirrored at table entry B + f for tie comparisons. Per pop: each lane takes the first of slots lane, lane +
+    32, .. in pop order, the warp the first of those (``_warp_first``), lane 0 writes the node at entry n and
+    pushes as the heap does - the next sibling into the popped slot (w - lp[d-1][r] + lp[d-1][r+1], float64 in
+    that order), else the last slot moved into it; the first child appended (w + lp[d][0]) - and every lane keeps
+    the counts. Log-probs are read from rows staged in shared memory (L x min(K, B + 1) floats: a popped node's
+    rank is below B, so a sibling's at most B). No level statistics: ``stats`` stays 0. Returns the node count
+    (through the shared ``count``, after a barrier).
+    Example (the module docstring's, L = 2, K = 2, budget 3): pops (0) -0.1 [frontier: (1) -2.5, (0,0) -0.3],
+    (0,0) -0.3 [(1) -2.5, (0,1) -1.9], (0,1) -1.9 -> the same three nodes as the level loop."""
+    tid = uint32(cuda.threadIdx.x)
+    nt = uint32(cuda.blockDim.x)
+    W = min(K, uint32(B + uint32(1)))
+    i = tid
+    while i < uint32(L * W):
+        d = i // W
+        lp_rows[i >> uint32(10), i & uint32(1023)] = lp_req[d * K + (i - d * W)]
+        i = uint32(i + nt)
+    cuda.syncthreads()
+    w, depth, rank, parent, rparent, rdepth = nodes
+    if tid < uint32(32):
+        lane = tid
+        nf = uint32(0)                                   # frontier slots in use
+        n = uint32(0)                                    # nodes popped
+        if B > uint32(0) and L > uint32(0) and _heap_lp(lp_rows, W, 0, 0) > -math.inf:
+            if lane == 0:
+                _heap_set(0, B, float64(_heap_lp(lp_rows, W, 0, 0)), 1, 0, -1, fw, fdepth, frank, fparent, w,
+                          depth, rank, parent)
+            nf = uint32(1)
+        _warp_sync()
+        while n < B and nf > uint32(0):
+            bw = -math.inf
+            be = int32(-1)
+            f = lane
+            while f < nf:
+                e = int32(B + f)
+                if be < 0 or fw[f] > bw or (fw[f] == bw and _tuple_less(e, be, depth, parent, rank)):
+                    bw = fw[f]
+                    be = e
+                f = uint32(f + uint32(32))
+            bw, be = _warp_first(bw, be, depth, parent, rank, fbuf, ibuf)
+            f = uint32(be) - B
+            d = uint32(fdepth[f])
+            rk = uint32(frank[f])
+            p = fparent[f]
+            sib = rk + uint32(1) < K and _heap_lp(lp_rows, W, d - uint32(1), rk + uint32(1)) > -math.inf
+            child = d < L and _heap_lp(lp_rows, W, d, 0) > -math.inf
+            _warp_sync()                                 # every lane has read slot f before lane 0 rewrites it
+            if lane == 0:
+                w[n] = bw
+                depth[n] = d
+                rank[n] = rk
+                parent[n] = p
+                rparent[n] = -1
+                rdepth[n] = 1
+                last = uint32(nf - uint32(1))
+                if sib:
+                    ws = (bw - float64(_heap_lp(lp_rows, W, d - uint32(1), rk))) + \
+                        float64(_heap_lp(lp_rows, W, d - uint32(1), rk + uint32(1)))
+                    _heap_set(f, B, ws, d, rk + uint32(1), p, fw, fdepth, frank, fparent, w, depth, rank, parent)
+                elif f != last:
+                    _heap_set(f, B, fw[last], fdepth[last], frank[last], fparent[last], fw, fdepth, frank, fparent,
+                              w, depth, rank, parent)
+                if child:
+                    _heap_set(nf if sib else last, B, bw + float64(_heap_lp(lp_rows, W, d, 0)), d + uint32(1), 0,
+                              int32(n), fw, fdepth, frank, fparent, w, depth, rank, parent)
+            if not sib:
+                nf = uint32(nf - uint32(1))
+            if child:
+                nf = uint32(nf + uint32(1))
+            n = uint32(n + uint32(1))
+            _warp_sync()
+        if lane == 0:
+            count[0] = n
     cuda.syncthreads()
     return uint32(count[0])
 
@@ -913,6 +1085,11 @@ def _build_kernel(lp, ids, budget, cap, wtab, itab, scratch, out_i, out_logw, pa
         n_top = _chain_nodes(lp_req, L, B, nodes, stats, r, slow_state)
         _write_outputs(r, B, n_top, nodes, ids, out_i, out_logw, paths, path_depth, n_out)
         return
+    if mode == 0 and B <= uint32(HEAP_BUDGET) and L * min(K, uint32(B + uint32(1))) <= uint32(2 * MAX_BUDGET):
+        n_top = _heap_nodes(lp_req, lp_rows, L, K, B, nodes, sort_w, sort_rdepth, sort_node, chain_slot, sim_fbuf,
+                            sim_ibuf, slow_state)       # small budgets: the heap itself (heap_path)
+        _write_outputs(r, B, n_top, nodes, ids, out_i, out_logw, paths, path_depth, n_out)
+        return
     n_top = uint32(0)                        # |G| (every thread keeps it)
     tau = -math.inf                          # the smallest weight in G
     ref_w = 0.0                              # the first depth-(d-1) node's weight (the root's at d = 1)
@@ -1002,19 +1179,21 @@ class DeviceTrees:
 class TreeBuilder:
     """Preallocated scratch for building trees of R requests, L depths, K candidates, budget B (reused every
     round by the decode loop: no allocation on the hot path). ``mode`` (tests): SLOW_CHAINS walks every chain in
-    order, BITONIC always sorts with the bitonic network - the paths the fast ones fall back to. ``capacity``:
+    order, BITONIC always sorts with the bitonic network - the paths the fast ones fall back to; LEVELS runs the
+    level loop where ``heap_path`` would run the heap itself (any mode does). ``capacity``:
     candidates one level may hold (default the worst case, B x min(K, B)); a level needing more sets ``overflow``.
     After a kernel build (sim / cuda backends; the numpy backend runs the reference and leaves them 0):
     ``overflow [R]``, ``candidates [R, L]`` (column d - 1: the candidates depth d's chains held, what the sort
     ordered) and ``probes [R, L]`` (the bisection probes spent raising depth d's floor) - views of one int32 array
-    the kernel writes; ``level_counts_ref`` computes the same on the host."""
+    the kernel writes; ``level_counts_ref`` computes the same on the host. The heap path (``heap_path``) has no
+    levels: it leaves them 0."""
 
     def __init__(self, R: int, L: int, K: int, budget: int, capacity: int | None = None, mode: int = 0):
         self.R, self.L, self.K, self.B = R, L, K, budget
-        self.mode = _checks.integer(mode, "mode", lo=0, hi=SLOW_CHAINS | BITONIC)   # tests: force the slow paths
+        self.mode = _checks.integer(mode, "mode", lo=0, hi=SLOW_CHAINS | BITONIC | LEVELS)   # tests
         worst = budget * min(K, budget)
         self.cap = worst if capacity is None else max(1, min(capacity, worst))
-        tab = budget + self.cap
+        tab = budget + max(self.cap, budget + 1)                 # the heap path's frontier: budget + 1 entries
         sort_cap = 1
         while sort_cap < self.cap:
             sort_cap *= 2

@@ -30,6 +30,14 @@ def draft(rng, L, V, kind):
     return x
 
 
+def kernel_tree(lp, ids, budget, mode):
+    """The kernel's tree of one request built with TreeBuilder ``mode`` (LEVELS: the level loop where budget <=
+    HEAP_BUDGET would run the heap path)."""
+    builder = tb.TreeBuilder(1, *lp.shape, budget, mode=mode)
+    builder.build(kd.backend.asarray(lp[None]), kd.backend.asarray(ids[None].astype(np.int32)))
+    return builder.out.to_trees()[0]
+
+
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=DERANDOMIZE)
 @given(seed=st.integers(0, 2 ** 31), L=st.integers(1, 5), K=st.integers(1, 5), extra=st.integers(0, 3),
        budget=st.integers(1, 30), kind=st.sampled_from(["normal", "uniform", "ties", "some_uniform", "peaked",
@@ -37,13 +45,12 @@ def draft(rng, L, V, kind):
 def test_build_matches_heap(seed, L, K, extra, budget, kind):
     rng = np.random.default_rng(seed)
     lp, ids = softmax_logprobs(draft(rng, L, K + extra, kind), K)
-    got = kd.build_tree(lp, ids, budget)
+    got = kd.build_tree(lp, ids, budget)                                # budgets <= HEAP_BUDGET: the heap path
     want = tb.build_tree_ref(lp, ids, budget)
     assert got == want, (got, want)
-    # the slow paths the fast ones fall back to (chains walked in order, bitonic sort) build the same tree
-    slow = tb.TreeBuilder(1, *lp.shape, budget, mode=tb.SLOW_CHAINS | tb.BITONIC)
-    slow.build(kd.backend.asarray(lp[None]), kd.backend.asarray(ids[None].astype(np.int32)))
-    assert slow.out.to_trees()[0] == want
+    # the level loop, and the slow paths its fast ones fall back to (chains walked in order, bitonic sort)
+    for mode in (tb.LEVELS, tb.SLOW_CHAINS | tb.BITONIC):
+        assert kernel_tree(lp, ids, budget, mode) == want, mode
     # invariants: prefix-closed, pops in non-increasing weight up to rounding, parents before children
     assert got.parents[0] == -1 and np.all(got.parents[1:] < np.arange(1, got.n + 1))
     assert np.all(got.depths == np.concatenate([[0], got.depths])[got.parents[1:]] + 1)
@@ -102,7 +109,31 @@ def test_inexact_telescoping_walks_chains_in_order():
     ids = np.array([[0, 1], [0, 1]], np.int32)
     w = np.float64(lp[0, 0])
     assert (w + np.float64(lp[1, 0]) - np.float64(lp[1, 0])) + np.float64(lp[1, 1]) != w + np.float64(lp[1, 1])
-    assert kd.build_tree(lp, ids, 6) == tb.build_tree_ref(lp, ids, 6)
+    assert kd.build_tree(lp, ids, 6) == tb.build_tree_ref(lp, ids, 6)                   # the heap path
+    assert kernel_tree(lp, ids, 6, tb.LEVELS) == tb.build_tree_ref(lp, ids, 6)          # the level loop
+
+
+def test_heap_path_choice():
+    """Budgets up to HEAP_BUDGET with K > 1 and no test mode run the heap itself, while the log-prob rows a pop
+    reads fit the kernel's 2 x MAX_BUDGET-float row buffer."""
+    assert tb.heap_path(15, 4096, 64, 0) and tb.heap_path(31, 4096, 64, 0) and tb.heap_path(15, 2, 1, 0)
+    assert not tb.heap_path(15, 4096, tb.HEAP_BUDGET + 1, 0)
+    assert not tb.heap_path(15, 1, 64, 0)                               # a chain: _chain_nodes
+    assert not tb.heap_path(32, 4096, 64, 0)                            # 32 x 65 rows > 2048 floats
+    assert not any(tb.heap_path(15, 4096, 64, m) for m in (tb.LEVELS, tb.SLOW_CHAINS, tb.BITONIC))
+
+
+def test_heap_path_deep_tree():
+    """The trained pair's kind of tree: peaked rows 15 deep, budget 64 - a tree many levels deep, where the level
+    loop pays a level per depth. The heap path, the level loop and the heap reference agree node for node."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((15, 96)) * 2
+    x[:, 0] += 9
+    lp, ids = softmax_logprobs(x, 80)
+    want = tb.build_tree_ref(lp, ids, 64)
+    assert want.depths.max() == 15                                      # every depth reached
+    assert kd.build_tree(lp, ids, 64) == want
+    assert kernel_tree(lp, ids, 64, tb.LEVELS) == want
 
 
 def test_docstring_worked_example():

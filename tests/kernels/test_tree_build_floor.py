@@ -11,7 +11,9 @@ from ..helpers import softmax_logprobs
 
 
 def build(lps, idss, budget, **kw):
-    """Kernel build of R requests: (trees, candidates [R, L], probes [R, L], overflow [R]) on the host."""
+    """Kernel build of R requests: (trees, candidates [R, L], probes [R, L], overflow [R]) on the host; the level
+    loop (mode LEVELS unless ``mode`` is given: small budgets would run the heap path, which keeps no counts)."""
+    kw.setdefault("mode", tb.LEVELS)
     lp, ids = np.stack(lps), np.stack(idss).astype(np.int32)
     builder = tb.TreeBuilder(*lp.shape, budget, **kw)
     out = builder.build(kd.backend.asarray(lp), kd.backend.asarray(ids))
