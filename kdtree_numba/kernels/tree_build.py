@@ -94,15 +94,19 @@ Floor example (L = 2, K = 3, budget 4): lp = [[-0.1, -0.2, -0.3], [-0.5, -1.0, -
   bisect over t_r = -0.1 + lp[2][r]: r = 1, t = -1.1: count = 3 (G) + 4 ((0,0) -0.6, (0,1) -1.1, (1,0) -0.7,
   (2,0) -0.8) = 7 in [4, 8]: one probe, floor -1.1 - margin, those 4 candidates; tree (0), (1), (2), (0,0).
 
-**Small budgets: the heap itself (``_heap_nodes``, budgets <= HEAP_BUDGET = 64, K > 1).** The level loop pays its
-barriers, sort and merge once per depth: its build stage took 0.104 ms of a 1.1 ms DDTree-64 round of the trained
-pair (bench_round), against 15-19 us for bench_tree's 2-3-deep trees. At small budgets warp 0 runs the heap
+**Small budgets, deep trees: the heap itself (``_heap_nodes``, budgets <= HEAP_BUDGET = 64, K > 1).** The level
+loop pays its barriers, sort and merge once per depth: its build stage took 0.104 ms of a 1.1 ms DDTree-64 round of
+the trained pair (bench_round), against 15-19 us for bench_tree's 2-3-deep trees. Warp 0 can run the heap
 algorithm instead, pop by pop: the frontier (at most B + 1 pushed, unpopped nodes) in shared memory, each lane
 taking the first of its slots in pop order and a 5-step shuffle butterfly the first of the warp (weights, then
 rank tuples on ties, read through the node table), lane 0 writing the popped node and pushing its next sibling
 and first child with the reference's float64 arithmetic - the same tree, with no levels to count (``stats`` stays
-0; TreeBuilder mode LEVELS forces the level loop). Its cost grows with the budget (B pops of a few hundred cycles
-each), not with the depth.
+0). Its cost grows with the budget, not with the depth: on the H200 (graph replays, K = B) ~0.95 us a pop (61 us
+at budget 64, 32 at 32, 19 at 16) against the loop's ~6-7 us a level plus ~5 (budget 64: 12 us 1 deep, 23 at 3,
+81 at 11, 113 at 15). So the kernel picks by the rows (``heap_path``, mode 0): the heap when budget <=
+HEAP_POPS_PER_LEVEL (6) x ``depth_bound``, an upper bound on the depth read off the rows (the greedy path's
+weights against depth 1's budget-th log-prob); the level loop otherwise. TreeBuilder modes LEVELS / HEAP force
+either (tests).
 
 **A chain (K = 1: the DFlash chain baseline, one draft per depth)** needs no search: the heap pops depth 1, 2, ..
 in order, each node the only child of the one before. ``_chain_nodes`` writes that table in one thread (weights
@@ -146,8 +150,12 @@ SORT_CACHE = 2048         # candidates sorted with their keys in shared memory (
 RANK_SORT = 64            # up to this many candidates: rank sort; above: bitonic (128 measured no faster at
                           # B = 64 and 256, R = 16)
 SLOW_CHAINS, BITONIC = 1, 2   # TreeBuilder modes (tests): walk every chain in order / always sort by bitonic
-LEVELS = 4                # TreeBuilder mode: the level loop even where the heap path would run (any mode does)
-HEAP_BUDGET = 64          # budgets up to this (K > 1, mode 0): warp 0 runs the heap itself (``_heap_nodes``)
+LEVELS = 4                # TreeBuilder mode (tests): the level loop even where the heap path would run
+HEAP = 8                  # TreeBuilder mode (tests): the heap path wherever it fits, however shallow the tree (where
+                          # it does not, the level loop with the mode's other bits)
+HEAP_BUDGET = 64          # budgets up to this (K > 1): warp 0 may run the heap itself (``_heap_nodes``, heap_path)
+HEAP_POPS_PER_LEVEL = 6   # mode 0 runs the heap when budget <= this x depth_bound: a level of the loop costs ~6-7
+                          # heap pops (H200: ~0.95 us a pop, ~6-7 us a level; module docstring)
 # the node table's int32 fields: itab[copy, FIELD, request, entry] (the float64 weight is wtab[copy, request, entry])
 DEPTH, RANK, PARENT, RECORD_PARENT, RECORD_DEPTH = 0, 1, 2, 3, 4
 N_FIELDS = 5
@@ -399,11 +407,61 @@ def _chain_nodes(lp_req, L, B, nodes, stats, r, count):
 
 
 # ------------------------------------------------------------------------------------------------ the heap path
-def heap_path(L: int, K: int, budget: int, mode: int) -> bool:
-    """Whether the build runs the heap itself (``_heap_nodes``) rather than the level loop: budgets up to
-    HEAP_BUDGET with K > 1, no test mode, and the log-prob rows a pop can read, L x min(K, budget + 1), within the
-    2 x MAX_BUDGET floats of the kernel's row buffer. Example: heap_path(15, 4096, 64, 0) -> True."""
-    return mode == 0 and K > 1 and budget <= HEAP_BUDGET and L * min(K, budget + 1) <= 2 * MAX_BUDGET
+def heap_fits(L: int, K: int, budget: int) -> bool:
+    """Whether the heap path can run: budgets up to HEAP_BUDGET with K > 1 (K = 1 is a chain: ``_chain_nodes``)
+    and the log-prob rows a pop can read, L x min(K, budget + 1), within the 2 x MAX_BUDGET floats of the kernel's
+    row buffer. Example: heap_fits(15, 4096, 64) -> True (15 x 65 floats); heap_fits(32, 4096, 64) -> False."""
+    return K > 1 and budget <= HEAP_BUDGET and L * min(K, budget + 1) <= 2 * MAX_BUDGET
+
+
+def depth_bound(lp: np.ndarray, budget: int) -> int:
+    """An upper bound on the tree's depth from the rows alone: the greedy path's weights S_d = lp[0][0] + ..
+    + lp[d-1][0] (float64, in this order) bound every depth-d node's weight, and the first min(budget, K) ranks of
+    depth 1 already give ``budget`` nodes of weight >= t = lp[0][budget - 1] (t = -inf when K < budget), so no
+    depth with S_d < t is reached. Returns the first d with S_(d+1) < t or -inf (L if none). ``lp [L, K]``.
+    Example: rows [[-0.1, -2.5], [-0.2, -1.8]], budget 2: t = -2.5, S = -0.1, -0.3 -> 2."""
+    L, K = lp.shape
+    t = np.float64(lp[0, budget - 1]) if 0 < budget <= K else -np.inf
+    s, d = np.float64(0.0), 0
+    while d < L and lp[d, 0] != -np.inf and s + np.float64(lp[d, 0]) >= t:
+        s += np.float64(lp[d, 0])
+        d += 1
+    return d
+
+
+def heap_path(lp: np.ndarray, budget: int, mode: int) -> bool:
+    """Whether the build of rows ``lp [L, K]`` runs the heap itself (``_heap_nodes``) rather than the level loop
+    (the kernel decides the same on the device): where it fits (``heap_fits``), in a mode with HEAP always, in
+    mode 0 when the budget's pops are predicted cheaper than the levels, budget <= HEAP_POPS_PER_LEVEL x
+    depth_bound (a pop costs ~0.95 us, a level ~6-7 us on the H200: module docstring); never in other modes.
+    Example: 15 rows of N(0, 4) logits over 4096 tokens, rank 0 raised by 12 (trees 10-11 deep), budget 64: bound
+    15 -> True (64 <= 90); raised by 9 (3 deep): bound 3 -> False (64 > 18) - the faster path in both (measured)."""
+    if not heap_fits(*lp.shape, budget):
+        return False
+    return bool(mode & HEAP) or (mode == 0 and budget <= HEAP_POPS_PER_LEVEL * depth_bound(lp, budget))
+
+
+@cuda.jit(device=True)
+def _heap_pays(lp_req, L, K, B, scratch):
+    """The device side of ``heap_path`` in mode 0: B <= HEAP_POPS_PER_LEVEL x depth_bound, depth_bound from the
+    rows' first entries staged in ``scratch`` (float64 shared, >= L entries) and summed by every thread in the same
+    order as the host (so both decide alike). Every thread returns the same answer; ends with a barrier (scratch
+    is free again)."""
+    tid = uint32(cuda.threadIdx.x)
+    nt = uint32(cuda.blockDim.x)
+    i = tid
+    while i < L:
+        scratch[i] = float64(lp_req[i * K])
+        i = uint32(i + nt)
+    cuda.syncthreads()
+    t = float64(lp_req[B - uint32(1)]) if B <= K else -math.inf
+    s = 0.0
+    d = uint32(0)
+    while d < L and scratch[d] != -math.inf and s + scratch[d] >= t:
+        s += scratch[d]
+        d = uint32(d + uint32(1))
+    cuda.syncthreads()
+    return B <= uint32(HEAP_POPS_PER_LEVEL) * d
 
 
 if SIM:
@@ -1085,7 +1143,8 @@ def _build_kernel(lp, ids, budget, cap, wtab, itab, scratch, out_i, out_logw, pa
         n_top = _chain_nodes(lp_req, L, B, nodes, stats, r, slow_state)
         _write_outputs(r, B, n_top, nodes, ids, out_i, out_logw, paths, path_depth, n_out)
         return
-    if mode == 0 and B <= uint32(HEAP_BUDGET) and L * min(K, uint32(B + uint32(1))) <= uint32(2 * MAX_BUDGET):
+    fits = K > uint32(1) and B <= uint32(HEAP_BUDGET) and L * min(K, uint32(B + uint32(1))) <= uint32(2 * MAX_BUDGET)
+    if fits and (mode & HEAP or (mode == 0 and _heap_pays(lp_req, L, K, B, sort_w))):   # heap_path
         n_top = _heap_nodes(lp_req, lp_rows, L, K, B, nodes, sort_w, sort_rdepth, sort_node, chain_slot, sim_fbuf,
                             sim_ibuf, slow_state)       # small budgets: the heap itself (heap_path)
         _write_outputs(r, B, n_top, nodes, ids, out_i, out_logw, paths, path_depth, n_out)
@@ -1180,7 +1239,8 @@ class TreeBuilder:
     """Preallocated scratch for building trees of R requests, L depths, K candidates, budget B (reused every
     round by the decode loop: no allocation on the hot path). ``mode`` (tests): SLOW_CHAINS walks every chain in
     order, BITONIC always sorts with the bitonic network - the paths the fast ones fall back to; LEVELS runs the
-    level loop where ``heap_path`` would run the heap itself (any mode does). ``capacity``:
+    level loop where ``heap_path`` would run the heap itself (any mode without HEAP does); HEAP runs the heap
+    wherever it fits (``heap_fits``). ``capacity``:
     candidates one level may hold (default the worst case, B x min(K, B)); a level needing more sets ``overflow``.
     After a kernel build (sim / cuda backends; the numpy backend runs the reference and leaves them 0):
     ``overflow [R]``, ``candidates [R, L]`` (column d - 1: the candidates depth d's chains held, what the sort
@@ -1190,7 +1250,7 @@ class TreeBuilder:
 
     def __init__(self, R: int, L: int, K: int, budget: int, capacity: int | None = None, mode: int = 0):
         self.R, self.L, self.K, self.B = R, L, K, budget
-        self.mode = _checks.integer(mode, "mode", lo=0, hi=SLOW_CHAINS | BITONIC | LEVELS)   # tests
+        self.mode = _checks.integer(mode, "mode", lo=0, hi=SLOW_CHAINS | BITONIC | LEVELS | HEAP)   # tests
         worst = budget * min(K, budget)
         self.cap = worst if capacity is None else max(1, min(capacity, worst))
         tab = budget + max(self.cap, budget + 1)                 # the heap path's frontier: budget + 1 entries

@@ -30,12 +30,13 @@ def draft(rng, L, V, kind):
     return x
 
 
-def kernel_tree(lp, ids, budget, mode):
-    """The kernel's tree of one request built with TreeBuilder ``mode`` (LEVELS: the level loop where budget <=
-    HEAP_BUDGET would run the heap path)."""
+def kernel_tree(lp, ids, budget, mode, counts=False):
+    """The kernel's tree of one request built with TreeBuilder ``mode`` (LEVELS / HEAP: the level loop / the heap
+    path whatever ``heap_path`` picks); with ``counts``, also the candidates per depth (all 0: the heap path ran)."""
     builder = tb.TreeBuilder(1, *lp.shape, budget, mode=mode)
     builder.build(kd.backend.asarray(lp[None]), kd.backend.asarray(ids[None].astype(np.int32)))
-    return builder.out.to_trees()[0]
+    tree = builder.out.to_trees()[0]
+    return (tree, kd.backend.to_host(builder.candidates)[0]) if counts else tree
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=DERANDOMIZE)
@@ -45,11 +46,13 @@ def kernel_tree(lp, ids, budget, mode):
 def test_build_matches_heap(seed, L, K, extra, budget, kind):
     rng = np.random.default_rng(seed)
     lp, ids = softmax_logprobs(draft(rng, L, K + extra, kind), K)
-    got = kd.build_tree(lp, ids, budget)                                # budgets <= HEAP_BUDGET: the heap path
+    got = kd.build_tree(lp, ids, budget)                                # mode 0: heap_path picks
     want = tb.build_tree_ref(lp, ids, budget)
     assert got == want, (got, want)
-    # the level loop, and the slow paths its fast ones fall back to (chains walked in order, bitonic sort)
-    for mode in (tb.LEVELS, tb.SLOW_CHAINS | tb.BITONIC):
+    # the path mode 0 did not take, and the slow paths the level loop's fast ones fall back to (chains walked in
+    # order, bitonic sort)
+    other = tb.LEVELS if tb.heap_path(lp, budget, 0) else tb.HEAP
+    for mode in (other, tb.SLOW_CHAINS | tb.BITONIC):
         assert kernel_tree(lp, ids, budget, mode) == want, mode
     # invariants: prefix-closed, pops in non-increasing weight up to rounding, parents before children
     assert got.parents[0] == -1 and np.all(got.parents[1:] < np.arange(1, got.n + 1))
@@ -109,29 +112,57 @@ def test_inexact_telescoping_walks_chains_in_order():
     ids = np.array([[0, 1], [0, 1]], np.int32)
     w = np.float64(lp[0, 0])
     assert (w + np.float64(lp[1, 0]) - np.float64(lp[1, 0])) + np.float64(lp[1, 1]) != w + np.float64(lp[1, 1])
-    assert kd.build_tree(lp, ids, 6) == tb.build_tree_ref(lp, ids, 6)                   # the heap path
-    assert kernel_tree(lp, ids, 6, tb.LEVELS) == tb.build_tree_ref(lp, ids, 6)          # the level loop
+    for mode in (tb.HEAP, tb.LEVELS):
+        assert kernel_tree(lp, ids, 6, mode) == tb.build_tree_ref(lp, ids, 6), mode
+
+
+def test_heap_fits():
+    """The heap path fits budgets up to HEAP_BUDGET with K > 1 while the log-prob rows a pop reads fit the
+    kernel's 2 x MAX_BUDGET-float row buffer."""
+    assert tb.heap_fits(15, 4096, 64) and tb.heap_fits(31, 4096, 64) and tb.heap_fits(15, 2, 1)
+    assert not tb.heap_fits(15, 4096, tb.HEAP_BUDGET + 1)
+    assert not tb.heap_fits(15, 1, 64)                                  # a chain: _chain_nodes
+    assert not tb.heap_fits(32, 4096, 64)                               # 32 x 65 rows > 2048 floats
+
+
+def peaked_rows(L, V, K, boost, seed=11):
+    """Rows of N(0, 4) logits with rank 0 raised by ``boost``: the higher, the deeper the tree."""
+    x = np.random.default_rng(seed).standard_normal((L, V)) * 2
+    x[:, 0] += boost
+    return softmax_logprobs(x, K)
+
+
+def test_depth_bound_bounds_the_depth():
+    """depth_bound never falls below the tree's depth, and on the docstring's rows it is 2."""
+    assert tb.depth_bound(np.array([[-0.1, -2.5], [-0.2, -1.8]], np.float32), 2) == 2
+    for boost in (0, 3, 6, 9, 12):
+        for budget in (1, 4, 16, 64):
+            lp, ids = peaked_rows(8, 96, 80, boost, seed=boost)
+            depth = tb.build_tree_ref(lp, ids, budget).depths.max()
+            assert depth <= tb.depth_bound(lp, budget) <= 8, (boost, budget)
 
 
 def test_heap_path_choice():
-    """Budgets up to HEAP_BUDGET with K > 1 and no test mode run the heap itself, while the log-prob rows a pop
-    reads fit the kernel's 2 x MAX_BUDGET-float row buffer."""
-    assert tb.heap_path(15, 4096, 64, 0) and tb.heap_path(31, 4096, 64, 0) and tb.heap_path(15, 2, 1, 0)
-    assert not tb.heap_path(15, 4096, tb.HEAP_BUDGET + 1, 0)
-    assert not tb.heap_path(15, 1, 64, 0)                               # a chain: _chain_nodes
-    assert not tb.heap_path(32, 4096, 64, 0)                            # 32 x 65 rows > 2048 floats
-    assert not any(tb.heap_path(15, 4096, 64, m) for m in (tb.LEVELS, tb.SLOW_CHAINS, tb.BITONIC))
+    """Mode 0 picks the heap for deep trees and the level loop for shallow ones (budget <= 6 x depth_bound), and
+    the kernel picks as the host says: the heap path leaves the candidate counts 0."""
+    deep, shallow = peaked_rows(5, 96, 16, 12), peaked_rows(5, 96, 16, 0)
+    assert tb.depth_bound(deep[0], 16) == 5 and tb.depth_bound(shallow[0], 16) == 2     # 16 <= 30, 16 > 12
+    assert tb.heap_path(deep[0], 16, 0) and not tb.heap_path(shallow[0], 16, 0)
+    assert tb.heap_path(shallow[0], 16, tb.HEAP) and not tb.heap_path(deep[0], 16, tb.LEVELS)
+    assert not any(tb.heap_path(deep[0], 16, m) for m in (tb.SLOW_CHAINS, tb.BITONIC))
+    for (lp, ids), heap in ((deep, True), (shallow, False)):
+        tree, counts = kernel_tree(lp, ids, 16, 0, counts=True)
+        assert tree == tb.build_tree_ref(lp, ids, 16)
+        assert (counts.max() == 0) == heap, counts
 
 
 def test_heap_path_deep_tree():
     """The trained pair's kind of tree: peaked rows 15 deep, budget 64 - a tree many levels deep, where the level
     loop pays a level per depth. The heap path, the level loop and the heap reference agree node for node."""
-    rng = np.random.default_rng(11)
-    x = rng.standard_normal((15, 96)) * 2
-    x[:, 0] += 9
-    lp, ids = softmax_logprobs(x, 80)
+    lp, ids = peaked_rows(15, 96, 80, 9)
     want = tb.build_tree_ref(lp, ids, 64)
     assert want.depths.max() == 15                                      # every depth reached
+    assert tb.heap_path(lp, 64, 0)
     assert kd.build_tree(lp, ids, 64) == want
     assert kernel_tree(lp, ids, 64, tb.LEVELS) == want
 
