@@ -373,8 +373,8 @@ def _floor_below(t):
 @cuda.jit(device=True)
 def _chain_nodes(lp_req, L, B, nodes, stats, r, count):
     """K = 1: the chain, as the level loop would build it. Thread 0 writes table entry i = depth i + 1, rank 0,
-    tree parent i - 1 (-1: the root), no record parent, weight w_i = w_(i-1) + lp[i] (float64, the heap's sum; w
-    of the root 0), stopping at B nodes, after depth L or at a -inf log-prob; stats[r, d] = the one candidate
+    tree parent i - 1 (-1: the root), no record parent, weight w_i = w_(i-1) + lp[i] (float64, the heap's sum;
+    w_0 = lp[0] itself, so a -0.0 log-prob keeps its sign as in the heap), stopping at B nodes, after depth L or at a -inf log-prob; stats[r, d] = the one candidate
     level d held (at d = B + 1 only if it reached G's floor - the merge then cuts it). Returns the node count
     (through the shared ``count``, after a barrier)."""
     w, depth, rank, parent, rparent, rdepth = nodes
@@ -386,7 +386,7 @@ def _chain_nodes(lp_req, L, B, nodes, stats, r, count):
             lpd = lp_req[d - uint32(1)]
             if lpd == -math.inf:
                 break
-            cw = wp + float64(lpd)
+            cw = float64(lpd) if d == uint32(1) else wp + float64(lpd)   # the heap's first weight: lp itself
             if n == B:                        # G full: the child counts if it reaches the floor, then is cut
                 if cw >= _floor_below(wp):
                     stats[r, d] = 1

@@ -116,6 +116,20 @@ def test_inexact_telescoping_walks_chains_in_order():
         assert kernel_tree(lp, ids, 6, mode) == tb.build_tree_ref(lp, ids, 6), mode
 
 
+def test_weights_keep_the_heaps_signed_zeros():
+    """A log-prob of -0.0 (a one-token row) is the heap's first weight as it is: 0.0 + -0.0 would be +0.0, which
+    Tree equality (bitwise weights) tells apart. Found by the GPU run's fresh examples (L = 1, K = 1) in the chain
+    path; the heap and level paths (K = 2) are checked too."""
+    for K in (1, 2):
+        lp = np.full((2, K), -np.inf, np.float32)
+        lp[:, 0] = -0.0
+        ids = np.zeros((2, K), np.int32)
+        want = tb.build_tree_ref(lp, ids, 2)
+        assert np.signbit(want.logw).all()
+        for mode in ((0,) if K == 1 else (tb.HEAP, tb.LEVELS)):
+            assert kernel_tree(lp, ids, 2, mode) == want, (K, mode)
+
+
 def test_heap_fits():
     """The heap path fits budgets up to HEAP_BUDGET with K > 1 while the log-prob rows a pop reads fit the
     kernel's 2 x MAX_BUDGET-float row buffer."""
