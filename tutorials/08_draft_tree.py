@@ -195,6 +195,24 @@ check_true("K = 1: the chain, node d the child of node d - 1, == build_tree_ref"
            and list(chain.parents) == list(range(-1, chain.n)), f"{chain.n} nodes")
 
 # %% [markdown]
+# **Small budgets, deep trees: the heap itself.** The level loop costs a pass per depth (~6-7 us on the H200), a
+# heap pop ~0.95 us whatever the depth - a trained drafter's trees run 10-15 deep. For budgets up to `HEAP_BUDGET`
+# (64) the kernel reads a bound on the depth off the rows (`depth_bound`: no depth is reached whose greedy path
+# weighs less than depth 1's budget-th log-prob) and runs the heap algorithm itself in one warp (`_heap_nodes`)
+# when budget <= 6 x that bound (`heap_path`), the level loop otherwise. Both give the same tree.
+
+# %%
+bound = tree_build.depth_bound(lp, BUDGET)
+print(f"depth bound {bound} (the tree is {tree.depths.max()} deep): mode 0 runs "
+      f"{'the heap itself' if tree_build.heap_path(lp, BUDGET, 0) else 'the level loop'}")
+check_true("depth_bound >= the tree's depth", bound >= tree.depths.max())
+if PROC != "numpy":
+    for mode, name in ((tree_build.HEAP, "heap path"), (tree_build.LEVELS, "level loop")):
+        forced = tree_build.TreeBuilder(1, L, K, BUDGET, mode=mode)
+        forced.build(kd.backend.asarray(lp[None]), kd.backend.asarray(ids[None].astype(np.int32)))
+        check_true(f"the {name} (TreeBuilder mode {mode}) == build_tree_ref", forced.out.to_trees()[0] == ref_tree)
+
+# %% [markdown]
 # ## The GPU formulation on one page: a teaching version
 #
 # The kernel (`_build_kernel`: a loop over depths calling named device functions - `_choose_floor`,
