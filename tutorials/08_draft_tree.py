@@ -215,16 +215,16 @@ if PROC != "numpy":
 # %% [markdown]
 # ## The GPU formulation on one page: a teaching version
 #
-# The kernel (`_build_kernel`: a loop over depths calling named device functions - `_choose_floor`,
-# `_write_children`, `_walk_chains`, the sorts, `_merge`, `_rewrite_table`, `_write_outputs`; printed below the
-# teaching version) spends most of its code on doing this fast and on the ulp-level tie rules. Without those, its level-by-level idea fits in a dozen lines of NumPy: at depth d every kept node of
-# depth d-1 is a parent; its candidate children are its parent's weight plus each of the top-K log-probs of depth
-# d (one *chain* per parent, non-increasing, so at most `budget` of each can matter); the candidates are merged
-# with the kept list in pop order (weight descending, rank tuple ascending on ties) and the first `budget` stay.
-# Why the split by level loses nothing: a node's parent always pops before it, so the best `budget` nodes of
-# depths <= d are exactly the best `budget` among (the kept list + the children of its depth-(d-1) nodes).
-# On the GPU one thread per parent sizes its chain, one thread per candidate writes it, a block-wide sort orders
-# them, and a merge by binary search keeps the first `budget`: the same three steps as the loop below.
+# The kernel (`_build_kernel`: a loop over depths calling named device functions - `_choose_floor`, `_write_children`,
+# `_walk_chains`, the sorts, `_merge`, `_rewrite_table`, `_write_outputs`; printed below the teaching version) spends
+# most of its code on doing this fast and on the ulp-level tie rules. Without those, its level-by-level idea fits in a
+# dozen lines of NumPy: at depth d every kept node of depth d-1 is a parent; its candidate children are its parent's
+# weight plus each of the top-K log-probs of depth d (one *chain* per parent, non-increasing, so at most `budget` of
+# each can matter); the candidates are merged with the kept list in pop order (weight descending, rank tuple ascending
+# on ties) and the first `budget` stay. Why the split by level loses nothing: a node's parent always pops before it, so
+# the best `budget` nodes of depths <= d are exactly the best `budget` among (the kept list + the children of its
+# depth-(d-1) nodes). On the GPU one thread per parent sizes its chain, one thread per candidate writes it, a block-wide
+# sort orders them, and a merge by binary search keeps the first `budget`: the same three steps as the loop below.
 
 # %%
 section("the level-by-level build, as a teaching version")

@@ -295,8 +295,8 @@ check_true("greedy DDTree tokens == autoregressive tokens", list(dd.tokens) == l
            f"{len(dd.tokens)} tokens")
 print(f"\nverify per round / AR step = {per_round['verify'] / ar_step:.2f}x; a round commits tau = "
       f"{dd.acceptance_length:.2f} tokens, so the target alone costs {per_round['verify'] / dd.acceptance_length:.2f}"
-      f" ms per token vs {ar_step:.2f} ms (draft + build + accept add {sum(per_round.values()) - per_round['verify']:.2f}"
-      f" ms per round).")
+      f" ms per token vs {ar_step:.2f} ms (draft + build + accept add "
+      f"{sum(per_round.values()) - per_round['verify']:.2f} ms per round).")
 
 # %% [markdown]
 # ## What this means, honestly

@@ -374,9 +374,9 @@ def _floor_below(t):
 def _chain_nodes(lp_req, L, B, nodes, stats, r, count):
     """K = 1: the chain, as the level loop would build it. Thread 0 writes table entry i = depth i + 1, rank 0,
     tree parent i - 1 (-1: the root), no record parent, weight w_i = w_(i-1) + lp[i] (float64, the heap's sum;
-    w_0 = lp[0] itself, so a -0.0 log-prob keeps its sign as in the heap), stopping at B nodes, after depth L or at a -inf log-prob; stats[r, d] = the one candidate
-    level d held (at d = B + 1 only if it reached G's floor - the merge then cuts it). Returns the node count
-    (through the shared ``count``, after a barrier)."""
+    w_0 = lp[0] itself, so a -0.0 log-prob keeps its sign as in the heap), stopping at B nodes, after depth L or at
+    a -inf log-prob; stats[r, d] = the one candidate level d held (at d = B + 1 only if it reached G's floor - the
+    merge then cuts it). Returns the node count (through the shared ``count``, after a barrier)."""
     w, depth, rank, parent, rparent, rdepth = nodes
     if cuda.threadIdx.x == 0:
         n = uint32(0)
