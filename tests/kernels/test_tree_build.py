@@ -46,9 +46,10 @@ def kernel_tree(lp, ids, budget, mode, counts=False):
 def test_build_matches_heap(seed, L, K, extra, budget, kind):
     rng = np.random.default_rng(seed)
     lp, ids = softmax_logprobs(draft(rng, L, K + extra, kind), K)
-    got = kd.build_tree(lp, ids, budget)                                # mode 0: heap_path picks
+    got, counts = kernel_tree(lp, ids, budget, 0, counts=True)          # mode 0: heap_path picks
     want = tb.build_tree_ref(lp, ids, budget)
     assert got == want, (got, want)
+    assert (counts.max() == 0) == tb.heap_path(lp, budget, 0)           # the kernel picked as the host says
     # the path mode 0 did not take, and the slow paths the level loop's fast ones fall back to (chains walked in
     # order, bitonic sort)
     other = tb.LEVELS if tb.heap_path(lp, budget, 0) else tb.HEAP
