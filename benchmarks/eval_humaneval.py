@@ -31,7 +31,9 @@ never runs while the worker processes of the acceptance part are alive):
    programs (``decode/replay.py``'s KEEP per object) than the methods need, a pass would capture again, so the
    methods then run one after another, each right after its own warm-up. The backend and device name are
    reported. ``--replay`` adds the same methods with ``replay=True`` (graph-replayed steps and rounds), timed in
-   the same run.
+   the same run. Besides the speedup against (direct) autoregressive decoding, each method's speedup against
+   autoregressive decoding and the chain of its own launch mode (direct or replayed) - the ratios issue 13's goals
+   name.
 
 Usage::
 
@@ -345,6 +347,17 @@ def _kept_programs(*owners) -> set:
     return {id(p) for o in owners for p in vars(o).get("_programs", {}).values()}
 
 
+def _speedup(v: dict, base: dict, interleaved: bool) -> tuple:
+    """(speedup, per-pass ratios) of method ``v`` against ``base``: interleaved, the median of the per-pass ratios
+    (pass r against the base's pass r); else the ratio of the two medians. Example: passes [2, 3, 4] against
+    [1, 2, 2], interleaved -> ratios [2.0, 1.5, 2.0], speedup 2.0."""
+    import numpy as np
+
+    ratios = [x / y for x, y in zip(v["tokens_per_second_passes"], base["tokens_per_second_passes"])] \
+        if interleaved else [v["tokens_per_second"] / base["tokens_per_second"]]
+    return float(np.median(ratios)), ratios
+
+
 def run_speed(kd, target, drafter, prompts: list, max_new_tokens: int, budgets: list, replay: bool = False,
               repeats: int = 1) -> dict:
     import numpy as np
@@ -390,12 +403,13 @@ def run_speed(kd, target, drafter, prompts: list, max_new_tokens: int, budgets: 
         spread = f"; passes {min(rates):.1f} .. {max(rates):.1f}" if repeats > 1 else ""
         _log(f"[speed] {name}: {out[name]['tokens_per_second']:.1f} tokens/s "
              f"({sum(toks)} tokens in {sum(secs):.2f}s{spread})")
-    ar = out["autoregressive"]["tokens_per_second_passes"]
-    for v in out.values():       # interleaved: the median of the per-pass ratios (pass r against AR's pass r)
-        ratios = [x / y for x, y in zip(v["tokens_per_second_passes"], ar)] if interleaved else \
-            [v["tokens_per_second"] / out["autoregressive"]["tokens_per_second"]]
-        v["speedup_vs_autoregressive"] = float(np.median(ratios))
-        v["speedup_vs_autoregressive_passes"] = ratios
+    for name, v in out.items():
+        v["speedup_vs_autoregressive"], v["speedup_vs_autoregressive_passes"] = \
+            _speedup(v, out["autoregressive"], interleaved)
+        mode = " (replay)" if name.endswith(" (replay)") else ""      # the same launch mode's baselines
+        v["speedup_vs_autoregressive_same_mode"] = _speedup(v, out["autoregressive" + mode], interleaved)[0]
+        v["speedup_vs_chain_same_mode"] = _speedup(v, out["chain" + mode], interleaved)[0]
+    for v in out.values():
         del v["outputs"]
     order = "interleaved: pass r of every method, then pass r + 1" if interleaved else \
         "method by method (the model objects keep fewer replay programs than the methods need)"
@@ -446,11 +460,14 @@ def markdown(res: dict) -> str:
         lines += [f"**Speed** ({s['backend']} backend, {s['device']}; {len(ids)} prompts {named} x "
                   f"{s['max_new_tokens']} tokens, wall clock incl. prefill, after one warm-up per prompt"
                   f"{_order(s)}):", "",
-                  "| method | tokens/s | speedup vs AR | passes (min .. max) |", "|---|---|---|---|"]
+                  "| method | tokens/s | speedup vs AR | vs AR, same launches | vs chain, same launches | "
+                  "passes (min .. max) |", "|---|---|---|---|---|---|"]
         for name, v in s["methods"].items():
             r = v.get("tokens_per_second_passes") or [v["tokens_per_second"]]
+            same = [f"{v[k]:.2f}x" if k in v else "-"
+                    for k in ("speedup_vs_autoregressive_same_mode", "speedup_vs_chain_same_mode")]
             lines.append(f"| {name} | {v['tokens_per_second']:.1f} | {v['speedup_vs_autoregressive']:.2f}x | "
-                         f"{len(r)} ({min(r):.1f} .. {max(r):.1f}) |")
+                         f"{same[0]} | {same[1]} | {len(r)} ({min(r):.1f} .. {max(r):.1f}) |")
         lines.append("")
     return "\n".join(lines)
 

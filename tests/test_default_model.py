@@ -130,4 +130,14 @@ def test_eval_speed_passes_interleave_when_programs_stay(pair, prompts, monkeypa
         assert len(v["tokens_per_second_passes"]) == 2 and v["mismatches_vs_autoregressive"] == 0
         assert len(v["speedup_vs_autoregressive_passes"]) == (2 if interleaved else 1)
     assert methods["autoregressive"]["speedup_vs_autoregressive"] == 1.0
-    assert ("passes interleaved" if interleaved else "one after another") in ev.markdown({"speed": res})
+    for name, v in methods.items():       # against the baselines of the method's own launch mode
+        mode = " (replay)" if "replay" in name else ""
+        ar, chain = methods["autoregressive" + mode], methods["chain" + mode]
+        want = np.median([x / y for x, y in zip(v["tokens_per_second_passes"], ar["tokens_per_second_passes"])]) \
+            if interleaved else v["tokens_per_second"] / ar["tokens_per_second"]
+        assert v["speedup_vs_autoregressive_same_mode"] == pytest.approx(want)
+        assert (v["speedup_vs_autoregressive_same_mode"] == 1.0) == name.startswith("autoregressive")
+        assert (v["speedup_vs_chain_same_mode"] == 1.0) == name.startswith("chain")
+    text = ev.markdown({"speed": res})
+    assert ("passes interleaved" if interleaved else "one after another") in text
+    assert "vs chain, same launches" in text

@@ -360,9 +360,17 @@ def _training(tlog, dlog) -> list:
 
 
 def _speed_table(sp) -> list:
+    """The speed rows; evals that report them (since 2026-12-03) add the speedups against autoregressive decoding
+    and the chain of the method's own launch mode (direct or replayed)."""
+    same = [k for k in ("speedup_vs_autoregressive_same_mode", "speedup_vs_chain_same_mode")
+            if all(k in v for v in sp["methods"].values())]
     rows = [[name, _f(v["tokens_per_second"], 1), f"{v['speedup_vs_autoregressive']:.2f}x",
-             _f(v.get("median_generation_seconds"), 3)] for name, v in sp["methods"].items()]
-    return _table(["method", "tokens/s", "vs autoregressive", "median s / generation"], rows)
+             *[f"{v[k]:.2f}x" for k in same], _f(v.get("median_generation_seconds"), 3)]
+            for name, v in sp["methods"].items()]
+    heads = {"speedup_vs_autoregressive_same_mode": "vs autoregressive, same launches",
+             "speedup_vs_chain_same_mode": "vs chain, same launches"}
+    return _table(["method", "tokens/s", "vs autoregressive", *[heads[k] for k in same], "median s / generation"],
+                  rows)
 
 
 def _subset(sp) -> str:

@@ -143,6 +143,12 @@ def test_card_gpu_section_from_gpu_eval(tmp_path):
     text = card.build_card(d, _eval(), gpu)
     section = text.split(card.GPU_HEADING)[1].split("\n## ")[0]
     assert "NVIDIA H200" in section and "1234.5" in section and "Not yet measured" not in section
+    assert "same launches" not in section                       # an eval from before the same-mode ratios
+    for v in gpu["speed"]["methods"].values():                 # one that reports them: two more columns
+        v["speedup_vs_autoregressive_same_mode"], v["speedup_vs_chain_same_mode"] = 1.25, 1.5
+    section = card.build_card(d, _eval(), gpu).split(card.GPU_HEADING)[1].split("\n## ")[0]
+    assert "| vs autoregressive, same launches | vs chain, same launches |" in section
+    assert "| 1.25x | 1.50x |" in section
 
 
 def test_card_without_eval_and_tampered_file(tmp_path):
