@@ -34,7 +34,7 @@ from _common import (banner, check, check_true, draw_owners, finish, heldout_pro
                      rng, save_figure, section, show_kernel, show_text, stopwatch, table, token_texts)
 
 import kdtree_numba as kd
-from kdtree_numba.kernels import logprobs, topk_block as tb, topk_split as ts, tree_build
+from kdtree_numba.kernels import logprobs, topk_block as tb, topk_split as ts, tree_build, tree_heap
 
 args = parse_args(__doc__)
 banner("Tutorial 08 - draft distributions and the best-first tree", args)
@@ -195,14 +195,15 @@ check_true("K = 1: the chain, node d the child of node d - 1, == build_tree_ref"
            and list(chain.parents) == list(range(-1, chain.n)), f"{chain.n} nodes")
 
 # %% [markdown]
-# **Small budgets, deep trees: the heap itself.** The level loop costs a pass per depth (~6-7 us on the H200), a
-# heap pop ~0.95 us whatever the depth - a trained drafter's trees run 10-15 deep. For budgets up to `HEAP_BUDGET`
-# (64) the kernel reads a bound on the depth off the rows (`depth_bound`: no depth is reached whose greedy path
-# weighs less than depth 1's budget-th log-prob) and runs the heap algorithm itself in one warp (`_heap_nodes`)
-# when budget <= 6 x that bound (`heap_path`), the level loop otherwise. Both give the same tree.
+# **Small budgets, deep trees: the heap itself** (`kernels/tree_heap.py`). The level loop costs a pass per depth
+# (~6-7 us on the H200), a heap pop ~0.95 us whatever the depth - a trained drafter's trees run 10-15 deep. For
+# budgets up to `tree_heap.HEAP_BUDGET` (64) the kernel reads a bound on the depth off the rows
+# (`tree_heap.depth_bound`: no depth is reached whose greedy path weighs less than depth 1's budget-th log-prob) and
+# runs the heap algorithm itself in one warp (`tree_heap._heap_nodes`) when budget <= 6 x that bound
+# (`tree_build.heap_path`), the level loop otherwise. Both give the same tree.
 
 # %%
-bound = tree_build.depth_bound(lp, BUDGET)
+bound = tree_heap.depth_bound(lp, BUDGET)
 print(f"depth bound {bound} (the tree is {tree.depths.max()} deep): mode 0 runs "
       f"{'the heap itself' if tree_build.heap_path(lp, BUDGET, 0) else 'the level loop'}")
 check_true("depth_bound >= the tree's depth", bound >= tree.depths.max())

@@ -15,8 +15,8 @@ the *generation tree* (each node generates its next sibling and its first child)
 parent rp(X) = the nearest generation ancestor whose key (-logw, tuple) is larger than X's (the "previous greater
 element" on its generation path), or none. Best-first order is the preorder of this record tree with children in
 key order: with no rounding inversions every rp is none and the order is a plain sort by key. The comparator
-(``_pops_before``) walks record parents (usually zero steps) and, for equal weights, tree parents to compare rank
-tuples.
+(``tree_order._pops_before``) walks record parents (usually zero steps) and, for equal weights, tree parents to
+compare rank tuples.
 
 **The parallel formulation (``_build_kernel``, one block per request).** Level by level, d = 1..L, with G = the
 top list (the first B nodes of depth < d in pop order, B = budget):
@@ -94,19 +94,11 @@ Floor example (L = 2, K = 3, budget 4): lp = [[-0.1, -0.2, -0.3], [-0.5, -1.0, -
   bisect over t_r = -0.1 + lp[2][r]: r = 1, t = -1.1: count = 3 (G) + 4 ((0,0) -0.6, (0,1) -1.1, (1,0) -0.7,
   (2,0) -0.8) = 7 in [4, 8]: one probe, floor -1.1 - margin, those 4 candidates; tree (0), (1), (2), (0,0).
 
-**Small budgets, deep trees: the heap itself (``_heap_nodes``, budgets <= HEAP_BUDGET = 64, K > 1).** The level
-loop pays its barriers, sort and merge once per depth: its build stage took 0.104 ms of a 1.1 ms DDTree-64 round of
-the trained pair (bench_round), against 15-19 us for bench_tree's 2-3-deep trees. Warp 0 can run the heap
-algorithm instead, pop by pop: the frontier (at most B + 1 pushed, unpopped nodes) in shared memory, each lane
-taking the first of its slots in pop order and a 5-step shuffle butterfly the first of the warp (weights, then
-rank tuples on ties, read through the node table), lane 0 writing the popped node and pushing its next sibling
-and first child with the reference's float64 arithmetic - the same tree, with no levels to count (``stats`` stays
-0). Its cost grows with the budget, not with the depth: on the H200 (graph replays, K = B) ~0.95 us a pop (61 us
-at budget 64, 32 at 32, 19 at 16) against the loop's ~6-7 us a level plus ~5 (budget 64: 12 us 1 deep, 23 at 3,
-81 at 11, 113 at 15). So the kernel picks by the rows (``heap_path``, mode 0): the heap when budget <=
-HEAP_POPS_PER_LEVEL (6) x ``depth_bound``, an upper bound on the depth read off the rows (the greedy path's
-weights against depth 1's budget-th log-prob); the level loop otherwise. TreeBuilder modes LEVELS / HEAP force
-either (tests).
+**Small budgets, deep trees: the heap itself** (``tree_heap``). The level loop pays its barriers, sort and merge once
+per depth (~6-7 us a level on the H200); for budgets <= tree_heap.HEAP_BUDGET (64) warp 0 can run the heap
+algorithm itself, pop by pop (~0.95 us a pop, whatever the depth). Mode 0 picks by the rows (``heap_path``): the
+heap when the budget's pops cost less than the levels a bound on the tree's depth predicts, the level loop
+otherwise. TreeBuilder modes LEVELS / HEAP force either (tests).
 
 **A chain (K = 1: the DFlash chain baseline, one draft per depth)** needs no search: the heap pops depth 1, 2, ..
 in order, each node the only child of the one before. ``_chain_nodes`` writes that table in one thread (weights
@@ -136,11 +128,13 @@ from numba import cuda, float32, float64, int32, uint32
 
 from .. import backend
 from . import _checks
-from ._intrinsics import SIM
-from .primitives import FULL, block_min, block_prefix_sum
+from .primitives import block_min, block_prefix_sum
 from .tree import Tree
+from .tree_heap import HEAP_BUDGET, ROW_FLOATS, _heap_nodes, _heap_pays, heap_fits, heap_pays
+from .tree_order import _before, _pops_before, _record_parent
 
 MAX_BUDGET = 1024
+assert ROW_FLOATS == 2 * MAX_BUDGET       # tree_heap stages rows into the kernel's lp_rows (2, MAX_BUDGET)
 MARGIN = 2.0 ** -30
 MAX_THREADS = 256         # the build kernel's block size (at most; whole warps)
 MAX_WARPS = MAX_THREADS // 32
@@ -153,9 +147,6 @@ SLOW_CHAINS, BITONIC = 1, 2   # TreeBuilder modes (tests): walk every chain in o
 LEVELS = 4                # TreeBuilder mode (tests): the level loop even where the heap path would run
 HEAP = 8                  # TreeBuilder mode (tests): the heap path wherever it fits, however shallow the tree (where
                           # it does not, the level loop with the mode's other bits)
-HEAP_BUDGET = 64          # budgets up to this (K > 1): warp 0 may run the heap itself (``_heap_nodes``, heap_path)
-HEAP_POPS_PER_LEVEL = 6   # mode 0 runs the heap when budget <= this x depth_bound: a level of the loop costs ~6-7
-                          # heap pops (H200: ~0.95 us a pop, ~6-7 us a level; module docstring)
 # the node table's int32 fields: itab[copy, FIELD, request, entry] (the float64 weight is wtab[copy, request, entry])
 DEPTH, RANK, PARENT, RECORD_PARENT, RECORD_DEPTH = 0, 1, 2, 3, 4
 N_FIELDS = 5
@@ -262,78 +253,17 @@ def level_counts_ref(lp, budget: int) -> LevelCounts:
     return out
 
 
-# ------------------------------------------------------------------------------------------------ comparator
-# Every per-thread loop below is an unsigned 32-bit while loop: numba's range() computes a 64-bit trip count (a
-# division) and signed indices add wraparound code; ncu showed this kernel bound by instruction fetch and count
-# (stall_no_inst 34 % of samples, ~4000 instructions per warp for a two-level tree), not by its work.
-@cuda.jit(device=True)
-def _tuple_less(x, y, depth, parent, rank):
-    """Rank tuple of node x < that of node y (lexicographic; a prefix sorts first)."""
-    xa = x
-    ya = y
-    while depth[xa] > depth[ya]:
-        xa = parent[xa]
-    while depth[ya] > depth[xa]:
-        ya = parent[ya]
-    if xa == ya:
-        return depth[x] < depth[y]
-    while parent[xa] != parent[ya]:
-        xa = parent[xa]
-        ya = parent[ya]
-    return rank[xa] < rank[ya]
-
-
-@cuda.jit(device=True)
-def _key_less(x, y, nodes):
-    """Heap key of x < key of y: heavier first, equal weights by rank tuple."""
-    w, depth, rank, parent, rparent, rdepth = nodes
-    if w[x] != w[y]:
-        return w[x] > w[y]
-    return _tuple_less(x, y, depth, parent, rank)
-
-
-@cuda.jit(device=True)
-def _pops_before(a, b, nodes):
-    """Heap pop order: preorder of the record tree (record ancestors first, siblings by key)."""
-    w, depth, rank, parent, rparent, rdepth = nodes
-    if rdepth[a] == 1 and rdepth[b] == 1:
-        return _key_less(a, b, nodes)
-    x = a
-    y = b
-    while rdepth[x] > rdepth[y]:
-        x = rparent[x]
-    if x == b:
-        return False
-    while rdepth[y] > rdepth[x]:
-        y = rparent[y]
-    if y == a:
-        return True
-    while rparent[x] != rparent[y]:
-        x = rparent[x]
-        y = rparent[y]
-    return _key_less(x, y, nodes)
-
-
-@cuda.jit(device=True)
-def _before(a, wa, ra, b, wb, rb, nodes):
-    """Node a pops before node b; (wa, ra), (wb, rb): their weights and record depths, already at hand. Two nodes
-    without record parents and with different weights (the common case) compare without touching the table."""
-    if ra == 1 and rb == 1 and wa != wb:
-        return wa > wb
-    return _pops_before(a, b, nodes)
-
-
-@cuda.jit(device=True)
-def _record_parent(gen, wx, w, rparent):
-    """Nearest generation ancestor (starting at the generator) with a strictly smaller weight, i.e. a larger key
-    (ancestors always have smaller rank tuples, so equal weights never make them larger)."""
-    z = gen
-    while z >= 0 and not (w[z] < wx):
-        z = rparent[z]
-    return z
+def heap_path(lp: np.ndarray, budget: int, mode: int) -> bool:
+    """Whether the build of rows ``lp [L, K]`` runs the heap itself (``tree_heap``) rather than the level loop (the
+    kernel decides the same on the device): where it fits (``tree_heap.heap_fits``), in a mode with HEAP always, in
+    mode 0 by ``tree_heap.heap_pays`` (the budget's pops cheaper than the levels a bound on the depth predicts),
+    never in the other modes. Example: 15 rows peaked on rank 0 (a tree 10-15 deep), budget 64 -> True; the same
+    budget on rows whose tree stops at depth 3 -> False."""
+    return heap_fits(*lp.shape, budget) and (bool(mode & HEAP) or (mode == 0 and heap_pays(lp, budget)))
 
 
 # ------------------------------------------------------------------------------------------------ kernel steps
+# Every per-thread loop is an unsigned 32-bit while loop (tree_order says why).
 @cuda.jit(device=True)
 def _node_table(wtab, itab, copy, r):
     """Copy ``copy`` of request r's node table as the tuple (weight, depth, rank, parent, rparent, rdepth)."""
@@ -402,215 +332,6 @@ def _chain_nodes(lp_req, L, B, nodes, stats, r, count):
             n = uint32(n + uint32(1))
             d = uint32(d + uint32(1))
         count[0] = n
-    cuda.syncthreads()
-    return uint32(count[0])
-
-
-# ------------------------------------------------------------------------------------------------ the heap path
-def heap_fits(L: int, K: int, budget: int) -> bool:
-    """Whether the heap path can run: budgets up to HEAP_BUDGET with K > 1 (K = 1 is a chain: ``_chain_nodes``)
-    and the log-prob rows a pop can read, L x min(K, budget + 1), within the 2 x MAX_BUDGET floats of the kernel's
-    row buffer. Example: heap_fits(15, 4096, 64) -> True (15 x 65 floats); heap_fits(32, 4096, 64) -> False."""
-    return K > 1 and budget <= HEAP_BUDGET and L * min(K, budget + 1) <= 2 * MAX_BUDGET
-
-
-def depth_bound(lp: np.ndarray, budget: int) -> int:
-    """An upper bound on the tree's depth from the rows alone: the greedy path's weights S_d = lp[0][0] + ..
-    + lp[d-1][0] (float64, in this order) bound every depth-d node's weight, and the first min(budget, K) ranks of
-    depth 1 already give ``budget`` nodes of weight >= t = lp[0][budget - 1] (t = -inf when K < budget), so no
-    depth with S_d < t is reached. Returns the first d with S_(d+1) < t or -inf (L if none). ``lp [L, K]``.
-    Example: rows [[-0.1, -2.5], [-0.2, -1.8]], budget 2: t = -2.5, S = -0.1, -0.3 -> 2."""
-    L, K = lp.shape
-    t = np.float64(lp[0, budget - 1]) if 0 < budget <= K else -np.inf
-    s, d = np.float64(0.0), 0
-    while d < L and lp[d, 0] != -np.inf and s + np.float64(lp[d, 0]) >= t:
-        s += np.float64(lp[d, 0])
-        d += 1
-    return d
-
-
-def heap_path(lp: np.ndarray, budget: int, mode: int) -> bool:
-    """Whether the build of rows ``lp [L, K]`` runs the heap itself (``_heap_nodes``) rather than the level loop
-    (the kernel decides the same on the device): where it fits (``heap_fits``), in a mode with HEAP always, in
-    mode 0 when the budget's pops are predicted cheaper than the levels, budget <= HEAP_POPS_PER_LEVEL x
-    depth_bound (a pop costs ~0.95 us, a level ~6-7 us on the H200: module docstring); never in other modes.
-    Example: 15 rows of N(0, 4) logits over 4096 tokens, rank 0 raised by 12 (trees 10-11 deep), budget 64: bound
-    15 -> True (64 <= 90); raised by 9 (3 deep): bound 3 -> False (64 > 18) - the faster path in both (measured)."""
-    if not heap_fits(*lp.shape, budget):
-        return False
-    return bool(mode & HEAP) or (mode == 0 and budget <= HEAP_POPS_PER_LEVEL * depth_bound(lp, budget))
-
-
-@cuda.jit(device=True)
-def _heap_pays(lp_req, L, K, B, scratch):
-    """The device side of ``heap_path`` in mode 0: B <= HEAP_POPS_PER_LEVEL x depth_bound, depth_bound from the
-    rows' first entries staged in ``scratch`` (float64 shared, >= L entries) and summed by every thread in the same
-    order as the host (so both decide alike). Every thread returns the same answer; ends with a barrier (scratch
-    is free again)."""
-    tid = uint32(cuda.threadIdx.x)
-    nt = uint32(cuda.blockDim.x)
-    i = tid
-    while i < L:
-        scratch[i] = float64(lp_req[i * K])
-        i = uint32(i + nt)
-    cuda.syncthreads()
-    t = float64(lp_req[B - uint32(1)]) if B <= K else -math.inf
-    s = 0.0
-    d = uint32(0)
-    while d < L and scratch[d] != -math.inf and s + scratch[d] >= t:
-        s += scratch[d]
-        d = uint32(d + uint32(1))
-    cuda.syncthreads()
-    return B <= uint32(HEAP_POPS_PER_LEVEL) * d
-
-
-if SIM:
-    @cuda.jit(device=True)
-    def _warp_sync():
-        """The warp's lanes meet (the simulator's block is that one warp)."""
-        cuda.syncthreads()
-
-    @cuda.jit(device=True)
-    def _warp_first(bw, be, depth, parent, rank, fbuf, ibuf):
-        """The simulator's stand-in of the butterfly below: every lane's (weight, entry) through shared memory, the
-        first in pop order to all."""
-        lane = cuda.threadIdx.x
-        fbuf[lane] = bw
-        ibuf[lane] = be
-        cuda.syncthreads()
-        bw = fbuf[0]
-        be = ibuf[0]
-        for j in range(1, 32):
-            ow = fbuf[j]
-            oe = ibuf[j]
-            if oe >= 0 and (be < 0 or ow > bw or (ow == bw and _tuple_less(oe, be, depth, parent, rank))):
-                bw = ow
-                be = oe
-        cuda.syncthreads()
-        return bw, be
-else:
-    @cuda.jit(device=True)
-    def _warp_sync():
-        """The warp's lanes meet; their shared and global writes before it are seen after it."""
-        cuda.syncwarp(FULL)
-
-    @cuda.jit(device=True)
-    def _warp_first(bw, be, depth, parent, rank, fbuf, ibuf):
-        """The first in pop order of the lanes' (weight, table entry) pairs, to every lane: a 5-step shfl_xor
-        butterfly; heavier first, equal weights by rank tuple (``_tuple_less``, which reads the table); entry -1
-        (a lane without a candidate) loses. fbuf / ibuf: the simulator's scratch, untouched here."""
-        off = 16
-        while off > 0:
-            ow = cuda.shfl_xor_sync(FULL, bw, off)
-            oe = cuda.shfl_xor_sync(FULL, be, off)
-            if oe >= 0 and (be < 0 or ow > bw or (ow == bw and _tuple_less(oe, be, depth, parent, rank))):
-                bw = ow
-                be = oe
-            off >>= 1
-        return bw, be
-
-
-@cuda.jit(device=True)
-def _heap_lp(lp_rows, W, d, r):
-    """lp[d][r] from the staged rows (row d at d W of the flat 2 x MAX_BUDGET buffer)."""
-    i = uint32(d * W + r)
-    return lp_rows[i >> uint32(10), i & uint32(1023)]
-
-
-@cuda.jit(device=True)
-def _heap_set(f, B, wv, d, rk, p, fw, fdepth, frank, fparent, w, depth, rank, parent):
-    """Frontier slot f = (weight, depth, rank, tree parent's entry), mirrored at table entry B + f (where a tie
-    comparison walks from it)."""
-    fw[f] = wv
-    fdepth[f] = d
-    frank[f] = rk
-    fparent[f] = p
-    e = uint32(B + f)
-    w[e] = wv
-    depth[e] = d
-    rank[e] = rk
-    parent[e] = p
-
-
-@cuda.jit(device=True)
-def _heap_nodes(lp_req, lp_rows, L, K, B, nodes, fw, fdepth, frank, fparent, fbuf, ibuf, count):
-    """Budgets <= HEAP_BUDGET (``heap_path``): warp 0 runs the heap algorithm itself - ``build_tree_ref`` step for
-    step, so the same tree bit for bit - where the level loop pays its barriers and sorts once per depth (a deep
-    tree of the trained pair: ~15 levels). Table entries 0 .. n - 1 are the popped nodes in pop order (what
-    ``_write_outputs`` reads); the frontier (at most B + 1 pushed, unpopped nodes) lives in shared slots f, each
-    mirrored at table entry B + f for tie comparisons. Per pop: each lane takes the first of slots lane, lane +
-    32, .. in pop order, the warp the first of those (``_warp_first``), lane 0 writes the node at entry n and
-    pushes as the heap does - the next sibling into the popped slot (w - lp[d-1][r] + lp[d-1][r+1], float64 in
-    that order), else the last slot moved into it; the first child appended (w + lp[d][0]) - and every lane keeps
-    the counts. Log-probs are read from rows staged in shared memory (L x min(K, B + 1) floats: a popped node's
-    rank is below B, so a sibling's at most B). No level statistics: ``stats`` stays 0. Returns the node count
-    (through the shared ``count``, after a barrier).
-    Example (the module docstring's, L = 2, K = 2, budget 3): pops (0) -0.1 [frontier: (1) -2.5, (0,0) -0.3],
-    (0,0) -0.3 [(1) -2.5, (0,1) -1.9], (0,1) -1.9 -> the same three nodes as the level loop."""
-    tid = uint32(cuda.threadIdx.x)
-    nt = uint32(cuda.blockDim.x)
-    W = min(K, uint32(B + uint32(1)))
-    i = tid
-    while i < uint32(L * W):
-        d = i // W
-        lp_rows[i >> uint32(10), i & uint32(1023)] = lp_req[d * K + (i - d * W)]
-        i = uint32(i + nt)
-    cuda.syncthreads()
-    w, depth, rank, parent, rparent, rdepth = nodes
-    if tid < uint32(32):
-        lane = tid
-        nf = uint32(0)                                   # frontier slots in use
-        n = uint32(0)                                    # nodes popped
-        if B > uint32(0) and L > uint32(0) and _heap_lp(lp_rows, W, 0, 0) > -math.inf:
-            if lane == 0:
-                _heap_set(0, B, float64(_heap_lp(lp_rows, W, 0, 0)), 1, 0, -1, fw, fdepth, frank, fparent, w,
-                          depth, rank, parent)
-            nf = uint32(1)
-        _warp_sync()
-        while n < B and nf > uint32(0):
-            bw = -math.inf
-            be = int32(-1)
-            f = lane
-            while f < nf:
-                e = int32(B + f)
-                if be < 0 or fw[f] > bw or (fw[f] == bw and _tuple_less(e, be, depth, parent, rank)):
-                    bw = fw[f]
-                    be = e
-                f = uint32(f + uint32(32))
-            bw, be = _warp_first(bw, be, depth, parent, rank, fbuf, ibuf)
-            f = uint32(be) - B
-            d = uint32(fdepth[f])
-            rk = uint32(frank[f])
-            p = fparent[f]
-            sib = rk + uint32(1) < K and _heap_lp(lp_rows, W, d - uint32(1), rk + uint32(1)) > -math.inf
-            child = d < L and _heap_lp(lp_rows, W, d, 0) > -math.inf
-            _warp_sync()                                 # every lane has read slot f before lane 0 rewrites it
-            if lane == 0:
-                w[n] = bw
-                depth[n] = d
-                rank[n] = rk
-                parent[n] = p
-                rparent[n] = -1
-                rdepth[n] = 1
-                last = uint32(nf - uint32(1))
-                if sib:
-                    ws = (bw - float64(_heap_lp(lp_rows, W, d - uint32(1), rk))) + \
-                        float64(_heap_lp(lp_rows, W, d - uint32(1), rk + uint32(1)))
-                    _heap_set(f, B, ws, d, rk + uint32(1), p, fw, fdepth, frank, fparent, w, depth, rank, parent)
-                elif f != last:
-                    _heap_set(f, B, fw[last], fdepth[last], frank[last], fparent[last], fw, fdepth, frank, fparent,
-                              w, depth, rank, parent)
-                if child:
-                    _heap_set(nf if sib else last, B, bw + float64(_heap_lp(lp_rows, W, d, 0)), d + uint32(1), 0,
-                              int32(n), fw, fdepth, frank, fparent, w, depth, rank, parent)
-            if not sib:
-                nf = uint32(nf - uint32(1))
-            if child:
-                nf = uint32(nf + uint32(1))
-            n = uint32(n + uint32(1))
-            _warp_sync()
-        if lane == 0:
-            count[0] = n
     cuda.syncthreads()
     return uint32(count[0])
 
@@ -1143,7 +864,7 @@ def _build_kernel(lp, ids, budget, cap, wtab, itab, scratch, out_i, out_logw, pa
         n_top = _chain_nodes(lp_req, L, B, nodes, stats, r, slow_state)
         _write_outputs(r, B, n_top, nodes, ids, out_i, out_logw, paths, path_depth, n_out)
         return
-    fits = K > uint32(1) and B <= uint32(HEAP_BUDGET) and L * min(K, uint32(B + uint32(1))) <= uint32(2 * MAX_BUDGET)
+    fits = K > uint32(1) and B <= uint32(HEAP_BUDGET) and L * min(K, uint32(B + uint32(1))) <= uint32(ROW_FLOATS)
     if fits and (mode & HEAP or (mode == 0 and _heap_pays(lp_req, L, K, B, sort_w))):   # heap_path
         n_top = _heap_nodes(lp_req, lp_rows, L, K, B, nodes, sort_w, sort_rdepth, sort_node, chain_slot, sim_fbuf,
                             sim_ibuf, slow_state)       # small budgets: the heap itself (heap_path)

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import kdtree_numba as kd
-from kdtree_numba.kernels import tree_build as tb
+from kdtree_numba.kernels import tree_build as tb, tree_heap as th
 
 from ..helpers import softmax_logprobs
 
@@ -134,10 +134,10 @@ def test_weights_keep_the_heaps_signed_zeros():
 def test_heap_fits():
     """The heap path fits budgets up to HEAP_BUDGET with K > 1 while the log-prob rows a pop reads fit the
     kernel's 2 x MAX_BUDGET-float row buffer."""
-    assert tb.heap_fits(15, 4096, 64) and tb.heap_fits(31, 4096, 64) and tb.heap_fits(15, 2, 1)
-    assert not tb.heap_fits(15, 4096, tb.HEAP_BUDGET + 1)
-    assert not tb.heap_fits(15, 1, 64)                                  # a chain: _chain_nodes
-    assert not tb.heap_fits(32, 4096, 64)                               # 32 x 65 rows > 2048 floats
+    assert th.heap_fits(15, 4096, 64) and th.heap_fits(31, 4096, 64) and th.heap_fits(15, 2, 1)
+    assert not th.heap_fits(15, 4096, th.HEAP_BUDGET + 1)
+    assert not th.heap_fits(15, 1, 64)                                  # a chain: _chain_nodes
+    assert not th.heap_fits(32, 4096, 64)                               # 32 x 65 rows > 2048 floats
 
 
 def peaked_rows(L, V, K, boost, seed=11):
@@ -149,19 +149,19 @@ def peaked_rows(L, V, K, boost, seed=11):
 
 def test_depth_bound_bounds_the_depth():
     """depth_bound never falls below the tree's depth, and on the docstring's rows it is 2."""
-    assert tb.depth_bound(np.array([[-0.1, -2.5], [-0.2, -1.8]], np.float32), 2) == 2
+    assert th.depth_bound(np.array([[-0.1, -2.5], [-0.2, -1.8]], np.float32), 2) == 2
     for boost in (0, 3, 6, 9, 12):
         for budget in (1, 4, 16, 64):
             lp, ids = peaked_rows(8, 96, 80, boost, seed=boost)
             depth = tb.build_tree_ref(lp, ids, budget).depths.max()
-            assert depth <= tb.depth_bound(lp, budget) <= 8, (boost, budget)
+            assert depth <= th.depth_bound(lp, budget) <= 8, (boost, budget)
 
 
 def test_heap_path_choice():
     """Mode 0 picks the heap for deep trees and the level loop for shallow ones (budget <= 6 x depth_bound), and
     the kernel picks as the host says: the heap path leaves the candidate counts 0."""
     deep, shallow = peaked_rows(5, 96, 16, 12), peaked_rows(5, 96, 16, 0)
-    assert tb.depth_bound(deep[0], 16) == 5 and tb.depth_bound(shallow[0], 16) == 2     # 16 <= 30, 16 > 12
+    assert th.depth_bound(deep[0], 16) == 5 and th.depth_bound(shallow[0], 16) == 2     # 16 <= 30, 16 > 12
     assert tb.heap_path(deep[0], 16, 0) and not tb.heap_path(shallow[0], 16, 0)
     assert tb.heap_path(shallow[0], 16, tb.HEAP) and not tb.heap_path(deep[0], 16, tb.LEVELS)
     assert not any(tb.heap_path(deep[0], 16, m) for m in (tb.SLOW_CHAINS, tb.BITONIC))

@@ -1,0 +1,239 @@
+"""The tree build's heap path: for budgets <= HEAP_BUDGET (64, K > 1) one warp runs DDTree's heap algorithm
+itself, pop by pop - the same tree as ``tree_build.build_tree_ref`` and the level loop, bit for bit.
+
+The level loop pays its barriers, sort and merge once per depth: its build stage took 0.104 ms of a 1.1 ms DDTree-64
+round of the trained pair (bench_round), against 15-19 us for bench_tree's 2-3-deep trees. Warp 0 can run the heap
+algorithm instead, pop by pop: the frontier (at most B + 1 pushed, unpopped nodes) in shared memory, each lane
+taking the first of its slots in pop order and a 5-step shuffle butterfly the first of the warp (weights, then rank
+tuples on ties, read through the node table), lane 0 writing the popped node and pushing its next sibling and first
+child with the reference's float64 arithmetic - the same tree, with no levels to count (``stats`` stays 0). Its cost
+grows with the budget, not with the depth: on the H200 (graph replays, K = B) ~0.95 us a pop (61 us at budget 64, 32
+at 32, 19 at 16) against the loop's ~6-7 us a level plus ~5 (budget 64: 12 us 1 deep, 23 at 3, 81 at 11, 113 at 15).
+So the kernel picks by the rows (``tree_build.heap_path``, mode 0; ``heap_pays``): the heap when budget <=
+HEAP_POPS_PER_LEVEL (6) x ``depth_bound``, an upper bound on the depth read off the rows (the greedy path's weights
+against depth 1's budget-th log-prob); the level loop otherwise. TreeBuilder modes LEVELS / HEAP force either
+(tests).
+
+Shapes: the request's log-prob rows ``lp_req`` [L * K] float32 (each row sorted descending), staged into the build
+kernel's shared ``lp_rows`` (ROW_FLOATS floats); the node table (``tree_build._node_table``) receives the popped
+nodes at entries 0 .. n - 1 in pop order. Thread mapping: warp 0 of the build kernel's block; the other warps wait
+at the closing barrier.
+"""
+import math
+
+import numpy as np
+from numba import cuda, float64, int32, uint32
+
+from ._intrinsics import SIM
+from .primitives import FULL
+from .tree_order import _tuple_less
+
+HEAP_BUDGET = 64          # budgets up to this (K > 1): warp 0 may run the heap itself (``_heap_nodes``)
+HEAP_POPS_PER_LEVEL = 6   # mode 0 runs the heap when budget <= this x depth_bound: a level of the loop costs ~6-7
+                          # heap pops (H200: ~0.95 us a pop, ~6-7 us a level; module docstring)
+ROW_FLOATS = 2048         # the build kernel's staged-row buffer (tree_build's lp_rows: 2 rows of MAX_BUDGET = 1024)
+
+
+def heap_fits(L: int, K: int, budget: int) -> bool:
+    """Whether the heap path can run: budgets up to HEAP_BUDGET with K > 1 (K = 1 is a chain: ``_chain_nodes``)
+    and the log-prob rows a pop can read, L x min(K, budget + 1), within the ROW_FLOATS of the build kernel's
+    row buffer. Example: heap_fits(15, 4096, 64) -> True (15 x 65 floats); heap_fits(32, 4096, 64) -> False."""
+    return K > 1 and budget <= HEAP_BUDGET and L * min(K, budget + 1) <= ROW_FLOATS
+
+
+def depth_bound(lp: np.ndarray, budget: int) -> int:
+    """An upper bound on the tree's depth from the rows alone: the greedy path's weights S_d = lp[0][0] + ..
+    + lp[d-1][0] (float64, in this order) bound every depth-d node's weight, and the first min(budget, K) ranks of
+    depth 1 already give ``budget`` nodes of weight >= t = lp[0][budget - 1] (t = -inf when K < budget), so no
+    depth with S_d < t is reached. Returns the first d with S_(d+1) < t or -inf (L if none). ``lp [L, K]``.
+    Example: rows [[-0.1, -2.5], [-0.2, -1.8]], budget 2: t = -2.5, S = -0.1, -0.3 -> 2."""
+    L, K = lp.shape
+    t = np.float64(lp[0, budget - 1]) if 0 < budget <= K else -np.inf
+    s, d = np.float64(0.0), 0
+    while d < L and lp[d, 0] != -np.inf and s + np.float64(lp[d, 0]) >= t:
+        s += np.float64(lp[d, 0])
+        d += 1
+    return d
+
+
+def heap_pays(lp: np.ndarray, budget: int) -> bool:
+    """Mode 0's rule (``tree_build.heap_path`` adds where it fits and the test modes): the budget's pops are
+    predicted cheaper than the levels, budget <= HEAP_POPS_PER_LEVEL x depth_bound (a pop costs ~0.95 us, a level
+    ~6-7 us on the H200: module docstring). Example: 15 rows of N(0, 4) logits over 4096 tokens, rank 0 raised by 12
+    (trees 10-11 deep), budget 64: bound 15 -> True (64 <= 90); raised by 9 (3 deep): bound 3 -> False (64 > 18) -
+    the faster path in both (measured)."""
+    return budget <= HEAP_POPS_PER_LEVEL * depth_bound(lp, budget)
+
+
+@cuda.jit(device=True)
+def _heap_pays(lp_req, L, K, B, scratch):
+    """The device side of ``heap_path`` in mode 0: B <= HEAP_POPS_PER_LEVEL x depth_bound, depth_bound from the
+    rows' first entries staged in ``scratch`` (float64 shared, >= L entries) and summed by every thread in the same
+    order as the host (so both decide alike). Every thread returns the same answer; ends with a barrier (scratch
+    is free again)."""
+    tid = uint32(cuda.threadIdx.x)
+    nt = uint32(cuda.blockDim.x)
+    i = tid
+    while i < L:
+        scratch[i] = float64(lp_req[i * K])
+        i = uint32(i + nt)
+    cuda.syncthreads()
+    t = float64(lp_req[B - uint32(1)]) if B <= K else -math.inf
+    s = 0.0
+    d = uint32(0)
+    while d < L and scratch[d] != -math.inf and s + scratch[d] >= t:
+        s += scratch[d]
+        d = uint32(d + uint32(1))
+    cuda.syncthreads()
+    return B <= uint32(HEAP_POPS_PER_LEVEL) * d
+
+
+if SIM:
+    @cuda.jit(device=True)
+    def _warp_sync():
+        """The warp's lanes meet (the simulator's block is that one warp)."""
+        cuda.syncthreads()
+
+    @cuda.jit(device=True)
+    def _warp_first(bw, be, depth, parent, rank, fbuf, ibuf):
+        """The simulator's stand-in of the butterfly below: every lane's (weight, entry) through shared memory, the
+        first in pop order to all."""
+        lane = cuda.threadIdx.x
+        fbuf[lane] = bw
+        ibuf[lane] = be
+        cuda.syncthreads()
+        bw = fbuf[0]
+        be = ibuf[0]
+        for j in range(1, 32):
+            ow = fbuf[j]
+            oe = ibuf[j]
+            if oe >= 0 and (be < 0 or ow > bw or (ow == bw and _tuple_less(oe, be, depth, parent, rank))):
+                bw = ow
+                be = oe
+        cuda.syncthreads()
+        return bw, be
+else:
+    @cuda.jit(device=True)
+    def _warp_sync():
+        """The warp's lanes meet; their shared and global writes before it are seen after it."""
+        cuda.syncwarp(FULL)
+
+    @cuda.jit(device=True)
+    def _warp_first(bw, be, depth, parent, rank, fbuf, ibuf):
+        """The first in pop order of the lanes' (weight, table entry) pairs, to every lane: a 5-step shfl_xor
+        butterfly; heavier first, equal weights by rank tuple (``_tuple_less``, which reads the table); entry -1
+        (a lane without a candidate) loses. fbuf / ibuf: the simulator's scratch, untouched here."""
+        off = 16
+        while off > 0:
+            ow = cuda.shfl_xor_sync(FULL, bw, off)
+            oe = cuda.shfl_xor_sync(FULL, be, off)
+            if oe >= 0 and (be < 0 or ow > bw or (ow == bw and _tuple_less(oe, be, depth, parent, rank))):
+                bw = ow
+                be = oe
+            off >>= 1
+        return bw, be
+
+
+@cuda.jit(device=True)
+def _heap_lp(lp_rows, W, d, r):
+    """lp[d][r] from the staged rows (row d at d W of the flat ROW_FLOATS buffer, 2 x 1024 floats)."""
+    i = uint32(d * W + r)
+    return lp_rows[i >> uint32(10), i & uint32(1023)]
+
+
+@cuda.jit(device=True)
+def _heap_set(f, B, wv, d, rk, p, fw, fdepth, frank, fparent, w, depth, rank, parent):
+    """Frontier slot f = (weight, depth, rank, tree parent's entry), mirrored at table entry B + f (where a tie
+    comparison walks from it)."""
+    fw[f] = wv
+    fdepth[f] = d
+    frank[f] = rk
+    fparent[f] = p
+    e = uint32(B + f)
+    w[e] = wv
+    depth[e] = d
+    rank[e] = rk
+    parent[e] = p
+
+
+@cuda.jit(device=True)
+def _heap_nodes(lp_req, lp_rows, L, K, B, nodes, fw, fdepth, frank, fparent, fbuf, ibuf, count):
+    """Budgets <= HEAP_BUDGET (``tree_build.heap_path``): warp 0 runs the heap algorithm itself -
+    ``build_tree_ref`` step for step, so the same tree bit for bit - where the level loop pays its barriers and
+    sorts once per depth (a deep tree of the trained pair: ~15 levels). Table entries 0 .. n - 1 are the popped
+    nodes in pop order (what ``tree_build._write_outputs`` reads); the frontier (at most B + 1 pushed, unpopped
+    nodes) lives in shared slots f, each mirrored at table entry B + f for tie comparisons. Per pop: each lane takes
+    the first of slots lane, lane + 32, .. in pop order, the warp the first of those (``_warp_first``), lane 0
+    writes the node at entry n and pushes as the heap does - the next sibling into the popped slot (w - lp[d-1][r]
+    + lp[d-1][r+1], float64 in that order), else the last slot moved into it; the first child appended (w +
+    lp[d][0]) - and every lane keeps the counts. Log-probs are read from rows staged in shared memory (L x min(K, B
+    + 1) floats: a popped node's rank is below B, so a sibling's at most B). No level statistics: ``stats`` stays
+    0. Returns the node count (through the shared ``count``, after a barrier).
+    Example (tree_build's module docstring's, L = 2, K = 2, budget 3): pops (0) -0.1 [frontier: (1) -2.5, (0,0) -0.3],
+    (0,0) -0.3 [(1) -2.5, (0,1) -1.9], (0,1) -1.9 -> the same three nodes as the level loop."""
+    tid = uint32(cuda.threadIdx.x)
+    nt = uint32(cuda.blockDim.x)
+    W = min(K, uint32(B + uint32(1)))
+    i = tid
+    while i < uint32(L * W):
+        d = i // W
+        lp_rows[i >> uint32(10), i & uint32(1023)] = lp_req[d * K + (i - d * W)]
+        i = uint32(i + nt)
+    cuda.syncthreads()
+    w, depth, rank, parent, rparent, rdepth = nodes
+    if tid < uint32(32):
+        lane = tid
+        nf = uint32(0)                                   # frontier slots in use
+        n = uint32(0)                                    # nodes popped
+        if B > uint32(0) and L > uint32(0) and _heap_lp(lp_rows, W, 0, 0) > -math.inf:
+            if lane == 0:
+                _heap_set(0, B, float64(_heap_lp(lp_rows, W, 0, 0)), 1, 0, -1, fw, fdepth, frank, fparent, w,
+                          depth, rank, parent)
+            nf = uint32(1)
+        _warp_sync()
+        while n < B and nf > uint32(0):
+            bw = -math.inf
+            be = int32(-1)
+            f = lane
+            while f < nf:
+                e = int32(B + f)
+                if be < 0 or fw[f] > bw or (fw[f] == bw and _tuple_less(e, be, depth, parent, rank)):
+                    bw = fw[f]
+                    be = e
+                f = uint32(f + uint32(32))
+            bw, be = _warp_first(bw, be, depth, parent, rank, fbuf, ibuf)
+            f = uint32(be) - B
+            d = uint32(fdepth[f])
+            rk = uint32(frank[f])
+            p = fparent[f]
+            sib = rk + uint32(1) < K and _heap_lp(lp_rows, W, d - uint32(1), rk + uint32(1)) > -math.inf
+            child = d < L and _heap_lp(lp_rows, W, d, 0) > -math.inf
+            _warp_sync()                                 # every lane has read slot f before lane 0 rewrites it
+            if lane == 0:
+                w[n] = bw
+                depth[n] = d
+                rank[n] = rk
+                parent[n] = p
+                rparent[n] = -1
+                rdepth[n] = 1
+                last = uint32(nf - uint32(1))
+                if sib:
+                    ws = (bw - float64(_heap_lp(lp_rows, W, d - uint32(1), rk))) + \
+                        float64(_heap_lp(lp_rows, W, d - uint32(1), rk + uint32(1)))
+                    _heap_set(f, B, ws, d, rk + uint32(1), p, fw, fdepth, frank, fparent, w, depth, rank, parent)
+                elif f != last:
+                    _heap_set(f, B, fw[last], fdepth[last], frank[last], fparent[last], fw, fdepth, frank, fparent,
+                              w, depth, rank, parent)
+                if child:
+                    _heap_set(nf if sib else last, B, bw + float64(_heap_lp(lp_rows, W, d, 0)), d + uint32(1), 0,
+                              int32(n), fw, fdepth, frank, fparent, w, depth, rank, parent)
+            if not sib:
+                nf = uint32(nf - uint32(1))
+            if child:
+                nf = uint32(nf + uint32(1))
+            n = uint32(n + uint32(1))
+            _warp_sync()
+        if lane == 0:
+            count[0] = n
+    cuda.syncthreads()
+    return uint32(count[0])
