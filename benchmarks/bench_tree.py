@@ -4,10 +4,12 @@ against the CPU path of the official code (top-K on the GPU, a host copy, the he
     PYTHONPATH=$PWD python3 benchmarks/bench_tree.py
 Goal (issue 4): at budget 256, R = 16, >= 100x faster per tree than the CPU path.
 Also reported per cell (the level loop; "heap" where every request's build ran the heap itself, ``heap_path``): the
-most candidates one level's chains held (over requests and depths; above SORT_CACHE
-the sort runs in global memory) and the most bisection probes one level spent raising its floor
-(kernels/tree_build.py, "The floor"). K = min(budget, V) as in the decode loop: a chain never passes rank B - 1, so
-any K >= B (K = V included) builds the same chains and candidates as K = B.
+most candidates one level's chains held (over requests and depths; above SORT_CACHE the sort runs in global memory)
+and the most bisection probes one level spent raising its floor (kernels/tree_build.py, "The floor").
+K = min(budget, V) as in the decode loop: a chain never passes rank B - 1, so any K >= B (K = V included) builds
+the same chains and candidates as K = B.
+A second table times the build's two paths - the heap itself in one warp (kernels/tree_heap.py), the level loop -
+and the one mode 0 picks, on trees 1 to 15 deep; every tree is checked against the heap reference.
 """
 import numpy as np
 
@@ -15,7 +17,7 @@ from _common import args, graph_median_ms, host_best_ms, kd, median_ms, save, sy
 
 a = args(__doc__)
 xp = kd.backend.xp
-from kdtree_numba.kernels import logprobs, tree_build  # noqa: E402
+from kdtree_numba.kernels import logprobs, tree_build, tree_heap  # noqa: E402
 
 L, V = (15, 163840) if not a.quick else (4, 300)
 budgets = [16, 64, 256, 1024] if not a.quick else [4, 16]
@@ -96,4 +98,28 @@ table(f"Tree build per tree, L = {L}, V = {V} (GPU: top-K + build for R requests
        f"candidates (most in a level; sort cache {tree_build.SORT_CACHE})", "floor probes (most in a level)"], rows)
 if not a.quick:
     print(f"goal B=256, R=16 >= 100x: {ratios[(256, 16)]:.0f}x")
+
+# The heap path against the level loop (kernels/tree_heap.py): one request, trees from 1 to L deep - rows of
+# N(0, 4) logits with rank 0 raised by `boost` (the higher, the deeper), K = budget, build alone from a graph.
+L2, V2 = (15, 4096) if not a.quick else (4, 300)
+rows = []
+for boost in ((6, 9, 12, 14) if not a.quick else (6, 12)):
+    x = np.random.default_rng(11).standard_normal((L2, V2), dtype=np.float32) * 2
+    x[:, 0] += boost
+    for budget in ((16, 64) if not a.quick else (4, 16)):
+        lp, ids = logprobs.topk_logprobs(xp.asarray(x), budget)                    # [L2, budget] each
+        lp_h, ids_h = kd.backend.to_host(lp), kd.backend.to_host(ids)
+        want = tree_build.build_tree_ref(lp_h, ids_h, budget)
+        us = {}
+        for mode in (tree_build.HEAP, tree_build.LEVELS, 0):
+            builder = tree_build.TreeBuilder(1, L2, budget, budget, mode=mode)
+            us[mode] = 1e3 * graph_median_ms(lambda: builder.build(lp[None], ids[None]), a.reps)
+            assert builder.out.to_trees()[0] == want, (boost, budget, mode)
+        pick = "heap" if tree_build.heap_path(lp_h, budget, 0) else "level loop"
+        rows.append([boost, budget, int(want.depths.max()), tree_heap.depth_bound(lp_h, budget), pick,
+                     f"{us[tree_build.HEAP]:.1f}", f"{us[tree_build.LEVELS]:.1f}", f"{us[0]:.1f}",
+                     f"{us[tree_build.LEVELS] / us[tree_build.HEAP]:.2f}x"])
+table(f"Heap path vs level loop, one request, L = {L2}, V = {V2}, K = budget (build alone, graph)",
+      ["boost", "budget", "tree depth", "depth bound", "mode 0 picks", "heap path (us)", "level loop (us)",
+       "mode 0 (us)", "heap vs loop"], rows)
 save("bench_tree")
