@@ -130,7 +130,7 @@ from .. import backend
 from . import _checks
 from .primitives import block_min, block_prefix_sum
 from .tree import Tree
-from .tree_heap import HEAP_BUDGET, ROW_FLOATS, _heap_nodes, _heap_pays, heap_fits, heap_pays
+from .tree_heap import ROW_FLOATS, _heap_fits, _heap_nodes, _heap_pays, heap_fits, heap_pays
 from .tree_order import _before, _pops_before, _record_parent
 
 MAX_BUDGET = 1024
@@ -864,8 +864,7 @@ def _build_kernel(lp, ids, budget, cap, wtab, itab, scratch, out_i, out_logw, pa
         n_top = _chain_nodes(lp_req, L, B, nodes, stats, r, slow_state)
         _write_outputs(r, B, n_top, nodes, ids, out_i, out_logw, paths, path_depth, n_out)
         return
-    fits = K > uint32(1) and B <= uint32(HEAP_BUDGET) and L * min(K, uint32(B + uint32(1))) <= uint32(ROW_FLOATS)
-    if fits and (mode & HEAP or (mode == 0 and _heap_pays(lp_req, L, K, B, sort_w))):   # heap_path
+    if _heap_fits(L, K, B) and (mode & HEAP or (mode == 0 and _heap_pays(lp_req, L, K, B, sort_w))):   # heap_path
         n_top = _heap_nodes(lp_req, lp_rows, L, K, B, nodes, sort_w, sort_rdepth, sort_node, chain_slot, sim_fbuf,
                             sim_ibuf, slow_state)       # small budgets: the heap itself (heap_path)
         _write_outputs(r, B, n_top, nodes, ids, out_i, out_logw, paths, path_depth, n_out)

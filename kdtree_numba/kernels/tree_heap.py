@@ -41,6 +41,12 @@ def heap_fits(L: int, K: int, budget: int) -> bool:
     return K > 1 and budget <= HEAP_BUDGET and L * min(K, budget + 1) <= ROW_FLOATS
 
 
+@cuda.jit(device=True)
+def _heap_fits(L, K, B):
+    """``heap_fits`` in the kernel (uint32 L, K, B)."""
+    return K > uint32(1) and B <= uint32(HEAP_BUDGET) and L * min(K, uint32(B + uint32(1))) <= uint32(ROW_FLOATS)
+
+
 def depth_bound(lp: np.ndarray, budget: int) -> int:
     """An upper bound on the tree's depth from the rows alone: the greedy path's weights S_d = lp[0][0] + ..
     + lp[d-1][0] (float64, in this order) bound every depth-d node's weight, and the first min(budget, K) ranks of

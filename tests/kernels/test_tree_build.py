@@ -49,10 +49,11 @@ def test_build_matches_heap(seed, L, K, extra, budget, kind):
     got, counts = kernel_tree(lp, ids, budget, 0, counts=True)          # mode 0: heap_path picks
     want = tb.build_tree_ref(lp, ids, budget)
     assert got == want, (got, want)
-    assert (counts.max() == 0) == tb.heap_path(lp, budget, 0)           # the kernel picked as the host says
+    heap = tb.heap_path(lp, budget, 0)
+    assert (counts.max() == 0) == heap                                  # the kernel picked as the host says
     # the path mode 0 did not take, and the slow paths the level loop's fast ones fall back to (chains walked in
     # order, bitonic sort)
-    other = tb.LEVELS if tb.heap_path(lp, budget, 0) else tb.HEAP
+    other = tb.LEVELS if heap else tb.HEAP
     for mode in (other, tb.SLOW_CHAINS | tb.BITONIC):
         assert kernel_tree(lp, ids, budget, mode) == want, mode
     # invariants: prefix-closed, pops in non-increasing weight up to rounding, parents before children
