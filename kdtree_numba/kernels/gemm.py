@@ -2,9 +2,12 @@
 
     C[i, j] = sum_k A[i, k] * B[k, j]          linear(x, W) = x @ W.T  (HF weights are [out, in])
 
-The model's GEMMs go to cuBLAS/NumPy: a hand-written fp32 GEMM does not beat the vendor library, and the
-project's kernels are the stages around it. On the GPU they call cuBLAS through ``_cublas`` (not ``cupy.matmul``,
-which refuses to run inside a CUDA-graph capture), so a captured decode step runs the same GEMMs as a direct one.
+The model's GEMMs go to cuBLAS/NumPy: a hand-written fp32 GEMM does not beat the vendor library at sizes where
+arithmetic counts, and the project's kernels are the stages around it. On the GPU they call cuBLAS through
+``_cublas`` (not ``cupy.matmul``, which refuses to run inside a CUDA-graph capture), so a captured decode step runs
+the same GEMMs as a direct one - except where latency is all there is: ``linear`` products of 17+ rows and a few
+hundred columns (a tree verify's) go to ``skinny_gemm`` (one launch, no split-K), where ``skinny_gemm.pays``
+says it measured faster.
 ``matmul_tiled`` is here to show how a GEMM uses shared memory:
 
 Mapping (matmul_tiled): one TILE x TILE block per TILE x TILE tile of C; the block walks the K axis in steps of
@@ -20,7 +23,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .. import backend
-from . import _checks, _cublas
+from . import _checks, _cublas, skinny_gemm
 
 TILE = 16
 
@@ -59,6 +62,10 @@ def _product(a, b, out, accumulate: bool = False):
             backend.xp.matmul(a, b, out=out)
         return out
     if a.ndim == 2:
+        M, K = a.shape
+        if (skinny_gemm.pays(M, K, b.shape[1]) and a.strides[1] == 4 and b.strides[0] == 4
+                and out.strides[1] == 4):                # x and w = b.T read along k, out along its columns
+            return skinny_gemm.skinny_linear(a, b.T, out, accumulate)
         return _cublas.gemm(a, b, out, accumulate)
     return _cublas.gemm_batched(a, b, out)
 

@@ -6,6 +6,7 @@ Device functions in families named by what they need from the launch:
     warp_sum / warp_max / warp_min(v)        -> the warp's sum / max / min, to every lane
     warp_prefix_sum(v) -> (exclusive prefix, warp total), warp_suffix_sum(v) -> inclusive suffix   (int32)
     warp_bcast(v, src) -> lane src's v;      warp_argmax(v, i) -> the warp's best (v, i) under ``argmax_beats``
+    warp_xor(v, off) -> lane (lane ^ off)'s v: one butterfly step, for reductions written by hand
   Every lane of the warp makes the call (warp-uniform control flow) and the kernel runs whole warps. Each starts
   with a __syncwarp: ptxas cannot prove the lanes converged after a branch or a barrier and guards the shuffles
   with a divergence test; measured (ncu), every warp of the top-K scan took the slow, emulated path there until
@@ -106,6 +107,12 @@ if not SIM:
         cuda.syncwarp(FULL)
         return cuda.shfl_sync(FULL, v, src)
 
+    @cuda.jit(device=True, inline=True)
+    def warp_xor(v, off, buf):
+        """Lane (lane ^ off)'s v: one shfl_xor, the step of a hand-written butterfly. Unlike the collectives above
+        it starts with no __syncwarp (a caller making many in a row syncs once before them)."""
+        return cuda.shfl_xor_sync(FULL, v, off)
+
     @cuda.jit(device=True)
     def warp_argmax(v, i, vbuf, ibuf):
         """The warp's best (v, i) under argmax_beats, to every lane: (x[j], j), j = np.argmax(x), when lane l holds
@@ -161,6 +168,14 @@ else:                      # the simulator's stand-ins: same results through sha
     @cuda.jit(device=True)
     def warp_bcast(v, src, buf):
         return _gather(v, buf)[src]
+
+    @cuda.jit(device=True)
+    def warp_xor(v, off, buf):
+        buf[cuda.threadIdx.x] = v
+        cuda.syncthreads()
+        got = buf[cuda.threadIdx.x ^ off]
+        cuda.syncthreads()
+        return got
 
     @cuda.jit(device=True)
     def warp_argmax(v, i, vbuf, ibuf):

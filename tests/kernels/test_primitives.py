@@ -37,6 +37,7 @@ def _warp_kernel(xf, xi, xv, xj, src, out_f, out_i):
     out_f[b, t, 1] = P.warp_max(v, fbuf)
     out_f[b, t, 2] = P.warp_min(v, fbuf)
     out_f[b, t, 3] = P.warp_bcast(v, src[b], fbuf)
+    out_f[b, t, 5] = P.warp_xor(v, 1 << (2 * b), fbuf)           # lane t ^ 1, t ^ 4, t ^ 16 in blocks 0, 1, 2
     before, total = P.warp_prefix_sum(c, ibuf)
     out_i[b, t, 0] = before
     out_i[b, t, 1] = total
@@ -184,7 +185,7 @@ def test_warp_collectives_and_argmax_ties(rng=np.random.default_rng(0)):
     xv, xj = _candidates(rng, B, 32)
     xv[1], xj[1] = [5, 7, 7, 1] + [NEG] * 28, list(range(32))      # the docstring's arg-max example
     src = np.array([0, 17, 31], np.int32)
-    out_f, out_i = poisoned((B, 32, 5)), poisoned((B, 32, 4), "int32")
+    out_f, out_i = poisoned((B, 32, 6)), poisoned((B, 32, 4), "int32")
     kd.backend.launch(_warp_kernel, B, 32, A(xf), A(xi), A(xv), A(xj), A(src), out_f, out_i)
     f, i = H(out_f), H(out_i)
     col = np.ones((1, 32))
@@ -192,6 +193,8 @@ def test_warp_collectives_and_argmax_ties(rng=np.random.default_rng(0)):
     np.testing.assert_array_equal(f[..., 1], xf.max(1)[:, None] * col)
     np.testing.assert_array_equal(f[..., 2], xf.min(1)[:, None] * col)
     np.testing.assert_array_equal(f[..., 3], xf[np.arange(B), src][:, None] * col)
+    for b in range(B):
+        np.testing.assert_array_equal(f[b, :, 5], xf[b, np.arange(32) ^ (1 << (2 * b))])
     np.testing.assert_array_equal(i[..., 0], _exclusive(xi))
     np.testing.assert_array_equal(i[..., 1], xi.sum(1)[:, None] * col)
     np.testing.assert_array_equal(i[..., 2], np.cumsum(xi[:, ::-1], axis=1)[:, ::-1])

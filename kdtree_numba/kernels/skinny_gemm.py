@@ -1,0 +1,136 @@
+"""Skinny GEMM: ``x @ w.T`` for a few dozen rows in one launch - a warp per 32 outputs, K across its lanes.
+
+    out[i, j] = sum_k x[i, k] * w[j, k]            (or out[i, j] += ..., ``accumulate``)
+
+A DDTree-64 verify multiplies 65 rows by weights of a few hundred columns: a few MFLOP, so the time is latency -
+the launch, a round trip to memory, the reduction - not arithmetic. cuBLAS answers such shapes with split-K
+kernels (9-11 us on the H200 at 17-65 rows, in a graph, against ~5 us for one row). This kernel does the product
+in one pass of one launch:
+
+Mapping: warp g owns an RW x CW = 8 x 4 patch of out (rows row0 .. row0+7, columns col0 .. col0+3). Lane l takes
+k = l, l + 32, l + 64, ...: per k it loads 8 values of x and 4 of w (consecutive lanes read consecutive k:
+coalesced), U = 4 such k steps' 48 loads issued before their first multiply, and adds the 8 x 4 products into 32
+register accumulators acc[r * CW + c]. Then every output's sum is spread over the 32 lanes; a *reduce-scatter*
+finishes all 32 in 31 shuffles (not 32 x 5): at offset o = 16, 8, 4, 2, 1 each lane sends its partner the half of
+its 2o partial sums the partner keeps and adds the half it receives, so after the five steps lane l holds the
+whole sum of value l, i.e. out[row0 + l // 4, col0 + l % 4], and writes it. No shared memory, no barrier; x (a few
+KB) stays in L1/L2 for the warps that re-read it. Grid: (column groups / WARPS, row blocks of 8).
+Shapes: x [M, K] float32 (k contiguous, rows may be strided), w [N, K] float32 (HF's [out, in]; k contiguous),
+out [M, N] float32 (columns contiguous).
+Example: x = [[1, 2]], w = [[3, 4], [5, 6]] -> out = [[11, 17]]: one warp; lanes 0 and 1 hold k = 0 and 1; after
+the reduce-scatter lane 0 holds 1*3 + 2*4 = 11 (value 0: row 0, column 0) and lane 1 holds 1*5 + 2*6 = 17.
+
+Where it pays (``pays``, which gemm.linear asks on the cuda backend), measured on the H200 (docs/PERFORMANCE.md,
+2026-12-04; graph replays of one product against cuBLAS on the same arrays, same process):
+  - 17-65 rows, K <= 256, up to 512 columns (the verify's q_a/kv_a, q_b, o_proj, router + shared gate/up and
+    shared down; at 128 rows, the prefill's narrowest): 0.6-4.4 us less than cuBLAS's 9-12 us per product;
+  - it loses where the work grows - 65 rows x 1536 columns (16.1 against 13.4 us), K = 768 at 65 rows (14.5
+    against 13.6), 128 rows x >= 392 columns - and at one row (a decode step: cuBLAS's GEMV, 5 us, against 7-9);
+  - at 16 rows (the draft, the chain's verify) it was within +-0.6 us alone but 3-6 us behind per forward in the
+    round, so MIN_ROWS is 17.
+  In the trained pair's DDTree-64 round (bench_round's replayed steady state): verify 0.715 -> 0.643 ms, the round
+  1.05-1.09 -> 0.98-0.99 ms; plain steps and the chain unchanged; tokens identical.
+ptxas (sm_90): 128 registers, no spills, no local memory (the accumulators stay in registers).
+Variants measured and dropped: 1, 2, 4, 16 rows per warp (4 ties 8, the rest lose), U = 8 (0.3-4 us slower).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda, float32
+
+from .. import backend
+from ._intrinsics import SIM
+from .primitives import FULL, warp_xor
+
+RW = 8                                   # rows of a warp's patch
+CW = 32 // RW                            # columns of a warp's patch (RW * CW = 32 = lanes)
+U = 4                                    # k steps whose RW + CW loads each are issued together
+_XN, _WN = U * RW, U * CW                # sizes of the load buffers (numba wants a constant per local array)
+WARPS = 1 if SIM else 4                  # warps per block (the simulator's shuffles need one-warp blocks)
+
+MIN_ROWS = 17                            # gemm.linear takes this kernel for M >= MIN_ROWS,
+MAX_OUTPUTS = 65 * 512                   # M * N <= MAX_OUTPUTS
+MAX_K = 256                              # and K <= MAX_K (the module docstring's measurements)
+
+
+def pays(m: int, k: int, n: int) -> bool:
+    """Whether gemm.linear takes this kernel over cuBLAS for an [m, k] x [k, n] product on the GPU."""
+    return m >= MIN_ROWS and m * n <= MAX_OUTPUTS and k <= MAX_K
+
+
+def skinny_ref(x, w, out=None, accumulate: bool = False):
+    """NumPy reference: ``x @ w.T`` (added onto ``out`` when ``accumulate``), float32."""
+    y = np.matmul(x, w.T, dtype=np.float32)
+    if out is None:
+        return y
+    if accumulate:
+        out += y
+    else:
+        out[...] = y
+    return out
+
+
+@cuda.jit(device=True, inline=True)
+def _half(acc, o, upper, buf):
+    """One reduce-scatter step: of acc[0 .. 2o) the lane keeps one half (upper: acc[o .. 2o)), adds its partner's
+    copy of that half (lane ^ o sends it) and stores the sums in acc[0 .. o)."""
+    for t in range(o):
+        send = acc[t] if upper else acc[t + o]
+        keep = acc[t + o] if upper else acc[t]
+        acc[t] = keep + warp_xor(send, o, buf)
+
+
+@cuda.jit
+def _skinny_kernel(x, w, out, accumulate):
+    buf = cuda.shared.array(32 if SIM else 1, float32)  # the simulator's stand-in for shuffles (primitives)
+    lane = cuda.threadIdx.x % 32
+    group = cuda.blockIdx.x * (cuda.blockDim.x // 32) + cuda.threadIdx.x // 32   # this warp's column group
+    col0 = group * CW
+    row0 = cuda.blockIdx.y * RW
+    M, K = x.shape
+    N = w.shape[0]
+    if col0 >= N:                                       # whole warps leave: the shuffles need all 32 lanes
+        return
+    acc = cuda.local.array(32, float32)                 # acc[r * CW + c]: this lane's part of out[row0+r, col0+c]
+    for v in range(32):
+        acc[v] = float32(0.0)
+    xv = cuda.local.array(_XN, float32)                 # [U, RW] x values of U k steps
+    wv = cuda.local.array(_WN, float32)                 # [U, CW] w values of U k steps
+    for k0 in range(lane, K, 32 * U):
+        for u in range(U):                              # every load first ...
+            k = k0 + 32 * u
+            for r in range(RW):
+                xv[u * RW + r] = x[row0 + r, k] if row0 + r < M and k < K else float32(0.0)
+            for c in range(CW):
+                wv[u * CW + c] = w[col0 + c, k] if col0 + c < N and k < K else float32(0.0)
+        for u in range(U):                              # ... then the 4 x 32 multiply-adds
+            for c in range(CW):
+                for r in range(RW):
+                    acc[r * CW + c] += xv[u * RW + r] * wv[u * CW + c]
+    if not SIM:
+        cuda.syncwarp(FULL)                             # converged before the 31 shuffles (primitives' note)
+    _half(acc, 16, lane & 16 != 0, buf)
+    _half(acc, 8, lane & 8 != 0, buf)
+    _half(acc, 4, lane & 4 != 0, buf)
+    _half(acc, 2, lane & 2 != 0, buf)
+    _half(acc, 1, lane & 1 != 0, buf)
+    r = row0 + lane // CW                               # lane l now holds value l's whole sum
+    c = col0 + lane % CW
+    if r < M and c < N:
+        if accumulate:
+            out[r, c] += acc[0]
+        else:
+            out[r, c] = acc[0]
+
+
+def skinny_linear(x, w, out, accumulate: bool = False):
+    """``out = x @ w.T`` (``out += x @ w.T`` with ``accumulate``) on the current backend: x [M, K], w [N, K],
+    out [M, N], float32, shapes checked by the caller (gemm.linear). Returns ``out``."""
+    M = x.shape[0]
+    N = w.shape[0]
+    if backend.name == "numpy":
+        return skinny_ref(x, w, out, accumulate)
+    if M and N:
+        groups = -(-N // CW)                            # column groups, one warp each
+        backend.launch(_skinny_kernel, (-(-groups // WARPS), -(-M // RW)), 32 * WARPS, x, w, out, bool(accumulate))
+    return out
