@@ -1,6 +1,6 @@
 """Stage kernels at large realistic shapes: device time, achieved GB/s and % of the copy bandwidth measured in
-the same run; routing at Kimi-K2's shape; draft top-K by both paths; the educational GEMMs (tiled, 3xTF32 MMA)
-against cuBLAS fp32 and TF32 as ratios.
+the same run; routing at Kimi-K2's shape; draft top-K by both paths; the skinny GEMM against cuBLAS at the
+default pair's shapes; the educational GEMMs (tiled, 3xTF32 MMA) against cuBLAS fp32 and TF32 as ratios.
 
     PYTHONPATH=$PWD python3 benchmarks/bench_kernels.py
 Goals (issue 2): RMSNorm, RoPE and SwiGLU >= 60 % of copy bandwidth; routing 4096 x 384 top-8 < 50 us.
@@ -11,7 +11,7 @@ from _common import args, copy_bandwidth_gbs, graph_median_ms, kd, median_ms, sa
 
 a = args(__doc__)
 xp = kd.backend.xp
-from kdtree_numba.kernels import embedding, gemm, moe_routing, rmsnorm, rope, swiglu  # noqa: E402
+from kdtree_numba.kernels import _cublas, embedding, gemm, moe_routing, rmsnorm, rope, skinny_gemm, swiglu  # noqa: E402,E501
 
 T, Hd = (16384, 7168) if not a.quick else (64, 256)
 copy = copy_bandwidth_gbs() if not a.quick else float("nan")
@@ -106,6 +106,30 @@ for V, k in ([(4096, 64), (32768, 64), (163840, 256)] if not a.quick else [(512,
         topk_rows.append([f"15 x {V}, k {k}", name, f"{us:.1f}", f"{base / us:.2f}x"])
 table("Draft top-K (15 rows): one block per row vs rows split over blocks (device time, graph replay)",
       ["logits", "path", "us", "speed-up vs one block per row"], topk_rows)
+
+# the skinny GEMM against cuBLAS on the default pair's products (rows: a draft / chain verify 16, a budget-32 and
+# a budget-64 verify 33 / 65, a prefill 128; K x N: q_a+kv_a, q_b, o_proj (+= residual), router+shared gate/up,
+# shared down (+=), the dense MLP's gate/up and down (+=)), both on the same arrays, graph replays
+sk_rows = []
+sk_shapes = [(256, 240, False), (128, 384, False), (256, 256, True), (256, 392, False), (192, 256, True),
+             (256, 1536, False), (768, 256, True)] if not a.quick else [(40, 24, True)]
+for M in ((16, 17, 33, 65, 128) if not a.quick else (17,)):
+    for K, N, acc in sk_shapes:
+        x, w = rand(M, K), rand(N, K) * 0.05
+        o_c, o_s = xp.zeros((M, N), np.float32), xp.zeros((M, N), np.float32)
+        if kd.backend.name == "cuda":
+            us_c = graph_median_ms(lambda: _cublas.gemm(x, w.T, o_c, acc), a.reps) * 1e3
+        else:
+            us_c = median_ms(lambda: gemm.linear(x, w, out=o_c, accumulate=acc), a.reps) * 1e3
+        us_s = graph_median_ms(lambda: skinny_gemm.skinny_linear(x, w, o_s, acc), a.reps) * 1e3
+        want = kd.backend.to_host(gemm.linear(x, w)) if kd.backend.name != "cuda" else \
+            kd.backend.to_host(_cublas.gemm(x, w.T, xp.empty((M, N), np.float32)))
+        got = kd.backend.to_host(skinny_gemm.skinny_linear(x, w, xp.empty((M, N), np.float32)))
+        assert np.abs(got - want).max() < 1e-4, f"skinny GEMM disagrees at {M} x {K} x {N}"
+        sk_rows.append([f"{M} x {K} x {N}{' (+=)' if acc else ''}", f"{us_c:.2f}", f"{us_s:.2f}", f"{us_c / us_s:.2f}x",
+                        "skinny" if skinny_gemm.pays(M, K, N) else "cuBLAS"])
+table("Skinny GEMM vs cuBLAS, x [M, K] @ w.T [K, N] (device time, graph replay, us)",
+      ["M x K x N", "cuBLAS", "skinny", "speed-up", "gemm.linear takes"], sk_rows)
 
 # the educational GEMMs (CUDA cores; 3xTF32 tensor-core MMAs) vs cuBLAS fp32 and, when torch sees the GPU, vs
 # cuBLAS with TF32 allowed (torch.matmul; one TF32 MMA per product: the tensor-core ceiling, not fp32-grade)
