@@ -24,7 +24,9 @@ Run:  KDTREE_BACKEND=numpy python tutorials/12_why_verify_is_cheap.py [--size sm
 #
 # This tutorial (1) does that arithmetic for the shipped target's GEMMs and a Kimi-K2-shaped layer, (2) measures a
 # weight-sized GEMM for T = 1 .. 257 on this machine, (3) times a real 65-token tree verify against a decode step of
-# the shipped pair, and says honestly what a CPU shows and what the GPU shows.
+# the shipped pair, (4) shows what is left when neither bytes nor flops count - latency - and the reduce-scatter
+# of the kernel that takes the verify's small GEMMs off cuBLAS, and says honestly what a CPU shows and what the
+# GPU shows.
 
 # %%
 import time
@@ -150,8 +152,9 @@ print(f"\nH200 fp32 ridge point: {FP32_FLOPS / 1e12:.0f} TFLOP/s / {COPY_BW / 1e
 print(f"bf16 tensor cores (vendor {BF16_FLOPS / 1e12:.0f} TFLOP/s dense, 2-byte weights, intensity ~ T): "
       f"T ~ {BF16_FLOPS / COPY_BW:.0f} tokens.")
 print("'H200 fp32 us' = max(bytes / 4.2 TB/s, flops / 51 TFLOP/s); 'bf16 us' = max(bytes / 2 / 4.2 TB/s, flops / "
-      "989 TFLOP/s).\nBoth are lower bounds: the shipped 9 M-parameter target is launch-bound on the GPU (~17 ms a "
-      "step of host\nlaunches, docs/PERFORMANCE.md), far above them. flop/byte is the fp32 intensity.")
+      "989 TFLOP/s).\nBoth are lower bounds: the shipped 9 M-parameter target is latency-bound on the GPU (~12 ms "
+      "a step of host\nlaunches, 0.41 ms graph-replayed; docs/PERFORMANCE.md), far above them. flop/byte is the fp32 "
+      "intensity.")
 
 K = N = 4096
 for T in (1, 16):
@@ -299,15 +302,59 @@ print(f"\nverify per round / AR step = {per_round['verify'] / ar_step:.2f}x; a r
       f"{sum(per_round.values()) - per_round['verify']:.2f} ms per round).")
 
 # %% [markdown]
+# ## 4. When latency is all there is: a 65-row product in one launch
+#
+# On the GPU the shipped target is far below every roofline above: a q_b projection of a 65-token verify,
+# `x[65, 128] @ W[128, 384]`, is 6.4 MFLOP and 0.3 MB - nanoseconds of arithmetic and bandwidth. What it costs is
+# latency: a launch, a round trip to memory, a reduction. cuBLAS answers such a shape with split-K kernels (the
+# K axis cut into slices, a second kernel summing them): 9-12 us on the H200 against ~5 us for one row, so each of
+# the verify's ~36 GEMMs costs a few microseconds more than a step's. `kernels/skinny_gemm.py` does it in one
+# pass: a warp owns 8 x 4 = 32 outputs, lane l multiplies k = l, l + 32, ... into 32 partial sums - one per output
+# - and a **reduce-scatter** turns 32 lanes x 32 partial sums into one finished output per lane in 31 shuffles:
+# at offset o = 16, 8, 4, 2, 1 each lane sends its partner (lane ^ o) the half of its 2o sums the partner keeps,
+# and adds the half it receives. Below, the five steps in NumPy (a row per lane), then the kernel itself.
+
+# %%
+section("the reduce-scatter of the skinny GEMM, in NumPy: 32 lanes x 32 partial sums")
+from kdtree_numba.kernels import skinny_gemm  # noqa: E402
+
+part = Rng.integers(-9, 10, (32, 32)).astype(np.float64)   # part[lane, value]: lane's share of output value
+acc = part.copy()
+lanes = np.arange(32)
+for o in (16, 8, 4, 2, 1):
+    upper = (lanes & o) != 0                                    # this lane keeps values [o, 2o), its partner [0, o)
+    keep = np.where(upper[:, None], acc[:, o:2 * o], acc[:, :o])
+    send = np.where(upper[:, None], acc[:, :o], acc[:, o:2 * o])
+    acc = keep + send[lanes ^ o]                                # what lane ^ o sent: the half this lane keeps
+    print(f"offset {o:2d}: each lane holds {acc.shape[1]:2d} partial sums")
+check_true("after 5 steps lane l holds the whole sum of value l", np.array_equal(acc[:, 0], part.sum(axis=0)),
+           "31 shuffle-adds per lane against 32 x 5 for 32 separate warp sums")
+
+x_small = Rng.standard_normal((9, 37)).astype(np.float32)  # 9 rows: a second row block of 8; K 37: ragged
+w_small = Rng.standard_normal((5, 37)).astype(np.float32)  # 5 columns: a second column group of 4
+got = kd.backend.to_host(skinny_gemm.skinny_linear(kd.backend.asarray(x_small), kd.backend.asarray(w_small),
+                                                   kd.backend.empty((9, 5), np.float32)))   # the kernel (sim, cuda)
+check_true(f"skinny_linear on {kd.backend.name} == x @ w.T (9 x 37 x 5)",
+           np.allclose(got, x_small @ w_small.T, rtol=1e-5, atol=1e-5), "a warp per 8 x 4 outputs")
+print(f"gemm.linear takes it on the GPU for M >= {skinny_gemm.MIN_ROWS}, M x N <= {skinny_gemm.MAX_OUTPUTS}, "
+      f"K <= {skinny_gemm.MAX_K}: a 65-token verify's q_a/kv_a, q_b, o_proj, router and shared-expert products "
+      f"(docs/PERFORMANCE.md: the verify 10 % shorter).")
+
+# %% [markdown]
 # ## What this means, honestly
 #
 # * **On this CPU** a 65-token verify of the shipped pair costs several decode steps, not one: the model is tiny
 #   (9.1 M parameters, 32 MB of fp32 GEMM weights), so a decode step is not purely memory-bound, and one
 #   core's ridge point is only a few flop/byte (section 2: T ~ 10 here). With tau ~ 3 the round does not pay:
 #   docs/PERFORMANCE.md measures 113.6 tokens/s autoregressive vs 44.5 for DDTree at budget 64 (0.39x).
-# * **On the H200** a step of the shipped pair and a round are both bound by host launches (~17 ms a step), so a
-#   65-token verify costs about one step, and DDTree at budget 64 (tau 3.14 on the held-out prompts) runs at
-#   **136.2 vs 58.1 tokens/s: 2.34x** over plain decoding (docs/PERFORMANCE.md). For a model large enough to be
+# * **On the H200, host-launched** (`replay=False`) a step of the shipped pair and a round are both bound by
+#   numba's host launches (~12 ms a step), so a 65-token verify costs about one step, and DDTree at budget 64
+#   (tau 3.14 on the held-out prompts) runs at **146.2 vs 84.6 tokens/s: 1.71x** over plain decoding.
+#   **Graph-replayed** (`replay=True`, 14-23x faster) the launches are gone and what is left is each kernel's own
+#   latency: a step takes 0.41 ms and a 65-token verify 0.64 ms, 1.6 steps - every one of its ~36 GEMMs costs a few
+#   microseconds more at 65 rows than at one (cuBLAS answers them with split-K kernels; `kernels/skinny_gemm.py`
+#   took 10 % off the verify by doing each in one launch), so DDTree-64 runs at 2077 vs 1953 tokens/s (1.07x;
+#   docs/PERFORMANCE.md, 2026-12-04). A tiny model never leaves that regime. For a model large enough to be
 #   bandwidth-bound (section 1: a Kimi-K2 dense layer) the roofline says the same on bf16 tensor cores: 65 tokens
 #   cost ~1.0x one token (~2.7x in fp32 on CUDA cores, where T = 65 is past the ridge at T ~ 24; 16 tokens ~1.0x).
 #   The caveat is the MoE: a routed expert is read once per *distinct* expert, so at batch 1 a Kimi-K2 MoE layer's
