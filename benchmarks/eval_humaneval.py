@@ -35,6 +35,13 @@ never runs while the worker processes of the acceptance part are alive):
    autoregressive decoding and the chain of its own launch mode (direct or replayed) - the ratios issue 13's goals
    name.
 
+``--drafter DIR`` evaluates another DFlash drafter (a ``python -m kdtree_numba.train drafter --out`` directory) with
+the shipped target, e.g. a candidate before it replaces the shipped one; the output names it. ``--replay-tau`` runs
+the acceptance part's generations with ``replay=True`` (on cuda graph-replayed: the same tokens and rounds, 14-24x
+the direct launches' tokens/s in the speed part). Keep ``--budgets`` short with it: every prompt runs every method,
+and once they need more replay programs than the model objects keep (``decode/replay.py``'s KEEP), each
+generation captures its program again (not measured yet on all 164 prompts).
+
 Usage::
 
     KDTREE_BACKEND=numpy python benchmarks/eval_humaneval.py --out kdtree_numba/default_model/eval_humaneval.json
@@ -90,6 +97,19 @@ def _positive(s: str) -> int:
     return v
 
 
+def _drafter_dir(s: str) -> str:
+    if not os.path.isfile(os.path.join(s, "config.json")):
+        raise argparse.ArgumentTypeError(f"{s!r} holds no config.json, expected a DFlash drafter directory (the "
+                                         f"--out of `python -m kdtree_numba.train drafter`)")
+    return os.path.abspath(s)
+
+
+def load_pair(kd, drafter_dir: str | None = None):
+    """The shipped target and the shipped drafter, or the drafter in ``drafter_dir``."""
+    target, drafter = kd.load_default()
+    return (target, drafter) if drafter_dir is None else (target, kd.load_drafter(drafter_dir, target))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="Held-out HumanEval evaluation of the default target + DFlash drafter: "
                                             "bits per byte, acceptance length, forwards per token, tokens/s.")
@@ -111,6 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-speed", action="store_true")
     p.add_argument("--replay", action="store_true", help="speed part: also time each method with replay=True "
                    "(decode step / DDTree round captured as CUDA graphs on cuda), in the same run")
+    p.add_argument("--drafter", type=_drafter_dir, default=None,
+                   help="a DFlash drafter directory to evaluate with the shipped target instead of the shipped drafter")
+    p.add_argument("--replay-tau", action="store_true",
+                   help="acceptance part: generate with replay=True (graph-replayed on cuda: same tokens, faster)")
     p.add_argument("--prompts-file", default=PROMPTS_FILE, help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help="write everything as JSON to this file")
     return p
@@ -188,7 +212,7 @@ def _worker_init(blas_threads: int, settings: dict, numpy_backend: bool) -> None
 
     if numpy_backend and kd.backend.process_name != "numpy":
         raise RuntimeError(f"worker backend is {kd.backend.process_name}, expected numpy")
-    target, drafter = kd.load_default()
+    target, drafter = load_pair(kd, settings.get("drafter_dir"))
     _W.update(kd=kd, target=target, drafter=drafter, **settings)
 
 
@@ -203,15 +227,16 @@ def eval_prompt(job) -> dict:
     index, task_id, prompt = job
     kd, target, drafter, n = _W["kd"], _W["target"], _W["drafter"], _W["max_new_tokens"]
     ids = np.asarray(target.tokenizer.encode(prompt), np.int32)
+    replay = bool(_W.get("replay"))
     t0 = time.perf_counter()
-    ar = kd.generate(target, ids, n)
+    ar = kd.generate(target, ids, n, replay=replay)
     rec = {"index": index, "task_id": task_id, "prompt_tokens": int(len(ids)), "ar_tokens": [int(t) for t in ar.tokens],
            "ar_forwards": int(ar.target_forwards), "runs": {}}
     for name in _methods(_W["budgets"]):
         if name == "chain":
-            g = kd.generate(target, ids, n, drafter=drafter, chain=True)
+            g = kd.generate(target, ids, n, drafter=drafter, chain=True, replay=replay)
         else:
-            g = kd.generate(target, ids, n, drafter=drafter, budget=int(name.split("@")[1]))
+            g = kd.generate(target, ids, n, drafter=drafter, budget=int(name.split("@")[1]), replay=replay)
         lens = [r.accept_length for r in g.rounds]
         first_diff = next((i for i, (a, b) in enumerate(zip(g.tokens, ar.tokens)) if a != b),
                           None if len(g.tokens) == len(ar.tokens) else min(len(g.tokens), len(ar.tokens)))
@@ -251,8 +276,10 @@ def _aggregate(records: list, budgets) -> dict:
     return out
 
 
-def run_tau(prompts: list, budgets, max_new_tokens: int, workers: int, blas_threads: int) -> dict:
-    settings = {"budgets": list(budgets), "max_new_tokens": max_new_tokens}
+def run_tau(prompts: list, budgets, max_new_tokens: int, workers: int, blas_threads: int, drafter_dir=None,
+            replay: bool = False) -> dict:
+    settings = {"budgets": list(budgets), "max_new_tokens": max_new_tokens, "drafter_dir": drafter_dir,
+                "replay": replay}
     jobs = [(i, p["task_id"], p["prompt"]) for i, p in enumerate(prompts)]
     records, t0 = [], time.perf_counter()
 
@@ -289,7 +316,8 @@ def run_tau(prompts: list, budgets, max_new_tokens: int, workers: int, blas_thre
                       "tokens + 1 bonus; the prefill's first token is in no round) / total rounds; "
                       "forwards_per_token = total target forwards (prefill included) / total generated tokens; "
                       "*_prompt_mean: the mean over prompts of the per-prompt ratio",
-        "backend": backend, "workers": workers, "max_new_tokens": max_new_tokens, "budgets": list(budgets),
+        "backend": backend, "workers": workers, "replay": replay, "max_new_tokens": max_new_tokens,
+        "budgets": list(budgets),
         "stop_tokens": [], "prompts": len(records), "seconds": time.perf_counter() - t0,
         "mismatches_total": sum(v.get("mismatches", 0) for v in agg.values()),
         "methods": agg,
@@ -436,14 +464,17 @@ def _order(speed: dict) -> str:
 
 def markdown(res: dict) -> str:
     lines = []
+    drafter = res.get("settings", {}).get("drafter", "shipped")
+    if drafter != "shipped":
+        lines += [f"**Drafter**: {drafter} (not the shipped one)", ""]
     b = res.get("bpb")
     if b:
         lines += [f"**Target on {b['prompts']} held-out HumanEval prompts**: {b['bits_per_byte']:.4f} bits/byte "
                   f"({b['nats_per_token']:.4f} nats/token, {b['bytes_per_token']:.2f} bytes/token)", ""]
     t = res.get("tau")
     if t:
-        lines += [f"**Acceptance** ({t['prompts']} prompts x {t['max_new_tokens']} greedy tokens; tau = total "
-                  f"committed tokens / total rounds):", "",
+        lines += [f"**Acceptance** ({t['prompts']} prompts x {t['max_new_tokens']} greedy tokens"
+                  f"{', replayed' if t.get('replay') else ''}; tau = total committed tokens / total rounds):", "",
                   "| method | tau (aggregate) | tau (prompt mean) | target forwards / token | mismatches vs AR |",
                   "|---|---|---|---|---|",
                   f"| autoregressive | 1 | 1 | {t['methods']['autoregressive']['forwards_per_token']:.4f} | - |"]
@@ -490,19 +521,19 @@ def main(argv=None) -> int:
            "task_ids": [prompts[0]["task_id"], prompts[-1]["task_id"]], "settings": {
                "max_new_tokens": a.max_new_tokens, "budgets": a.budgets, "temperature": 0.0,
                "speed_subset": a.speed_subset, "speed_budget": a.speed_budget, "repeats": a.repeats,
-               "workers": workers}}
+               "workers": workers, "drafter": a.drafter or "shipped", "replay_tau": a.replay_tau}}
     _log(f"[eval] {len(prompts)} prompts, backend {kd.backend.process_name}, {res['device']}, "
          f"workers {workers}, BLAS threads {a.blas_threads}")
     t_all = time.perf_counter()
     target = drafter = None
     if not (a.skip_bpb and a.skip_speed):
-        target, drafter = kd.load_default()
+        target, drafter = load_pair(kd, a.drafter)
     if not a.skip_bpb:
         res["bpb"] = run_bpb(target, prompts)
         _log(f"[bpb] {res['bpb']['bits_per_byte']:.4f} bits/byte, {res['bpb']['nats_per_token']:.4f} nats/token "
              f"({res['bpb']['roundtrip_failures']} round-trip failures)")
     if not a.skip_tau:
-        res["tau"] = run_tau(prompts, a.budgets, a.max_new_tokens, workers, a.blas_threads)
+        res["tau"] = run_tau(prompts, a.budgets, a.max_new_tokens, workers, a.blas_threads, a.drafter, a.replay_tau)
     if not a.skip_speed:
         res["speed"] = run_speed(kd, target, drafter, prompts[:a.speed_subset], a.max_new_tokens, a.speed_budget,
                                  a.replay, a.repeats)

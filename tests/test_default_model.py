@@ -141,3 +141,26 @@ def test_eval_speed_passes_interleave_when_programs_stay(pair, prompts, monkeypa
     text = ev.markdown({"speed": res})
     assert ("passes interleaved" if interleaved else "one after another") in text
     assert "vs chain, same launches" in text
+
+
+def test_eval_of_another_drafter_with_replayed_tau(pair, prompts, monkeypatch, tmp_path, capsys):
+    """eval_humaneval.py --drafter DIR --replay-tau: the acceptance part with a named drafter directory (here the
+    shipped one, by its path) and replay=True generations; the JSON and the markdown name the drafter; a directory
+    without a config.json is refused before anything runs (exit 2)."""
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(MODEL_DIR), "..", "benchmarks"))
+    import eval_humaneval as ev
+
+    out = tmp_path / "eval.json"
+    with kd.backend.use("numpy"):
+        rc = ev.main(["--prompts", "1", "--budgets", "4", "--max-new-tokens", "6", "--skip-bpb", "--skip-speed",
+                      "--workers", "0", "--replay-tau", "--drafter", os.path.join(MODEL_DIR, "drafter"),
+                      "--out", str(out)])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert res["settings"]["drafter"] == os.path.abspath(os.path.join(MODEL_DIR, "drafter"))
+    assert res["tau"]["replay"] is True and res["tau"]["mismatches_total"] == 0
+    assert res["tau"]["methods"]["ddtree@4"]["rounds"] > 0
+    assert "(not the shipped one)" in res["markdown"] and "greedy tokens, replayed" in res["markdown"]
+    with pytest.raises(SystemExit) as e:
+        ev.main(["--drafter", str(tmp_path)])
+    assert e.value.code == 2 and "holds no config.json" in capsys.readouterr().err

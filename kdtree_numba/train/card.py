@@ -666,6 +666,11 @@ def write_card(model_dir=DEFAULT_DIR, eval_path=None, gpu_eval_path=None, out=No
         gpu_eval_path = os.path.join(model_dir, GPU_EVAL)
     ev = _load(eval_path) if eval_path else None
     gpu = _load(gpu_eval_path) if gpu_eval_path else None
+    for path, data in ((eval_path, ev), (gpu_eval_path, gpu)):
+        drafter = ((data or {}).get("settings") or {}).get("drafter", "shipped")
+        if drafter != "shipped":             # eval_humaneval.py --drafter: a candidate, not this directory's pair
+            raise ValueError(f"{path}: evaluates the drafter {drafter}, expected the shipped one (the card describes "
+                             f"the pair in {model_dir})")
     if not os.path.exists(os.path.join(model_dir, FIGURE)):
         print(f"[card] warning: {os.path.join(model_dir, FIGURE)} does not exist yet (the card links it)",
               file=sys.stderr)
@@ -693,7 +698,11 @@ def run(a) -> int:
     if not os.path.isfile(os.path.join(a.model_dir, "target_train_log.json")):
         print(f"card: error: --model-dir {a.model_dir}: no target_train_log.json", file=sys.stderr)
         return 2
-    path = write_card(a.model_dir, a.eval, a.gpu_eval, a.out)
+    try:
+        path = write_card(a.model_dir, a.eval, a.gpu_eval, a.out)
+    except ValueError as e:
+        print(f"card: error: {e}", file=sys.stderr)
+        return 2
     print(f"[card] wrote {path}")
     return 0
 

@@ -192,3 +192,19 @@ def test_card_cli(tmp_path, capsys):
     assert card.main(["--model-dir", d, "--eval", str(tmp_path / "missing.json")]) == 2
     assert "no such file" in capsys.readouterr().err
     assert card.main(["--model-dir", str(tmp_path)]) == 2
+
+
+def test_card_refuses_an_eval_of_another_drafter(tmp_path, capsys):
+    """eval_humaneval.py --drafter DIR evaluates a candidate: its numbers must not land in the shipped pair's card."""
+    d = _fake_dir(tmp_path)
+    ev = _eval()
+    ev["settings"] = {"drafter": "/runs/drafter-regen8192"}
+    path = tmp_path / "candidate.json"
+    path.write_text(json.dumps(ev))
+    assert card.main(["--model-dir", d, "--eval", str(path), "--out", str(tmp_path / "CARD.md")]) == 2
+    err = capsys.readouterr().err
+    assert "evaluates the drafter /runs/drafter-regen8192, expected the shipped one" in err
+    assert not (tmp_path / "CARD.md").exists()                   # nothing half-written
+    ev["settings"] = {"drafter": "shipped"}
+    path.write_text(json.dumps(ev))
+    assert card.main(["--model-dir", d, "--eval", str(path), "--out", str(tmp_path / "CARD.md")]) == 0
