@@ -4,7 +4,7 @@
 
 A DDTree-64 verify multiplies 65 rows by weights of a few hundred columns: a few MFLOP, so the time is latency -
 the launch, a round trip to memory, the reduction - not arithmetic. cuBLAS answers such shapes with split-K
-kernels (9-11 us on the H200 at 17-65 rows, in a graph, against ~5 us for one row). This kernel does the product
+kernels (8-12 us on the H200 at 17-65 rows, in a graph, against ~5 us for one row). This kernel does the product
 in one pass of one launch:
 
 Mapping: warp g owns an RW x CW = 8 x 4 patch of out (rows row0 .. row0+7, columns col0 .. col0+3). Lane l takes
@@ -23,7 +23,7 @@ the reduce-scatter lane 0 holds 1*3 + 2*4 = 11 (value 0: row 0, column 0) and la
 Where it pays (``pays``, which gemm.linear asks on the cuda backend), measured on the H200 (docs/PERFORMANCE.md,
 2026-12-04; graph replays of one product against cuBLAS on the same arrays, same process):
   - 17-65 rows, K <= 256, up to 512 columns (the verify's q_a/kv_a, q_b, o_proj, router + shared gate/up and
-    shared down; at 128 rows, the prefill's narrowest): 0.6-4.4 us less than cuBLAS's 9-12 us per product;
+    shared down; at 128 rows, the prefill's narrowest): 0.6-4.4 us less than cuBLAS's 8-12 us per product;
   - it loses where the work grows - 65 rows x 1536 columns (16.1 against 13.4 us), K = 768 at 65 rows (14.5
     against 13.6), 128 rows x >= 392 columns - and at one row (a decode step: cuBLAS's GEMV, 5 us, against 7-9);
   - at 16 rows (the draft, the chain's verify) it was within +-0.6 us alone but 3-6 us behind per forward in the
