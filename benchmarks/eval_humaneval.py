@@ -38,9 +38,9 @@ never runs while the worker processes of the acceptance part are alive):
 ``--drafter DIR`` evaluates another DFlash drafter (a ``python -m kdtree_numba.train drafter --out`` directory) with
 the shipped target, e.g. a candidate before it replaces the shipped one; the output names it. ``--replay-tau`` runs
 the acceptance part's generations with ``replay=True`` (on cuda graph-replayed: the same tokens and rounds, 14-24x
-the direct launches' tokens/s in the speed part). Keep ``--budgets`` short with it: every prompt runs every method,
-and once they need more replay programs than the model objects keep (``decode/replay.py``'s KEEP), each
-generation captures its program again (not measured yet on all 164 prompts).
+the direct launches' tokens/s in the speed part); in the main process (``--workers 0``, the default on cuda) it
+runs method by method over all prompts, so each method's replay programs are captured once (not yet timed on all
+164 prompts).
 
 Usage::
 
@@ -220,31 +220,53 @@ def _methods(budgets) -> list:
     return ["chain"] + [f"ddtree@{b}" for b in budgets]
 
 
-def eval_prompt(job) -> dict:
-    """AR, chain and DDTree at every budget on one prompt: counts, and whether each output equals AR."""
+def _run_method(name: str, ids, ar_tokens: list) -> dict:
+    """One chain / DDTree generation of a prompt: its counts, and whether its output equals AR's."""
+    kd, target, drafter, n, replay = _W["kd"], _W["target"], _W["drafter"], _W["max_new_tokens"], bool(_W.get("replay"))
+    if name == "chain":
+        g = kd.generate(target, ids, n, drafter=drafter, chain=True, replay=replay)
+    else:
+        g = kd.generate(target, ids, n, drafter=drafter, budget=int(name.split("@")[1]), replay=replay)
+    lens = [r.accept_length for r in g.rounds]
+    first_diff = next((i for i, (a, b) in enumerate(zip(g.tokens, ar_tokens)) if a != b),
+                      None if len(g.tokens) == len(ar_tokens) else min(len(g.tokens), len(ar_tokens)))
+    return {"tokens": len(g.tokens), "rounds": len(lens), "committed": int(sum(lens)),
+            "forwards": int(g.target_forwards), "accept_lengths": lens, "match": first_diff is None,
+            "first_mismatch": first_diff}
+
+
+def _encode(prompt: str):
     import numpy as np
 
+    return np.asarray(_W["target"].tokenizer.encode(prompt), np.int32)
+
+
+def eval_prompt(job, methods=None) -> dict:
+    """AR, then ``methods`` (default: the chain and DDTree at every budget) on one prompt: counts, and whether each
+    output equals AR."""
     index, task_id, prompt = job
-    kd, target, drafter, n = _W["kd"], _W["target"], _W["drafter"], _W["max_new_tokens"]
-    ids = np.asarray(target.tokenizer.encode(prompt), np.int32)
-    replay = bool(_W.get("replay"))
+    ids = _encode(prompt)
     t0 = time.perf_counter()
-    ar = kd.generate(target, ids, n, replay=replay)
+    ar = _W["kd"].generate(_W["target"], ids, _W["max_new_tokens"], replay=bool(_W.get("replay")))
     rec = {"index": index, "task_id": task_id, "prompt_tokens": int(len(ids)), "ar_tokens": [int(t) for t in ar.tokens],
            "ar_forwards": int(ar.target_forwards), "runs": {}}
-    for name in _methods(_W["budgets"]):
-        if name == "chain":
-            g = kd.generate(target, ids, n, drafter=drafter, chain=True, replay=replay)
-        else:
-            g = kd.generate(target, ids, n, drafter=drafter, budget=int(name.split("@")[1]), replay=replay)
-        lens = [r.accept_length for r in g.rounds]
-        first_diff = next((i for i, (a, b) in enumerate(zip(g.tokens, ar.tokens)) if a != b),
-                          None if len(g.tokens) == len(ar.tokens) else min(len(g.tokens), len(ar.tokens)))
-        rec["runs"][name] = {"tokens": len(g.tokens), "rounds": len(lens), "committed": int(sum(lens)),
-                             "forwards": int(g.target_forwards), "accept_lengths": lens,
-                             "match": first_diff is None, "first_mismatch": first_diff}
+    for name in _methods(_W["budgets"]) if methods is None else methods:
+        rec["runs"][name] = _run_method(name, ids, rec["ar_tokens"])
     rec["seconds"] = time.perf_counter() - t0
     return rec
+
+
+def eval_method_major(jobs) -> list:
+    """The records of ``eval_prompt`` for every job, generated method by method over all prompts (AR first): with
+    ``replay=True`` each method's replay programs are captured once and stay, where prompt by prompt more methods
+    than a model object keeps (decode/replay.py's KEEP) would capture again for every generation."""
+    recs = [eval_prompt(job, methods=()) for job in jobs]
+    for name in _methods(_W["budgets"]):
+        for (_, _, prompt), rec in zip(jobs, recs):
+            t0 = time.perf_counter()
+            rec["runs"][name] = _run_method(name, _encode(prompt), rec["ar_tokens"])
+            rec["seconds"] += time.perf_counter() - t0
+    return recs
 
 
 def _aggregate(records: list, budgets) -> dict:
@@ -296,8 +318,8 @@ def run_tau(prompts: list, budgets, max_new_tokens: int, workers: int, blas_thre
 
     if workers == 0:
         _worker_init(blas_threads, settings, numpy_backend=False)
-        for job in jobs:
-            progress(eval_prompt(job))
+        for rec in eval_method_major(jobs) if replay else map(eval_prompt, jobs):
+            progress(rec)
         backend = _W["kd"].backend.name
     else:
         import multiprocessing as mp

@@ -150,13 +150,16 @@ def test_eval_of_another_drafter_with_replayed_tau(pair, prompts, monkeypatch, t
     monkeypatch.syspath_prepend(os.path.join(os.path.dirname(MODEL_DIR), "..", "benchmarks"))
     import eval_humaneval as ev
 
-    out = tmp_path / "eval.json"
+    out, direct = tmp_path / "eval.json", tmp_path / "direct.json"
+    common = ["--prompts", "2", "--budgets", "4,8", "--max-new-tokens", "6", "--skip-bpb", "--skip-speed",
+              "--workers", "0"]
     with kd.backend.use("numpy"):
-        rc = ev.main(["--prompts", "1", "--budgets", "4", "--max-new-tokens", "6", "--skip-bpb", "--skip-speed",
-                      "--workers", "0", "--replay-tau", "--drafter", os.path.join(MODEL_DIR, "drafter"),
-                      "--out", str(out)])
+        rc = ev.main(common + ["--replay-tau", "--drafter", os.path.join(MODEL_DIR, "drafter"), "--out", str(out)])
+        assert ev.main(common + ["--out", str(direct)]) == 0                    # prompt by prompt, direct
     assert rc == 0
     res = json.loads(out.read_text())
+    # method by method (replayed) and prompt by prompt (direct): the same rounds and tokens for every prompt
+    assert res["tau"]["per_prompt"] == json.loads(direct.read_text())["tau"]["per_prompt"]
     assert res["settings"]["drafter"] == os.path.abspath(os.path.join(MODEL_DIR, "drafter"))
     assert res["tau"]["replay"] is True and res["tau"]["mismatches_total"] == 0
     assert res["tau"]["methods"]["ddtree@4"]["rounds"] > 0
