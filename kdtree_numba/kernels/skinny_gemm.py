@@ -39,6 +39,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .. import backend
+from . import _checks
 from ._intrinsics import SIM
 from .primitives import FULL, warp_xor
 
@@ -123,9 +124,20 @@ def _skinny_kernel(x, w, out, accumulate):
             out[r, c] = acc[0]
 
 
-def skinny_linear(x, w, out, accumulate: bool = False):
-    """``out = x @ w.T`` (``out += x @ w.T`` with ``accumulate``) on the current backend: x [M, K], w [N, K],
-    out [M, N], float32, shapes checked by the caller (gemm.linear). Returns ``out``."""
+def skinny_linear(x, w, out=None, accumulate: bool = False):
+    """``out = x @ w.T`` (``out += x @ w.T`` with ``accumulate``) on the current backend, whatever its shape (the
+    rule ``pays`` is gemm.linear's, not this function's): x [M, K], w [N, K], out [M, N] (allocated when None),
+    float32; rows may be strided. Bad arguments raise ValueError naming them. Returns ``out``."""
+    x = _checks.array(x, "x", dtype=np.float32, ndim=2, strided=True)
+    w = _checks.array(w, "w", dtype=np.float32, ndim=2, shape=(None, x.shape[1]), strided=True)
+    if accumulate and out is None:
+        raise ValueError("out: accumulate=True adds onto out, expected an array, got None")
+    out = _checks.out_array(out, "out", (x.shape[0], w.shape[0]), np.float32, strided=True)
+    return run(x, w, out, accumulate)
+
+
+def run(x, w, out, accumulate: bool = False):
+    """skinny_linear without the checks: for gemm.linear, which has checked its arguments already."""
     M = x.shape[0]
     N = w.shape[0]
     if backend.name == "numpy":
