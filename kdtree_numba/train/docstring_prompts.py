@@ -84,23 +84,30 @@ def newline_id(tokenizer) -> int:
 
 
 class QuoteTables:
-    """Per-id tables of a tokenizer: trailing and leading quote runs, all-quote tokens, newline-starting tokens."""
+    """Per-id tables of a tokenizer: trailing quote runs, all-quote tokens, newline-starting tokens."""
 
     def __init__(self, tokenizer):
         V = tokenizer.get_vocab_size()
         self.strings = [tokenizer.decode([i], skip_special_tokens=False) for i in range(V)]
         self.tail = {q: np.zeros(V, np.int16) for q in QUOTES}         # trailing run of q       [V]
         self.whole = {q: np.zeros(V, bool) for q in QUOTES}            # token is only q chars    [V]
-        self.head = {q: np.zeros(V, bool) for q in QUOTES}             # token starts with q      [V]
         self.newline_start = np.zeros(V, bool)                         # blanks then a newline    [V]
         for i, s in enumerate(self.strings):
             for q in QUOTES:
                 self.tail[q][i] = len(s) - len(s.rstrip(q))
                 self.whole[q][i] = bool(s) and s.strip(q) == ""
-                self.head[q][i] = s.startswith(q)
             self.newline_start[i] = bool(_NEWLINE_START.match(s))
         eot = tokenizer.token_to_id("<|endoftext|>")
         self.eot = int(eot) if eot is not None else None
+
+    def cover(self, size: int) -> None:
+        """Extend the tables to ``size`` ids (ids the tokenizer does not know: no quotes, no newline)."""
+        extra = size - len(self.newline_start)
+        if extra > 0:
+            for q in QUOTES:
+                self.tail[q] = np.concatenate([self.tail[q], np.zeros(extra, np.int16)])
+                self.whole[q] = np.concatenate([self.whole[q], np.zeros(extra, bool)])
+            self.newline_start = np.concatenate([self.newline_start, np.zeros(extra, bool)])
 
     def closing_ids(self) -> list:
         """Ids whose decoded string itself ends with a triple quote (the common closing tokens)."""
@@ -111,6 +118,8 @@ def candidate_positions(tokens: np.ndarray, tables: QuoteTables, first: int = 0)
     """Positions >= ``first`` that close a triple-quote run followed by a newline-starting token (NumPy)."""
     t = np.asarray(tokens)
     n = len(t)
+    if n:
+        tables.cover(int(t.max()) + 1)
     ends_quote = np.zeros(len(tables.newline_start), bool)
     for q in QUOTES:
         ends_quote |= tables.tail[q] > 0
