@@ -3,7 +3,7 @@
     corpus  --out DIR [--cache DIR] [--vocab 4096]                 kdtree_numba.train.corpus.build
     target  --data DIR --out DIR [--steps --batch --seq --lr --seed --config-json '{...}' --device cuda|cpu]
     drafter --data DIR --target DIR --out DIR [--steps --batch --anchors --block --layers --target-layers 1,2,3
-            --regen N --seed ...]
+            --regen N --regen-docstring F --seed ...]
     all     --data DIR --out DIR [...]                             target -> OUT/target, then drafter -> OUT/drafter
     card    [--model-dir DIR --eval FILE --gpu-eval FILE --out FILE]  the model card (kdtree_numba.train.card)
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -29,7 +30,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # defaults mirrored here so that `--help` and flag parsing need no torch import
 TARGET = dict(steps=4000, batch=32, seq=512, lr=2e-3, seed=0, val_every=500)
 DRAFTER = dict(steps=3000, batch=32, anchors=64, block=16, layers=2, target_layers="1,2,3", lr=6e-4, regen=2048,
-               regen_prompt=64, regen_batch=1024, regen_max_seconds=90.0, val_every=1000)
+               regen_prompt=64, regen_batch=1024, regen_max_seconds=90.0, regen_docstring=0.0, val_every=1000)
 TARGET_LAYERS = 5        # DEFAULT_TARGET_CONFIG["num_hidden_layers"]
 
 
@@ -42,6 +43,17 @@ class OneLineParser(argparse.ArgumentParser):
 
 _positive_int, _nonneg_int = whole(1), whole(0)
 _positive_float, _nonneg_float = real(0.0, strict=True), real(0.0)
+
+
+def _fraction(s: str) -> float:
+    """A finite number in [0, 1] (``--regen-docstring``)."""
+    try:
+        value = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {s!r}") from None
+    if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {s!r}")
+    return value
 
 
 def _int_list(s: str) -> tuple:
@@ -107,6 +119,10 @@ def _drafter_flags(p, prefix=""):
     p.add_argument("--regen-batch", type=_positive_int, default=DRAFTER["regen_batch"])
     p.add_argument("--regen-max-seconds", type=_nonneg_float, default=DRAFTER["regen_max_seconds"],
                    help="start no regeneration batch past this projected time (0: no cap)")
+    p.add_argument("--regen-docstring", type=_fraction, default=DRAFTER["regen_docstring"], metavar="F",
+                   help="fraction of the regeneration prompts (train and held-out alike) that end like a HumanEval "
+                        "prompt: right after a def's docstring, closing quotes + one '\\n' token (default 0: all "
+                        "random windows)")
 
 
 def build_parser() -> OneLineParser:
@@ -166,7 +182,7 @@ def _drafter_kw(a, prefix="") -> dict:
                 block=a.block, layers=a.layers, target_layers=a.target_layers, gamma=a.gamma, heads=a.heads,
                 kv_heads=a.kv_heads, head_dim=a.head_dim, intermediate=a.intermediate, regen=a.regen,
                 regen_prompt=a.regen_prompt, regen_batch=a.regen_batch, regen_max_seconds=a.regen_max_seconds,
-                **_common_kw(a))
+                regen_docstring=a.regen_docstring, **_common_kw(a))
 
 
 def _check_drafter(ap, a):
@@ -192,6 +208,28 @@ def _check_drafter(ap, a):
     if bad:
         ap.error(f"--target-layers {','.join(map(str, a.target_layers))}: layer {bad[0]} outside [0, {n_layers - 2}] "
                  f"(a {n_layers}-layer target; its last layer's HF hidden state is post-norm)")
+    _check_docstring_sites(ap, a)
+
+
+def _check_docstring_sites(ap, a):
+    """--regen-docstring F: enough docstring sites in both splits, checked before any training (``all`` trains the
+    target first). The same sampled search as train_drafter's, on a throwaway Generator (so ~0.3 s, not a scan)."""
+    if not (a.regen and a.regen_docstring):
+        return
+    import numpy as np
+
+    from . import docstring_prompts as dsp
+    from .drafter_train import val_regen_count
+    from .target_train import TokenData
+
+    F = a.regen_docstring
+    try:
+        data = TokenData(a.data)
+        tok = dsp.load_tokenizer(a.data, getattr(a, "target", None))
+        dsp.docstring_prompts(data.train, data.val, tok, np.random.default_rng(a.seed), dsp.count_for(F, a.regen),
+                              dsp.count_for(F, val_regen_count(a.regen)), a.regen_prompt, F)
+    except (ValueError, FileNotFoundError) as e:
+        ap.error(str(e))
 
 
 def main(argv=None) -> int:

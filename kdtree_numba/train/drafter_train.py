@@ -12,6 +12,13 @@ text from the target's hidden features, SpecForge's "anchored block" recipe:
               A further max(4, min(64, N/32)) prompts from the VALIDATION split are continued the same way and held
               out. ``--regen-max-seconds`` (90) stops starting new batches once the projected time would pass it
               (logged; 0 = never).
+              ``--regen-docstring F`` (default 0: all prompts random windows) makes round(F N) of the train prompts
+              and round(F Nv) of the validation ones end like a HumanEval prompt: at a uniformly sampled site of
+              their split where a ``def`` signature is followed directly by its docstring, the prompt cut right
+              after the docstring's closing quotes token and given one bare "\n" token
+              (``docstring_prompts.py``); the train prompts are then shuffled together, and the held-out
+              docstring ones are also evaluated on their own ("regen_docstring"). Too few valid sites -> ValueError
+              before the target is loaded.
     features  frozen target, no grad, bf16 autocast: feat = concat_k hs[k + 1] for k in --target-layers
               (forward hooks on decoder layer k = HF output_hidden_states[k + 1])           [Bt, S, nF*H]
     anchors   A per sequence (64), without replacement, uniform in [1, S - bs]; block a = [x_a, MASK x (bs-1)]
@@ -38,12 +45,13 @@ import numpy as np
 import torch
 
 from . import dflash_torch as dfl
+from . import docstring_prompts as dsp
 from . import target_train as tt
 
 DEFAULTS = dict(steps=3000, batch=32, seq=512, anchors=64, block=16, layers=2, target_layers=(1, 2, 3), lr=6e-4,
                 seed=0, weight_decay=0.01, warmup_frac=0.04, final_lr_frac=0.1, grad_clip=1.0, regen=2048,
-                regen_prompt=64, regen_batch=1024, regen_max_seconds=90.0, log_every=50, val_every=1000,
-                print_every=200, val_windows=64, heads=8, kv_heads=4, head_dim=32, intermediate=768)
+                regen_prompt=64, regen_batch=1024, regen_max_seconds=90.0, regen_docstring=0.0, log_every=50,
+                val_every=1000, print_every=200, val_windows=64, heads=8, kv_heads=4, head_dim=32, intermediate=768)
 log = tt.log
 
 
@@ -150,6 +158,11 @@ def regenerate(model, prompts: np.ndarray, new_tokens: int, batch: int, device: 
 
 
 # ------------------------------------------------------------------------------------------------ sampling
+def val_regen_count(regen: int) -> int:
+    """Held-out regeneration prompts (validation split) that go with ``regen`` training prompts."""
+    return max(4, min(64, regen // 32)) if regen > 0 else 0
+
+
 def sample_anchors(rng: np.random.Generator, rows: int, anchors: int, seq: int, block: int) -> np.ndarray:
     """``anchors`` distinct anchors per row, uniform in [1, seq - block], sorted                -> [rows, A] int64"""
     hi = seq - block
@@ -229,6 +242,7 @@ def train_drafter(data_dir: str, target_dir: str, out_dir: str, *, steps: int = 
                   final_lr_frac: float = DEFAULTS["final_lr_frac"], grad_clip: float = DEFAULTS["grad_clip"],
                   regen: int = DEFAULTS["regen"], regen_prompt: int = DEFAULTS["regen_prompt"],
                   regen_batch: int = DEFAULTS["regen_batch"], regen_max_seconds: float = DEFAULTS["regen_max_seconds"],
+                  regen_docstring: float = DEFAULTS["regen_docstring"],
                   log_every: int = DEFAULTS["log_every"], val_every: int = DEFAULTS["val_every"],
                   print_every: int = DEFAULTS["print_every"], val_windows: int = DEFAULTS["val_windows"],
                   device: str | None = None, attn: str = "auto", experts: str = "auto") -> dict:
@@ -240,6 +254,22 @@ def train_drafter(data_dir: str, target_dir: str, out_dir: str, *, steps: int = 
         torch.set_float32_matmul_precision("high")                                      # TF32 for fp32 matmuls
     if not 0 < regen_prompt < seq:
         raise ValueError(f"--regen-prompt {regen_prompt} must be in [1, --seq {seq})")
+    regen_docstring = args["regen_docstring"] = dsp.check_fraction(regen_docstring)
+    data = tt.TokenData(data_dir)                                                       # vocab checked below
+    rng = np.random.default_rng(seed)
+    n_val_regen = val_regen_count(regen)
+
+    # ---- docstring-ended regeneration prompts, before the target loads (too few sites: ValueError now)
+    n_doc, n_doc_val = dsp.count_for(regen_docstring, regen), dsp.count_for(regen_docstring, n_val_regen)
+    doc_train = doc_val = np.zeros((0, regen_prompt), np.int64)
+    doc_info = None
+    if n_doc or n_doc_val:                                                              # F = 0: rng untouched
+        doc_tok = dsp.load_tokenizer(data_dir, target_dir)
+        doc_train, doc_val, doc_info = dsp.docstring_prompts(data.train, data.val, doc_tok, rng, n_doc, n_doc_val,
+                                                             regen_prompt, regen_docstring)
+        log(f"[regen] docstring prompts: {n_doc} train (of {doc_info['train']['valid']} valid sites in "
+            f"{doc_info['train']['checked']} checked of {doc_info['train']['candidates']} closing-quote "
+            f"candidates) + {n_doc_val} val, {doc_info['seconds']:.1f}s")
     target = load_frozen_target(target_dir, dev)
     tcfg = target.config
     cfg = dfl.config_for_target(tcfg, num_hidden_layers=layers, num_attention_heads=heads,
@@ -247,8 +277,7 @@ def train_drafter(data_dir: str, target_dir: str, out_dir: str, *, steps: int = 
                                 block_size=block, target_layer_ids=tuple(target_layers))
     gamma = dfl.default_gamma(block) if gamma is None else float(gamma)
     weights = dfl.position_weights(block, gamma).to(dev)                                # [bs-1]
-    data = tt.TokenData(data_dir, tcfg.vocab_size)
-    rng = np.random.default_rng(seed)
+    data.check_vocab(tcfg.vocab_size)
     os.makedirs(out_dir, exist_ok=True)
     log(f"[drafter] target {target_dir}: {tcfg.num_hidden_layers} layers, hidden {tcfg.hidden_size}; features of "
         f"layers {list(cfg.target_layer_ids)}; device {dev}")
@@ -260,13 +289,15 @@ def train_drafter(data_dir: str, target_dir: str, out_dir: str, *, steps: int = 
     log(f"[drafter] target attention {impl['attn']}, experts {impl['experts']}")
 
     # ---- regenerate text with the target (val prompts from the validation split first)
-    n_val_regen = max(4, min(64, regen // 32)) if regen > 0 else 0
     regen_info, regen_train, regen_val, sample = {"sequences": 0}, np.zeros((0, seq), np.int64), None, None
     if regen > 0:
-        vp = data.sample(rng, n_val_regen, regen_prompt, split="val")                   # [Nv, P]
-        tp = data.sample(rng, regen, regen_prompt)                                      # [N, P]
+        vp = data.sample(rng, n_val_regen - n_doc_val, regen_prompt, split="val")       # [Nv - Dv, P]
+        tp = data.sample(rng, regen - n_doc, regen_prompt)                              # [N - D, P]
+        if doc_info is not None:
+            vp = np.concatenate([vp, doc_val])                                          # [Nv, P] docstring last
+            tp = np.concatenate([tp, doc_train])[rng.permutation(regen)]                # [N, P] mixed (the cap)
         log(f"[regen] {regen} + {n_val_regen} (val) prompts of {regen_prompt} tokens -> {seq} tokens, "
-            f"batch {regen_batch}")
+            f"batch {regen_batch}" + (f"; {n_doc} + {n_doc_val} of them docstring-ended" if doc_info else ""))
         seqs, regen_info = regenerate(target, np.concatenate([vp, tp]), seq - regen_prompt, regen_batch, dev,
                                       regen_max_seconds, keep_first=n_val_regen)
         regen_val, regen_train = seqs[:n_val_regen], seqs[n_val_regen:]                 # [Nv, S], [N', S]
@@ -276,6 +307,10 @@ def train_drafter(data_dir: str, target_dir: str, out_dir: str, *, steps: int = 
         tok = os.path.join(target_dir, "tokenizer.json")
         sample = _decode_sample(tok, regen_val[0]) if len(regen_val) else None
         regen_info["sample"] = sample
+        if doc_info is not None:
+            regen_info["docstring"] = doc_info
+            if n_doc_val:
+                regen_info["docstring"]["sample"] = _decode_sample(tok, regen_val[n_val_regen - n_doc_val])
     batches = DraftBatches(data, regen_train, seq)
 
     # ---- fixed validation sets
@@ -283,6 +318,8 @@ def train_drafter(data_dir: str, target_dir: str, out_dir: str, *, steps: int = 
     val_sets = {"corpus": data.val_windows(seq, val_windows)}                           # [W, S]
     if regen_val is not None and len(regen_val):
         val_sets["regen"] = regen_val
+        if n_doc_val and len(regen_val) == n_val_regen:
+            val_sets["regen_docstring"] = regen_val[n_val_regen - n_doc_val:]           # [Dv, S]
     val_anchors = {k: sample_anchors(vrng, len(v), anchors, seq, block) for k, v in val_sets.items()}
 
     # ---- model, optimiser
@@ -378,5 +415,6 @@ def train_drafter(data_dir: str, target_dir: str, out_dir: str, *, steps: int = 
     return record
 
 
-__all__ = ["DEFAULTS", "TargetFeatures", "load_frozen_target", "regenerate", "sample_anchors", "DraftBatches",
+__all__ = ["DEFAULTS", "TargetFeatures", "load_frozen_target", "regenerate", "val_regen_count", "sample_anchors",
+           "DraftBatches",
            "drafter_loss", "evaluate_drafter", "train_drafter"]

@@ -99,10 +99,16 @@ class TokenData:
         self.n_val = int(n * val_fraction)
         self.train = tokens[: n - self.n_val]                                           # [N_train]
         self.val = tokens[n - self.n_val:]                                              # [N_val]
-        if vocab_size is not None and n:
-            top = int(np.max(tokens))
+        self.path = path
+        if vocab_size is not None:
+            self.check_vocab(vocab_size)
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """ValueError when a token id is >= ``vocab_size`` (the model's vocabulary)."""
+        if len(self.tokens):
+            top = int(np.max(self.tokens))
             if top >= vocab_size:
-                raise ValueError(f"{path}: token id {top} >= vocab_size {vocab_size}")
+                raise ValueError(f"{self.path}: token id {top} >= vocab_size {vocab_size}")
 
     def sample(self, rng: np.random.Generator, batch: int, length: int, split: str = "train") -> np.ndarray:
         """``batch`` windows of ``length`` tokens at uniform random offsets of a split    -> [batch, length] int64"""

@@ -13,6 +13,7 @@ transformers = pytest.importorskip("transformers")
 
 import kdtree_numba as kd  # noqa: E402
 from kdtree_numba.train import dflash_torch as dfl  # noqa: E402
+from kdtree_numba.train import docstring_prompts as dsp  # noqa: E402
 from kdtree_numba.train import drafter_train as dt  # noqa: E402
 from kdtree_numba.train import target_train as tt  # noqa: E402
 
@@ -226,6 +227,94 @@ def test_regenerated_text_is_the_targets_greedy_continuation(trained_target):
     assert ids[0].tolist() == seqs[0].tolist()
 
 
+class _Stop(Exception):
+    """Raised by the fake regenerate once it has seen the prompts (the rest of a run is not needed)."""
+
+
+def _capture_prompts(monkeypatch, stop=True) -> dict:
+    """Record the prompts train_drafter regenerates from; then stop the run (``stop``) or regenerate for real."""
+    seen, real = {}, dt.regenerate
+
+    def spy(model, prompts, new_tokens, batch, device, max_seconds=0.0, keep_first=0):
+        seen.update(prompts=np.array(prompts), keep_first=keep_first)
+        if stop:
+            raise _Stop
+        return real(model, prompts, new_tokens, batch, device, max_seconds, keep_first)
+
+    monkeypatch.setattr(dt, "regenerate", spy)
+    return seen
+
+
+def _docstring_corpus(path, copies=300):
+    """tokens.npy: CODE (functions with and without docstrings) ``copies`` times + EOT; a byte-level BPE tokenizer
+    of at most V ids trained on it (so the tiny target can read it)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from tests.train.test_docstring_prompts import CODE
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator([CODE] * 5, trainers.BpeTrainer(vocab_size=V,
+                                                            special_tokens=["<|endoftext|>", "<|mask|>", "<|pad|>"]))
+    os.makedirs(path, exist_ok=True)
+    tok.save(os.path.join(path, "tokenizer.json"))
+    stream = np.array((tok.encode(CODE).ids + [0]) * copies, np.uint16)
+    assert stream.max() < V
+    np.save(os.path.join(path, "tokens.npy"), stream)
+    return str(path), tok
+
+
+_REGEN_RUN = dict(steps=1, batch=2, seq=SEQ, anchors=6, block=4, target_layers=(0, 1), regen_prompt=8, device="cpu",
+                  attn="eager", experts="eager", **TINY_DRAFTER)
+
+
+def test_regen_docstring_zero_regenerates_the_same_prompts_as_before(trained_target, data_dir, tmp_path,
+                                                                      monkeypatch):
+    """F = 0 (the default) draws exactly today's prompts: 4 val windows then 64 train windows from Generator(seed)."""
+    tdir, _ = trained_target
+    seen = _capture_prompts(monkeypatch)
+    with pytest.raises(_Stop):
+        dt.train_drafter(data_dir, tdir, str(tmp_path), regen=64, seed=5, **_REGEN_RUN)
+    data, rng = tt.TokenData(data_dir), np.random.default_rng(5)
+    want = np.concatenate([data.sample(rng, 4, 8, split="val"), data.sample(rng, 64, 8)])
+    assert seen["keep_first"] == 4 and np.array_equal(seen["prompts"], want)
+
+
+def test_regen_docstring_prompts_reach_the_regeneration(trained_target, tmp_path, monkeypatch):
+    """F = 0.5 of 8 train + 4 val prompts: 2 held-out ones from the validation split's sites after 2 random val
+    windows, 4 train ones shuffled in with 4 random windows; each ends with the closing quotes and the "\\n" id.
+    The log records the fraction and the search; the held-out docstring rows are also validated on their own."""
+    tdir, _ = trained_target
+    d, tok = _docstring_corpus(tmp_path / "corpus")
+    seen = _capture_prompts(monkeypatch, stop=False)
+    rec = dt.train_drafter(d, tdir, str(tmp_path / "out"), regen=8, seed=2, regen_docstring=0.5, **_REGEN_RUN)
+    data, rng = tt.TokenData(d), np.random.default_rng(2)
+    doc_train, doc_val, _ = dsp.docstring_prompts(data.train, data.val, tok, rng, 4, 2, 8, 0.5)
+    vp, tp = data.sample(rng, 2, 8, split="val"), data.sample(rng, 4, 8)
+    want = np.concatenate([vp, doc_val, np.concatenate([tp, doc_train])[rng.permutation(8)]])
+    assert seen["keep_first"] == 4 and np.array_equal(seen["prompts"], want)
+    nl = tok.encode("\n").ids
+    for p in np.concatenate([doc_val, doc_train]):
+        assert p[-1:].tolist() == nl and tok.decode(p.tolist()).endswith(('"""\n', "'''\n"))
+    log = json.load(open(tmp_path / "out" / "drafter_train_log.json"))
+    assert log["args"]["regen_docstring"] == 0.5 and rec["args"]["regen_docstring"] == 0.5
+    doc = log["regen"]["docstring"]
+    assert (doc["fraction"], doc["train_prompts"], doc["val_prompts"]) == (0.5, 4, 2)
+    assert doc["train"]["valid"] == 4 and doc["train"]["candidates"] >= doc["train"]["checked"] >= 4
+    assert doc["seconds"] >= 0 and doc["sample"]
+    assert log["val"][-1]["regen_docstring"]["blocks"] == 2 * 6 and log["val"][-1]["regen"]["blocks"] == 4 * 6
+
+
+def test_regen_docstring_refused_before_the_target_loads(data_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(dt, "load_frozen_target", lambda *a, **k: pytest.fail("the target was loaded"))
+    with pytest.raises(ValueError, match=r"--regen-docstring 0.5: the train split has only 0 valid .*, 32 asked"):
+        dt.train_drafter(data_dir, "T", str(tmp_path), regen=64, regen_prompt=8, seq=SEQ, regen_docstring=0.5)
+    for bad in (-0.5, 1.01, float("nan")):
+        with pytest.raises(ValueError, match=rf"--regen-docstring {bad!r}: expected a fraction in \[0, 1\]"):
+            dt.train_drafter(data_dir, "T", str(tmp_path), regen=64, regen_prompt=8, seq=SEQ, regen_docstring=bad)
+
+
 def test_anchor_sampling():
     a = dt.sample_anchors(np.random.default_rng(0), 3, 10, 40, 8)
     assert a.shape == (3, 10) and a.min() >= 1 and a.max() <= 32
@@ -244,7 +333,10 @@ def test_cli_bad_flag_exits_2_with_one_line(tmp_path):
 
 @pytest.mark.parametrize("argv", [["target", "--data", "D", "--out", "O", "--steps", "0"],
                                   ["drafter", "--data", "D", "--target", "T", "--out", "O", "--target-layers", "x"],
-                                  ["all", "--data", "MISSING", "--out", "O"], ["bogus"]])
+                                  ["all", "--data", "MISSING", "--out", "O"], ["bogus"],
+                                  ["drafter", "--data", "D", "--target", "T", "--out", "O", "--regen-docstring", "nan"],
+                                  ["all", "--data", "D", "--out", "O", "--regen-docstring", "-0.1"],
+                                  ["all", "--data", "D", "--out", "O", "--regen-docstring", "1.5"]])
 def test_cli_errors_in_process(argv, capsys):
     from kdtree_numba.train.__main__ import main
 
@@ -276,7 +368,7 @@ def test_cli_defaults_mirror_the_training_modules():
     for k in ("steps", "batch", "seq", "lr", "seed", "val_every"):
         assert cli.TARGET[k] == tt.DEFAULTS[k], k
     for k in ("steps", "batch", "anchors", "block", "layers", "lr", "regen", "regen_prompt", "regen_batch",
-              "regen_max_seconds", "val_every"):
+              "regen_max_seconds", "regen_docstring", "val_every"):
         assert cli.DRAFTER[k] == dt.DEFAULTS[k], k
     assert tuple(int(x) for x in cli.DRAFTER["target_layers"].split(",")) == dt.DEFAULTS["target_layers"]
     assert cli.TARGET_LAYERS == tt.DEFAULT_TARGET_CONFIG["num_hidden_layers"]
@@ -288,6 +380,20 @@ def test_cli_refuses_target_layers_beyond_the_target_before_training(data_dir, c
     with pytest.raises(SystemExit) as e:
         main(["all", "--data", data_dir, "--out", "O", "--config-json", '{"num_hidden_layers": 3}'])  # 1,2,3
     assert e.value.code == 2 and "--target-layers" in capsys.readouterr().err
+
+
+def test_cli_refuses_too_few_docstring_sites_before_training(data_dir, trained_target, capsys, monkeypatch):
+    """The fake corpus has no docstrings: --regen-docstring exits 2 with one line, before anything trains."""
+    from kdtree_numba.train.__main__ import main
+
+    monkeypatch.setattr(tt, "train_target", lambda *a, **k: pytest.fail("the target was trained"))
+    tdir, _ = trained_target
+    for argv in (["drafter", "--target", tdir, "--target-layers", "0,1"], ["all"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv + ["--data", data_dir, "--out", "O", "--regen-docstring", "0.25"])
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and len(err.splitlines()) == 1
+        assert "--regen-docstring 0.25: the train split has only 0 valid docstring sites" in err and "512 asked" in err
 
 
 def test_cli_corpus_calls_corpus_build(tmp_path, monkeypatch, capsys):
