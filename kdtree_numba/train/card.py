@@ -264,6 +264,26 @@ def _tokenizer(tcfg, tok_sha, bpb) -> list:
             f"/ `.decode(ids)`.", ""]
 
 
+VAL_LABELS = {"corpus": "corpus windows", "regen": "target-regenerated",
+              "regen_docstring": "target-regenerated, docstring-ended prompts only"}
+
+
+def _docstring_regen(da: dict, rg: dict) -> str:
+    """The regeneration row's sentence on ``--regen-docstring`` (empty for logs without it or with 0)."""
+    frac = da.get("regen_docstring") or 0
+    if not frac:
+        return ""
+    doc = rg.get("docstring") or {}
+    tr = doc.get("train") or {}
+    found = (f" ({_int(tr.get('valid'))} valid sites among {_int(tr.get('checked'))} checked of "
+             f"{_int(tr.get('candidates'))} closing-quote positions)" if tr else "")
+    return (f". `--regen-docstring {frac:g}`: {_int(doc.get('train_prompts', 0))} of the train prompts and "
+            f"{_int(doc.get('val_prompts', 0))} of the held-out ones end the way every HumanEval prompt does, "
+            f"sampled uniformly among the positions of their split where a `def` signature is followed directly "
+            f"by its docstring{found}, each cut right after the docstring's closing quotes token and given one "
+            f"bare newline token; the rest are random windows")
+
+
 def _training(tlog, dlog) -> list:
     from .__main__ import DRAFTER, TARGET
 
@@ -321,7 +341,7 @@ def _training(tlog, dlog) -> list:
                          f"no EOS stop), in batches of {rg.get('batch')}: {_f(rg.get('seconds'), 1)} s, "
                          f"{_f(rg.get('new_tokens_per_s'), 0)} new tokens/s"
                          f"{' (capped)' if rg.get('capped') else ''}. The drafter so learns the target's own "
-                         f"greedy behaviour, the text it must predict at decode time"],
+                         f"greedy behaviour, the text it must predict at decode time{_docstring_regen(da, rg)}"],
         ["features", f"frozen target (no grad), residual stream after layers {da.get('target_layers')} "
                      f"concatenated per position"],
         ["anchors", f"{da.get('anchors')} per sequence, distinct, uniform in [1, S - {bs}]; block a = "
@@ -341,10 +361,10 @@ def _training(tlog, dlog) -> list:
     ])
     vrows = []
     for v in dlog.get("val") or []:
-        for split in ("corpus", "regen"):
+        for split in ("corpus", "regen", "regen_docstring"):
             r = v.get(split)
             if r:
-                vrows.append([v["step"], "corpus windows" if split == "corpus" else "target-regenerated",
+                vrows.append([v["step"], VAL_LABELS[split],
                               _f(r["loss"]), _f(r["acc"][0], 3), _f(r["acc"][-1], 3), _f(r["mean_acc"], 3),
                               _f(r["chain_accept"], 2)])
     if vrows:

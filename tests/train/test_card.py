@@ -208,3 +208,60 @@ def test_card_refuses_an_eval_of_another_drafter(tmp_path, capsys):
     ev["settings"] = {"drafter": "shipped"}
     path.write_text(json.dumps(ev))
     assert card.main(["--model-dir", d, "--eval", str(path), "--out", str(tmp_path / "CARD.md")]) == 0
+
+
+OLD_REGEN_ROW = ("| regeneration | 8 prompts of 4 tokens from the train split (+ 4 from the validation split, held out), "
+                 "each continued GREEDILY by the target for 28 tokens (HF `generate`, do_sample=False, no EOS stop), "
+                 "in batches of 12: 0.5 s, 100 new tokens/s. The drafter so learns the target's own greedy behaviour, "
+                 "the text it must predict at decode time |")
+OLD_DRAFTER_CMD = "python -m kdtree_numba.train drafter --data D --target O/target --out O/drafter"
+
+
+def _dlog_path(d):
+    return os.path.join(d, "drafter_train_log.json")
+
+
+def test_card_log_without_regen_docstring_renders_as_before(tmp_path):
+    """A drafter log from before --regen-docstring (no key) renders the rows it always did; 0.0 renders the same."""
+    d = _fake_dir(tmp_path)
+    text = card.build_card(d, _eval())
+    assert OLD_REGEN_ROW in text.splitlines() and OLD_DRAFTER_CMD in text.splitlines()
+    assert "docstring" not in text.split("### Drafter")[1].split("## Evaluation")[0]
+    dlog = json.load(open(_dlog_path(d)))
+    dlog["args"]["regen_docstring"] = 0.0
+    _write(_dlog_path(d), dlog)
+    again = card.build_card(d, _eval())
+    assert again.split(card.HASH_HEADING)[0] == text.split(card.HASH_HEADING)[0]    # the log's own hash changed
+
+
+def test_shipped_card_is_what_its_files_render():
+    """The shipped drafter log predates --regen-docstring: the card built from the shipped files is the shipped card."""
+    pytest.importorskip("tokenizers")
+    d = card.DEFAULT_DIR
+    paths = [os.path.join(d, name) for name in (card.EVAL, card.GPU_EVAL, card.CARD)]
+    if not all(os.path.exists(p) for p in paths):
+        pytest.skip("the shipped eval JSONs or card are missing")
+    assert "regen_docstring" not in (json.load(open(_dlog_path(d))).get("args") or {})
+    ev, gpu = (json.load(open(p)) for p in paths[:2])
+    assert card.build_card(d, ev, gpu) == open(paths[2], encoding="utf-8").read()
+
+
+def test_card_says_when_prompts_end_at_docstrings(tmp_path):
+    d = _fake_dir(tmp_path)
+    dlog = json.load(open(_dlog_path(d)))
+    dlog["args"]["regen_docstring"] = 0.25
+    dlog["regen"]["docstring"] = {"fraction": 0.25, "train_prompts": 2, "val_prompts": 1, "lookback": 200,
+                                  "train": {"candidates": 36725, "checked": 7, "valid": 2},
+                                  "val": {"candidates": 381, "checked": 3, "valid": 1}, "seconds": 0.3}
+    dlog["val"][0]["regen_docstring"] = {"loss": 2.0, "acc": [0.875, 0.5, 0.25], "mean_acc": 0.54,
+                                         "chain_accept": 2.25}
+    _write(_dlog_path(d), dlog)
+    text = card.build_card(d, _eval())
+    row = next(line for line in text.splitlines() if line.startswith("| regeneration |"))
+    assert row.startswith(OLD_REGEN_ROW[:-2])                                  # the old row, then the sentence
+    assert ("`--regen-docstring 0.25`: 2 of the train prompts and 1 of the held-out ones end the way every "
+            "HumanEval prompt does") in row
+    assert "a `def` signature is followed directly by its docstring (2 valid sites among 7 checked of 36,725" in row
+    assert "closing quotes token and given one bare newline token; the rest are random windows |" in row
+    assert OLD_DRAFTER_CMD + " --regen-docstring 0.25" in text.splitlines()
+    assert "| 10 | target-regenerated, docstring-ended prompts only | 2.0000 | 0.875 | 0.250 | 0.540 | 2.25 |" in text
