@@ -45,6 +45,10 @@ launcher's default takes it while rows <= experts / GEMV_ROWS_PER_EXPERT, v2 abo
 same shapes, device events): T = 1: 0.759 ms against v2's 0.906 (graph-replayed 0.628, 44 % of the memory floor);
 T = 4: 2.73 against 3.01; T = 16: 9.62 against 9.41 (v2 from here on); T = 64: 36.8 against 25.4.
 
+Variant 4, ``_grouped_skinny_kernel`` (``variant=4`` only, not a default yet): the skinny GEMM's warp patches
+(kernels/skinny_gemm.py: 8 x 4 outputs a warp, K across its lanes, a reduce-scatter, no barriers) over each
+expert's rows - aimed at a tree verify's ~16 rows per expert, where v2 pays a barrier pair per K step. Not yet
+measured on a GPU (ptxas sm_90: 165 registers, no spills).
 Shapes: xs [N, Kdim] float32, W [E, M, Kdim] float32 (HF [out, in] per expert: Target's experts_gu [E, 2I, H],
 experts_down [E, H, I]), offsets [E+1] int32 (offsets[0] = 0, non-decreasing, offsets[E] = N) -> out [N, M] float32.
 Example: E = 3, offsets [0, 2, 2, 3], W[0] = [[1, 0]], W[2] = [[0, 2]], xs = [[1, 2], [3, 4], [5, 6]]
@@ -57,7 +61,7 @@ import numpy as np
 from numba import cuda, float32, int32
 
 from .. import backend
-from . import _checks
+from . import _checks, skinny_gemm
 from ._intrinsics import SIM
 from .primitives import warp_prefix_sum, warp_sum
 
@@ -364,7 +368,41 @@ def _grouped_gemv_kernel(xs, W, offsets, tiles, out):
                 out[r, c] = s
 
 
-_KERNELS = {1: _grouped_gemm_kernel, 2: _grouped_gemm_v2_kernel, 3: _grouped_gemv_kernel}
+# ------------------------------------------------------------------------------------------------ v4: skinny patches
+# A tree verify's MoE: ~16 rows per expert (65 tokens x top-2 over 8 experts), a few hundred columns - the shape the
+# skinny GEMM (kernels/skinny_gemm.py) does in one pass where a tiled kernel pays a barrier per K step. Same row
+# tiles as v1-v3 (TM rows of one expert), different block: ceil(TM / RW) warps cover a tile's rows (two on the GPU:
+# rows 0-7 and 8-15), the block's other warps further column groups; each warp computes one RW x CW patch with
+# skinny_gemm.patch_sum over W[e] (K across its lanes, a reduce-scatter), no shared tiles, no barriers.
+SK_ROW_WARPS = -(-TM // skinny_gemm.RW)          # warps over a tile's rows
+SK_WARPS = 1 if SIM else 4                       # warps per block (the simulator's shuffles need one-warp blocks)
+SK_COLS = skinny_gemm.CW * (SK_WARPS // SK_ROW_WARPS)   # output columns per block
+assert SK_WARPS % SK_ROW_WARPS == 0
+
+
+@cuda.jit
+def _grouped_skinny_kernel(xs, W, offsets, tiles, out):
+    buf = cuda.shared.array(32 if SIM else 1, float32)  # the simulator's stand-in for shuffles (primitives)
+    tile = cuda.blockIdx.x
+    if tile >= tiles[W.shape[0]]:                       # the grid is an upper bound
+        return
+    e = _find_expert(tiles, tile)
+    warp = cuda.threadIdx.x // 32
+    row0 = offsets[e] + (tile - tiles[e]) * TM + (warp % SK_ROW_WARPS) * skinny_gemm.RW
+    row_end = min(offsets[e] + (tile - tiles[e] + 1) * TM, offsets[e + 1])
+    col0 = cuda.blockIdx.y * SK_COLS + (warp // SK_ROW_WARPS) * skinny_gemm.CW
+    M = W.shape[1]
+    if row0 >= row_end or col0 >= M:                    # whole warps leave: the shuffles need all 32 lanes
+        return
+    v = skinny_gemm.patch_sum(xs, row0, row_end, W[e], col0, M, buf)
+    lane = cuda.threadIdx.x % 32
+    r = row0 + lane // skinny_gemm.CW
+    c = col0 + lane % skinny_gemm.CW
+    if r < row_end and c < M:
+        out[r, c] = v
+
+
+_KERNELS = {1: _grouped_gemm_kernel, 2: _grouped_gemm_v2_kernel, 3: _grouped_gemv_kernel, 4: _grouped_skinny_kernel}
 
 
 def default_variant(rows: int, experts: int) -> int:
@@ -382,7 +420,8 @@ def grouped_linear(xs, W, offsets, out=None, tiles=None, sim_kernel: bool = True
     tiles: ``tile_table(offsets)`` when the caller runs several GEMMs over the same grouping (the MoE's gate/up and
     down), else computed here. Backends: numpy runs the reference; cuda the kernels; sim the kernels too, unless
     ``sim_kernel=False``: then the reference, as every model GEMM on the simulator (gemm.linear) - the kernel takes
-    seconds per tiny GEMM there. variant: 1 the plain kernel, 2 the prefetching one, 3 the grouped GEMV; None
+    seconds per tiny GEMM there. variant: 1 the plain kernel, 2 the prefetching one, 3 the grouped GEMV, 4 skinny
+    patches (a tree verify's ~16 rows per expert); None
     (default): 3 while rows <= experts / ``GEMV_ROWS_PER_EXPERT`` (a decode step: most experts get one row or none),
     else 2.
     Above ``CUBLAS_ROWS`` rows (a prefill chunk; ``per_expert_above=False`` turns this off) the cuda launcher
@@ -395,7 +434,7 @@ def grouped_linear(xs, W, offsets, out=None, tiles=None, sim_kernel: bool = True
     offsets = _checks.array(offsets, "offsets", dtype=np.int32, shape=(E + 1,))
     out = _checks.out_array(out, "out", (N, M), np.float32)
     if variant is not None and variant not in _KERNELS:
-        raise ValueError(f"variant: expected 1, 2, 3 or None, got {variant!r}")
+        raise ValueError(f"variant: expected 1, 2, 3, 4 or None, got {variant!r}")
     if backend.name == "numpy" or (backend.name == "sim" and not sim_kernel):
         off = np.asarray(offsets)
         if off[0] != 0 or off[-1] != N or np.any(np.diff(off) < 0):
@@ -417,8 +456,11 @@ def grouped_linear(xs, W, offsets, out=None, tiles=None, sim_kernel: bool = True
         tiles = tile_table(offsets)
     else:
         tiles = _checks.array(tiles, "tiles", dtype=np.int32, shape=(E + 1,))
-    grid = (row_tile_bound(N, E), -(-M // TN))
     if variant is None:
         variant = default_variant(N, E)
-    backend.launch(_KERNELS[variant], grid, THREADS, xs, W, offsets, tiles, out)
+    if variant == 4:
+        grid, threads = (row_tile_bound(N, E), -(-M // SK_COLS)), 32 * SK_WARPS
+    else:
+        grid, threads = (row_tile_bound(N, E), -(-M // TN)), THREADS
+    backend.launch(_KERNELS[variant], grid, threads, xs, W, offsets, tiles, out)
     return out

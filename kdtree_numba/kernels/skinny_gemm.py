@@ -81,18 +81,15 @@ def _half(acc, o, upper, buf):
         acc[t] = keep + warp_xor(send, o, buf)
 
 
-@cuda.jit
-def _skinny_kernel(x, w, out, accumulate):
-    buf = cuda.shared.array(32 if SIM else 1, float32)  # the simulator's stand-in for shuffles (primitives)
+@cuda.jit(device=True, inline=True)
+def patch_sum(x, row0, row_end, w, col0, col_end, buf):
+    """The warp's RW x CW patch of ``x @ w.T`` at (row0, col0): lane l returns the whole sum of value l, i.e.
+    out[row0 + l // CW, col0 + l % CW] (rows from row_end and columns from col_end read as zeros). Every lane of
+    the warp calls (the reduce-scatter's shuffles); the module docstring's mapping. Also the grouped GEMM's
+    variant 4 (moe_grouped_gemm), with one expert's W[e] as ``w``."""
     lane = cuda.threadIdx.x % 32
-    group = cuda.blockIdx.x * (cuda.blockDim.x // 32) + cuda.threadIdx.x // 32   # this warp's column group
-    col0 = group * CW
-    row0 = cuda.blockIdx.y * RW
-    M, K = x.shape
-    N = w.shape[0]
-    if col0 >= N:                                       # whole warps leave: the shuffles need all 32 lanes
-        return
-    acc = cuda.local.array(32, float32)                 # acc[r * CW + c]: this lane's part of out[row0+r, col0+c]
+    K = x.shape[1]
+    acc = cuda.local.array(32, float32)                 # acc[r * CW + c]: this lane's part of value r * CW + c
     for v in range(32):
         acc[v] = float32(0.0)
     xv = cuda.local.array(_XN, float32)                 # [U, RW] x values of U k steps
@@ -101,9 +98,9 @@ def _skinny_kernel(x, w, out, accumulate):
         for u in range(U):                              # every load first ...
             k = k0 + 32 * u
             for r in range(RW):
-                xv[u * RW + r] = x[row0 + r, k] if row0 + r < M and k < K else float32(0.0)
+                xv[u * RW + r] = x[row0 + r, k] if row0 + r < row_end and k < K else float32(0.0)
             for c in range(CW):
-                wv[u * CW + c] = w[col0 + c, k] if col0 + c < N and k < K else float32(0.0)
+                wv[u * CW + c] = w[col0 + c, k] if col0 + c < col_end and k < K else float32(0.0)
         for u in range(U):                              # ... then the 4 x 32 multiply-adds
             for c in range(CW):
                 for r in range(RW):
@@ -115,13 +112,28 @@ def _skinny_kernel(x, w, out, accumulate):
     _half(acc, 4, lane & 4 != 0, buf)
     _half(acc, 2, lane & 2 != 0, buf)
     _half(acc, 1, lane & 1 != 0, buf)
-    r = row0 + lane // CW                               # lane l now holds value l's whole sum
+    return acc[0]
+
+
+@cuda.jit
+def _skinny_kernel(x, w, out, accumulate):
+    buf = cuda.shared.array(32 if SIM else 1, float32)  # the simulator's stand-in for shuffles (primitives)
+    lane = cuda.threadIdx.x % 32
+    group = cuda.blockIdx.x * (cuda.blockDim.x // 32) + cuda.threadIdx.x // 32   # this warp's column group
+    col0 = group * CW
+    row0 = cuda.blockIdx.y * RW
+    M = x.shape[0]
+    N = w.shape[0]
+    if col0 >= N:                                       # whole warps leave: the shuffles need all 32 lanes
+        return
+    v = patch_sum(x, row0, M, w, col0, N, buf)
+    r = row0 + lane // CW
     c = col0 + lane % CW
     if r < M and c < N:
         if accumulate:
-            out[r, c] += acc[0]
+            out[r, c] += v
         else:
-            out[r, c] = acc[0]
+            out[r, c] = v
 
 
 def skinny_linear(x, w, out=None, accumulate: bool = False):

@@ -46,7 +46,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("variant", [1, 2, 3])
+@pytest.mark.parametrize("variant", [1, 2, 3, 4])
 @pytest.mark.parametrize("case", list(CASES))
 def test_kernel_matches_reference(case, variant, kernel_backend):
     counts, K, M = CASES[case]
@@ -141,7 +141,7 @@ def test_moe_reads_nothing_back_to_the_host(monkeypatch):
     (lambda: mg.grouped_linear(np.zeros((4, 3), np.float64), np.zeros((2, 5, 3), np.float32),
                                np.array([0, 2, 4], np.int32)), "xs: expected dtype float32"),
     (lambda: mg.grouped_linear(np.zeros((4, 3), np.float32), np.zeros((2, 5, 3), np.float32),
-                               np.array([0, 2, 4], np.int32), variant=4), "variant: expected 1, 2, 3 or None"),
+                               np.array([0, 2, 4], np.int32), variant=5), "variant: expected 1, 2, 3, 4 or None"),
 ])
 def test_bad_input(call, msg):
     with pytest.raises(ValueError, match=msg):
@@ -156,7 +156,7 @@ def test_offsets_that_do_not_cover_the_rows_are_refused(numpy_backend):
 
 # ------------------------------------------------------------------------------------------------ GPU
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", [1, 2, 3])
+@pytest.mark.parametrize("variant", [1, 2, 3, 4])
 @pytest.mark.parametrize("T", [1, 64, 300])
 def test_kimi_like_decode_shape_on_the_gpu(T, variant):
     """E 384, top-8, hidden 1024, expert intermediate 512 (Kimi: 7168, 2048): gate/up then down, random routing."""
