@@ -41,14 +41,20 @@ host read that it replaced (0.82x at T = 16). Prefill-sized T is compute-bound a
 thread is far from cuBLAS there (0.23x at T = 4096): a register-blocked or tensor-core tile is the next step.
 Variant 3, ``_grouped_gemv_kernel`` (same grid and block work, above the variant table): for decode-sized T a
 warp streams one output column's W row at a time, 8 loads in flight per lane, no shared tiles or barriers. The
-launcher's default takes it while rows <= experts / GEMV_ROWS_PER_EXPERT, v2 above. Measured on the H200 (bench_moe,
+launcher's default takes it while rows <= experts / GEMV_ROWS_PER_EXPERT, v2 (or v4, below) above. Measured on the H200 (bench_moe,
 same shapes, device events): T = 1: 0.759 ms against v2's 0.906 (graph-replayed 0.628, 44 % of the memory floor);
 T = 4: 2.73 against 3.01; T = 16: 9.62 against 9.41 (v2 from here on); T = 64: 36.8 against 25.4.
 
-Variant 4, ``_grouped_skinny_kernel`` (``variant=4`` only, not a default yet): the skinny GEMM's warp patches
-(kernels/skinny_gemm.py: 8 x 4 outputs a warp, K across its lanes, a reduce-scatter, no barriers) over each
-expert's rows - aimed at a tree verify's ~16 rows per expert, where v2 pays a barrier pair per K step. Not yet
-measured on a GPU (ptxas sm_90: 165 registers, no spills).
+Variant 4, ``_grouped_skinny_kernel``: the skinny GEMM's warp patches (kernels/skinny_gemm.py: 8 x 4 outputs a
+warp, K across its lanes, a reduce-scatter, no barriers) over each expert's rows - a tree verify's ~16 rows per
+expert, where v2 pays a barrier pair per K step (ptxas sm_90: 165 registers, no spills). The launcher's default
+takes it where v2 would run and Kdim <= SKINNY_MAX_K, rows <= SKINNY_MAX_ROWS. Measured on the H200 (graph
+replays, same arrays, microseconds, gate/up | down; 2026-12-04): the default pair's experts (E 8, top-2, H 256,
+I 192) at T = 16 / 33 / 65 / 128 tokens: v2 14.3 | 12.3, 17.0 | 14.5, 19.2 | 16.2, 27.9 | 16.3 against v4
+9.7 | 8.4, 10.0 | 9.7, 13.7 | 9.9, 18.2 | 13.5; a Kimi-like layer (E 384, top-8, H 1024, I 512) at T = 16 / 65:
+v2 250 | 138, 624 | 341 against v4 360 | 214, 913 | 534 (long K: one warp's lanes stream a whole row, too few
+blocks in flight) - v2 stays there. In the round (DDTree-64 on the default pair): verify 0.639 -> 0.591 ms,
+round 0.944 -> 0.895 ms; the chain's round 0.777 -> 0.707 ms; tokens identical.
 Shapes: xs [N, Kdim] float32, W [E, M, Kdim] float32 (HF [out, in] per expert: Target's experts_gu [E, 2I, H],
 experts_down [E, H, I]), offsets [E+1] int32 (offsets[0] = 0, non-decreasing, offsets[E] = N) -> out [N, M] float32.
 Example: E = 3, offsets [0, 2, 2, 3], W[0] = [[1, 0]], W[2] = [[0, 2]], xs = [[1, 2], [3, 4], [5, 6]]
@@ -405,11 +411,19 @@ def _grouped_skinny_kernel(xs, W, offsets, tiles, out):
 _KERNELS = {1: _grouped_gemm_kernel, 2: _grouped_gemm_v2_kernel, 3: _grouped_gemv_kernel, 4: _grouped_skinny_kernel}
 
 
-def default_variant(rows: int, experts: int) -> int:
-    """The launcher's choice for ``rows`` assignments over ``experts``: 3 (GEMV) while rows <= experts /
-    GEMV_ROWS_PER_EXPERT, else 2. Expert parallelism passes the whole layer's counts, so every rank runs the kernel
-    one rank would (the same sums, bit for bit). Example: default_variant(8, 384) -> 3 (a Kimi decode step)."""
-    return 3 if rows * GEMV_ROWS_PER_EXPERT <= experts else 2
+SKINNY_MAX_K = 256                       # the default takes v4 where it would take v2 and Kdim <= this
+SKINNY_MAX_ROWS = 256                    # and rows <= this (measured range: the docstring's table)
+
+
+def default_variant(rows: int, experts: int, kdim: int) -> int:
+    """The launcher's choice for ``rows`` assignments over ``experts`` with inner dimension ``kdim``: 3 (GEMV)
+    while rows <= experts / GEMV_ROWS_PER_EXPERT; else 4 (skinny patches) while kdim <= SKINNY_MAX_K and rows <=
+    SKINNY_MAX_ROWS; else 2. Expert parallelism passes the whole layer's rows, so every rank runs the kernel one
+    rank would (the same sums, bit for bit). Examples: default_variant(8, 384, 7168) -> 3 (a Kimi decode step);
+    default_variant(130, 8, 256) -> 4 (the default pair's DDTree-64 verify, gate/up); (130, 8, 1024) -> 2."""
+    if rows * GEMV_ROWS_PER_EXPERT <= experts:
+        return 3
+    return 4 if kdim <= SKINNY_MAX_K and rows <= SKINNY_MAX_ROWS else 2
 
 
 def grouped_linear(xs, W, offsets, out=None, tiles=None, sim_kernel: bool = True, variant: int | None = None,
@@ -421,9 +435,9 @@ def grouped_linear(xs, W, offsets, out=None, tiles=None, sim_kernel: bool = True
     down), else computed here. Backends: numpy runs the reference; cuda the kernels; sim the kernels too, unless
     ``sim_kernel=False``: then the reference, as every model GEMM on the simulator (gemm.linear) - the kernel takes
     seconds per tiny GEMM there. variant: 1 the plain kernel, 2 the prefetching one, 3 the grouped GEMV, 4 skinny
-    patches (a tree verify's ~16 rows per expert); None
-    (default): 3 while rows <= experts / ``GEMV_ROWS_PER_EXPERT`` (a decode step: most experts get one row or none),
-    else 2.
+    patches (a tree verify's ~16 rows per expert); None (default): ``default_variant(rows, experts, Kdim)`` - 3
+    while rows <= experts / ``GEMV_ROWS_PER_EXPERT`` (a decode step: most experts get one row or none), 4 for a
+    short K and at most ``SKINNY_MAX_ROWS`` rows, else 2.
     Above ``CUBLAS_ROWS`` rows (a prefill chunk; ``per_expert_above=False`` turns this off) the cuda launcher
     reads ``offsets`` once and runs one cuBLAS GEMM per expert instead: compute-bound there, where cuBLAS was
     2.5-4x faster than this SIMT tile (docstring above); a decode step or a tree verify stays under it."""
@@ -457,7 +471,7 @@ def grouped_linear(xs, W, offsets, out=None, tiles=None, sim_kernel: bool = True
     else:
         tiles = _checks.array(tiles, "tiles", dtype=np.int32, shape=(E + 1,))
     if variant is None:
-        variant = default_variant(N, E)
+        variant = default_variant(N, E, K)
     if variant == 4:
         grid, threads = (row_tile_bound(N, E), -(-M // SK_COLS)), 32 * SK_WARPS
     else:

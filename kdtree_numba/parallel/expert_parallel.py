@@ -91,14 +91,16 @@ def _route(h, layer, cfg):
     return idx, w, shared_gu
 
 
-def _experts(xs, layer, offsets, variant: int):
-    """The local experts' SwiGLU MLPs over expert-major rows ``xs`` (local ``offsets [E/N + 1]``); ``variant``:
-    the grouped GEMM the single-rank layer would run (moe_grouped_gemm.default_variant of its rows and experts)."""
+def _experts(xs, layer, offsets, rows: int, experts: int):
+    """The local experts' SwiGLU MLPs over expert-major rows ``xs`` (local ``offsets [E/N + 1]``); ``rows``,
+    ``experts``: the whole layer's, so each GEMM runs the variant the single-rank layer would
+    (moe_grouped_gemm.default_variant of its rows, experts and inner dimension)."""
     tiles = moe_grouped_gemm.tile_table(offsets, sim_kernel=False)
-    gu = moe_grouped_gemm.grouped_linear(xs, layer["experts_gu"], offsets, tiles=tiles, sim_kernel=False,
-                                         variant=variant)
-    return moe_grouped_gemm.grouped_linear(swiglu.swiglu(gu), layer["experts_down"], offsets, tiles=tiles,
-                                           sim_kernel=False, variant=variant)
+    gu_w, down_w = layer["experts_gu"], layer["experts_down"]                        # [E/N, 2I, H], [E/N, H, I]
+    gu = moe_grouped_gemm.grouped_linear(xs, gu_w, offsets, tiles=tiles, sim_kernel=False,
+                                         variant=moe_grouped_gemm.default_variant(rows, experts, gu_w.shape[2]))
+    return moe_grouped_gemm.grouped_linear(swiglu.swiglu(gu), down_w, offsets, tiles=tiles, sim_kernel=False,
+                                           variant=moe_grouped_gemm.default_variant(rows, experts, down_w.shape[2]))
 
 
 def ep_moe(h, layer: dict, cfg, comm: Communicator, reduce: str = "tokens", out=None):
@@ -118,8 +120,7 @@ def ep_moe(h, layer: dict, cfg, comm: Communicator, reduce: str = "tokens", out=
     ys = backend.zeros((T * k, H), np.float32)                                        # [T*k, H] expert-major
     if hi > lo:
         xs = xp.take(h, order[lo:hi] // k, axis=0)                                    # [hi-lo, H] local rows
-        ys[lo:hi] = _experts(xs, layer, backend.asarray((off - lo).astype(np.int32)),
-                             moe_grouped_gemm.default_variant(T * k, cfg.n_routed_experts))
+        ys[lo:hi] = _experts(xs, layer, backend.asarray((off - lo).astype(np.int32)), T * k, cfg.n_routed_experts)
     if reduce == "assignments":
         return moe_routing.combine(comm.all_reduce(ys), w, slot, out=Target._shared_expert(layer, shared_gu, out))
     y = comm.all_reduce(moe_routing.combine(ys, w, slot))                             # [T, H]
@@ -206,8 +207,7 @@ def ep_moe_all_to_all(h, layer: dict, cfg, comm: Communicator):
     ys = backend.zeros((xr.shape[0], H), np.float32)
     if xr.shape[0]:
         xs = xp.take(xr, backend.asarray(recv.order), axis=0)                      # [R, H] expert-major
-        ys = _experts(xs, layer, backend.asarray(recv.offsets),
-                      moe_grouped_gemm.default_variant(xs.shape[0], len(recv.offsets) - 1))
+        ys = _experts(xs, layer, backend.asarray(recv.offsets), xs.shape[0], len(recv.offsets) - 1)
     ys_recv = xp.take(ys, backend.asarray(recv.slot), axis=0)                      # [R, H] receive layout
     back = comm.all_to_all_v(_split(ys_recv, recv.recv_counts))                    # per destination, send order
     ys_sent = xp.concatenate(back, axis=0)                                         # [A, H] = expert-major

@@ -58,11 +58,14 @@ def test_kernel_matches_reference(case, variant, kernel_backend):
     np.testing.assert_allclose(H(got), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
-def test_default_variant_is_the_gemv_for_decode_sized_rows():
-    assert mg.default_variant(8, 384) == 3                                  # Kimi decode: T 1 x top-8
-    assert mg.default_variant(384 // mg.GEMV_ROWS_PER_EXPERT, 384) == 3
-    assert mg.default_variant(384 // mg.GEMV_ROWS_PER_EXPERT + 1, 384) == 2
-    assert mg.default_variant(130, 8) == 2                                  # the default pair's DDTree verify
+def test_default_variant_is_the_gemv_for_decode_sized_rows_and_skinny_for_a_short_k():
+    assert mg.default_variant(8, 384, 7168) == 3                            # Kimi decode: T 1 x top-8
+    assert mg.default_variant(384 // mg.GEMV_ROWS_PER_EXPERT, 384, 7168) == 3
+    assert mg.default_variant(384 // mg.GEMV_ROWS_PER_EXPERT + 1, 384, 7168) == 2
+    assert mg.default_variant(130, 8, 256) == 4                             # the default pair's DDTree-64 verify
+    assert mg.default_variant(130, 8, 192) == 4                             # ... its down projection
+    assert mg.default_variant(130, 8, mg.SKINNY_MAX_K + 1) == 2             # long K: v2 (Kimi-like, measured)
+    assert mg.default_variant(mg.SKINNY_MAX_ROWS + 1, 8, 256) == 2          # past the measured rows
 
 
 def test_tile_table_matches_reference(kernel_backend):
