@@ -279,15 +279,19 @@ def test_sampled_generation_ends_at_its_first_stop_token(targets, numpy_backend)
 
 
 def test_stop_token_on_the_kernel_backend(kernel_backend):
-    """The same on the simulator (or the GPU): tiny target, one stop token that lands inside an accepted path."""
+    """The same on the simulator (or the GPU): tiny target, one stop token that lands inside an accepted path.
+
+    One round is enough (the simulator runs every kernel of a round: about 20 s each): the first round
+    accepts 3 drafts, the stop token is the second, so the third and the bonus must be dropped."""
     t = kd.tiny_target(5, num_hidden_layers=2, vocab_size=64)
     ref_t = t.with_backend("numpy") if kd.backend.name == "sim" else t       # the reference and the oracle
     prompt = [3, 17, 29]
     ref = kd.generate(ref_t, prompt, 10).tokens
-    stop = ref[5]
-    res = kd.generate(t, prompt, 10, drafter=kd.OracleDrafter(ref_t, noise=0.0, depth=4), budget=6,
+    stop = ref[2]
+    res = kd.generate(t, prompt, 10, drafter=kd.OracleDrafter(ref_t, noise=0.0, depth=3), budget=6,
                       stop_tokens=[stop])
     assert res.tokens == ref[:ref.index(stop) + 1]
+    assert len(res.rounds) == 1 and stop in res.rounds[0].accepted_tokens[:-1]     # inside the path, not its end
 
 
 @pytest.mark.parametrize("depth", [5000, 100000])
