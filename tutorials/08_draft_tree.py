@@ -208,7 +208,11 @@ print(f"depth bound {bound} (the tree is {tree.depths.max()} deep): mode 0 runs 
       f"{'the heap itself' if tree_build.heap_path(lp, BUDGET, 0) else 'the level loop'}")
 check_true("depth_bound >= the tree's depth", bound >= tree.depths.max())
 if PROC != "numpy":
+    ran = tree_build.HEAP if tree_build.heap_path(lp, BUDGET, 0) else tree_build.LEVELS   # kd.build_tree's path above
     for mode, name in ((tree_build.HEAP, "heap path"), (tree_build.LEVELS, "level loop")):
+        if mode == ran:                        # kd.build_tree (mode 0) ran this one above: its tree, not a rerun
+            check_true(f"the {name} (kd.build_tree above, mode 0) == build_tree_ref", tree == ref_tree)
+            continue
         forced = tree_build.TreeBuilder(1, L, K, BUDGET, mode=mode)
         forced.build(kd.backend.asarray(lp[None]), kd.backend.asarray(ids[None].astype(np.int32)))
         check_true(f"the {name} (TreeBuilder mode {mode}) == build_tree_ref", forced.out.to_trees()[0] == ref_tree)
@@ -387,7 +391,8 @@ section("ties: uniform and partly tied rows (made-up logits)")
 Lt, Vt, Bt = (L, V, BUDGET) if LARGE else (4, 40, 10)
 Kt = min(Bt, Vt)
 uniform = np.zeros((Lt, Vt), np.float32)
-lp_u, ids_u = (host(a) for a in logprobs.topk_logprobs(uniform, Kt))
+# every row is the same: the kernel ranks one (a block per row) and the tree gets Lt copies of it
+lp_u, ids_u = (np.repeat(host(a), Lt, axis=0) for a in logprobs.topk_logprobs(uniform[:1], Kt))
 lp_u_ref, ids_u_ref = logprobs.topk_logprobs_ref(uniform, Kt)
 check("uniform rows: top-K ids == lowest ids first", ids_u, ids_u_ref)
 check("uniform rows: log-probs == -log V", lp_u, np.full((Lt, Kt), -np.log(Vt), np.float32), atol=1e-5, rtol=1e-5)
