@@ -148,7 +148,8 @@ check("state: start + 4, root = bonus 11, round 3", np.concatenate([host(start),
 # ## T > 0: sampling, reproducible from the seed
 #
 # Same logits with a milder favourite, temperature 1. Each seed gives one sample per node; the same seed gives the
-# same result every time, on every backend.
+# same result every time, on every backend: the kernel reproduces the reference sampler's choice for every seed, and
+# a second run of seed 0 repeats the first (once: on the simulator an accept costs seconds).
 
 # %%
 section("sampled accept (T = 1)")
@@ -158,10 +159,11 @@ T_ = 1.0
 rows = []
 for seed in range(4 if not LARGE else 12):
     a1 = tree_accept.accept(soft, tokens, parents[1:], n, temperature=T_, seed=seed, stream=1)
-    a2 = tree_accept.accept(soft, tokens, parents[1:], n, temperature=T_, seed=seed, stream=1)
     ch = sampling.choose_tokens_ref(soft, T_, seed, 1)
     pr, br = tree_accept.walk_ref(ch, tokens, parents[1:], n)
-    check(f"seed {seed}: same seed -> same result", np.array(a1[0] + [a1[1]]), np.array(a2[0] + [a2[1]]))
+    if seed == 0:
+        a2 = tree_accept.accept(soft, tokens, parents[1:], n, temperature=T_, seed=seed, stream=1)
+        check(f"seed {seed}: same seed -> same result", np.array(a1[0] + [a1[1]]), np.array(a2[0] + [a2[1]]))
     check(f"seed {seed}: kernel == reference sampler + walk_ref", np.array(a1[0] + [a1[1]]), np.array(pr + [br]))
     rows.append((seed, a1[0], [int(tokens[j - 1]) for j in a1[0][1:]] + [a1[1]]))
 table(rows, ("seed", "accepted nodes", "emitted tokens"))
