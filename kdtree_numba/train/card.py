@@ -299,7 +299,9 @@ def _training(tlog, dlog) -> list:
              f"{tv.get('transformers')}, Python {tv.get('python')}), bf16 autocast with fp32 master weights, saved "
              f"in bf16. The commands as run, rebuilt from the logs' arguments (every other flag at its default; on "
              f"the GPU machine the corpus directory, built by the `corpus` subcommand, was named "
-             f"`{ta.get('data_dir')}`):",
+             f"`{ta.get('data_dir')}`" + (f" for the target's run and `{da.get('data_dir')}` for the drafter's"
+                                          if da.get("data_dir", ta.get("data_dir")) != ta.get("data_dir") else "")
+             + "):",
              "", "```", t_cmd, d_cmd, "```", ""]
     lines += ["### Target", ""]
     lines += _table(["setting", "value"], [

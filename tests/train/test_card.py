@@ -235,15 +235,14 @@ def test_card_log_without_regen_docstring_renders_as_before(tmp_path):
 
 
 def test_shipped_card_is_what_its_files_render():
-    """The shipped drafter log predates --regen-docstring: the card built from the shipped files is the shipped card."""
+    """The card built from the shipped files is the shipped card (`train card` was run after the last change)."""
     pytest.importorskip("tokenizers")
     d = card.DEFAULT_DIR
-    paths = [os.path.join(d, name) for name in (card.EVAL, card.GPU_EVAL, card.CARD)]
-    if not all(os.path.exists(p) for p in paths):
-        pytest.skip("the shipped eval JSONs or card are missing")
-    assert "regen_docstring" not in (json.load(open(_dlog_path(d))).get("args") or {})
-    ev, gpu = (json.load(open(p)) for p in paths[:2])
-    assert card.build_card(d, ev, gpu) == open(paths[2], encoding="utf-8").read()
+    ev_path, gpu_path, card_path = (os.path.join(d, name) for name in (card.EVAL, card.GPU_EVAL, card.CARD))
+    if not (os.path.exists(ev_path) and os.path.exists(card_path)):
+        pytest.skip("the shipped eval JSON or card is missing")
+    gpu = json.load(open(gpu_path)) if os.path.exists(gpu_path) else None     # the GPU eval is optional
+    assert card.build_card(d, json.load(open(ev_path)), gpu) == open(card_path, encoding="utf-8").read()
 
 
 def test_card_says_when_prompts_end_at_docstrings(tmp_path):
@@ -265,3 +264,12 @@ def test_card_says_when_prompts_end_at_docstrings(tmp_path):
     assert "closing quotes token and given one bare newline token; the rest are random windows |" in row
     assert OLD_DRAFTER_CMD + " --regen-docstring 0.25" in text.splitlines()
     assert "| 10 | target-regenerated, docstring-ended prompts only | 2.0000 | 0.875 | 0.250 | 0.540 | 2.25 |" in text
+
+
+def test_card_names_both_corpus_directories_when_the_runs_used_two(tmp_path):
+    d = _fake_dir(tmp_path)
+    assert "was named `D`):" in card.build_card(d, _eval())                 # one directory for both runs
+    dlog = json.load(open(_dlog_path(d)))
+    dlog["args"]["data_dir"] = "/tmp/x"
+    _write(_dlog_path(d), dlog)
+    assert "was named `D` for the target's run and `/tmp/x` for the drafter's):" in card.build_card(d, _eval())
