@@ -223,10 +223,11 @@ for c in range(TN, M_ex, TN):
 save_figure(fig, args, "13_grouped_gemm_blocks.png")
 
 # %% [markdown]
-# ## 3. Three kernels, one grid
+# ## 3. Four kernels, one row-tile grid
 #
-# All three use the grid above (`row_tile_bound(N, E)` x `ceil(M / TN)` blocks of THREADS threads) and the same
-# `_block_work`; they differ in how a block's threads compute its TM x TN tile of `out`.
+# v1-v3 use the grid above (`row_tile_bound(N, E)` x `ceil(M / TN)` blocks of THREADS threads) and the same
+# `_block_work`; they differ in how a block's threads compute its TM x TN tile of `out`. v4 keeps the row tiles
+# and the tile search but has its own block (warps, no shared memory), so its column tiles are `SK_COLS` wide.
 #
 # * **v1 `_grouped_gemm_kernel`: shared tiles.** The block walks Kdim in steps of TK. Each step every thread loads
 #   2 elements of the xs tile `[TM, TK]` and 8 of the W[e] tile `[TN, TK]` (element `i*THREADS + t`, row-major:
@@ -243,6 +244,11 @@ save_figure(fig, args, "13_grouped_gemm_blocks.png")
 #   **8 loads in flight** per lane (`_load8`, one step covers `GEMV_STEP = 256` of Kdim), the rest of Kdim one
 #   load at a time, then a butterfly **warp sum** and lane 0 stores `out[r, c]`. A second row of the tile re-reads
 #   the W row from L1/L2.
+# * **v4 `_grouped_skinny_kernel`: skinny patches.** A tree verify gives each expert ~16 rows: too many for the
+#   GEMV, too few for v2's shared tiles to repay a barrier pair per K step. v4 gives each warp an RW x CW = 8 x 4
+#   patch of one row tile (`skinny_gemm.patch_sum`: K across the lanes, a reduce-scatter of the 32 sums, no shared
+#   memory, no barrier); ceil(TM / RW) warps cover a tile's rows, a block's other warps further columns, so a block
+#   covers `SK_COLS` columns. It pays only for short K (the default pair's H 256, I 192), not Kimi's 7168.
 #
 # The v3 kernel on the page (printed from the package):
 
@@ -275,7 +281,7 @@ table(lane_rows, ("lane", "unrolled step (8 loads in flight)", "tail (one at a t
 check_true("every k of the W row read exactly once by the warp", np.all(reads == 1), f"Kdim {K296}, k_main {k_main}")
 
 # %% [markdown]
-# ## 4. Run all three against the reference
+# ## 4. Run all four against the reference
 #
 # Irregular small shapes (on the simulator TM = 4, TN = 16): empty experts, an expert over several row tiles,
 # one expert with every row, Kdim past one GEMV step, M not a multiple of TN. The output is filled with NaN
@@ -302,7 +308,7 @@ for c_i, (name, counts, K, M) in enumerate(CASES):
     shown = counts if len(counts) <= 8 else f"{len(counts)} experts"
     print(f"\ncase {c_i + 1}, {name}: counts {shown}, N {N}, Kdim {K}, M {M}; "
           f"grid ({mg.row_tile_bound(N, E)}, {-(-M // TN)}) x {THREADS} threads{'' if KERNELS else ' (not launched)'}")
-    for v in (1, 2, 3):
+    for v in (1, 2, 3, 4):
         out = kd.backend.full((N, M), np.nan, np.float32)                      # [N, M] poisoned
         with stopwatch() as t:
             mg.grouped_linear(xs, W, off, out=out, variant=v)
@@ -313,12 +319,14 @@ if KERNELS:
     section("what the launcher does: one launch for the table, one per GEMM, no host read")
     M_s = 5
     xs, W, off = problem(ex_counts, 8, M_s)                                    # the worked example's rows
+    v_s = mg.default_variant(N_ex, E_ex, 8)                                     # 4: few rows, short K
+    cols = mg.SK_COLS if v_s == 4 else TN                                      # v4's blocks are warps of patches
     with spy() as s:
         out = mg.grouped_linear(xs, W, off)                                    # [N, M] default variant
     for name, grid, block in s.launches:
         print(f"  launched {name}[grid={grid}, block={block}]")
-    check_true("grid from shapes: (row_tile_bound(N, E), ceil(M / TN)); nothing read on the host",
-               s.launches[-1][1] == (mg.row_tile_bound(N_ex, E_ex), -(-M_s // TN)) and s.host_reads == 0,
+    check_true(f"grid from shapes (default v{v_s}): (row_tile_bound(N, E), ceil(M / {cols})); nothing read on the "
+               "host", s.launches[-1][1] == (mg.row_tile_bound(N_ex, E_ex), -(-M_s // cols)) and s.host_reads == 0,
                f"{len(s.launches)} launches, {s.host_reads} host reads")
     check("default-variant launch vs grouped_linear_ref", out, mg.grouped_linear_ref(xs, W, off), atol=1e-5,
           rtol=1e-5)
@@ -336,32 +344,39 @@ print()
 table(timing, ("case", "variant", f"{kd.backend.name} ms"))
 
 # %% [markdown]
-# ## 5. Which variant the launcher picks: `default_variant(rows, experts)`
+# ## 5. Which variant the launcher picks: `default_variant(rows, experts, kdim)`
 #
 # v3 (the GEMV) while `rows <= experts / GEMV_ROWS_PER_EXPERT` (= experts / 4): most experts then have one row or
-# none, and streaming W rows with many loads in flight beats staging tiles through shared memory. Above that, v2.
-# Below: a Kimi K2 layer (384 experts, top-8) at T = 1 (a decode step), 4, 16 and 64 tokens, and the shipped
-# default pair's verify (65 tokens x top-2 = 130 rows over 8 experts: ~16 rows per expert, a real GEMM). The check
-# compares the pick with the fastest variant measured on an H200 at each Kimi T (docs/PERFORMANCE.md; the table in
-# section 7 below).
+# none, and streaming W rows with many loads in flight beats staging tiles through shared memory. Above that v4
+# (skinny patches) while `kdim <= SKINNY_MAX_K` (256) and `rows <= SKINNY_MAX_ROWS` (256), else v2. Below: a Kimi
+# K2 layer (384 experts, top-8, Kdim 7168 for gate/up) at T = 1 (a decode step), 4, 16 and 64 tokens, and the
+# shipped default pair's DDTree-64 verify (65 tokens x top-2 = 130 rows over 8 experts, ~16 rows per expert;
+# gate/up reads Kdim = H = 256, down Kdim = I = 192). The check compares each pick with the fastest variant
+# measured on an H200 (docs/PERFORMANCE.md: Kimi 2026-12-02, the default pair 2026-12-04; the table in section 7).
 
 # %%
 section("default_variant")
-H200_FASTEST = {1: 3, 4: 3, 16: 2, 64: 2}        # measured on an H200 (docs/PERFORMANCE.md, 2026-12-02), Kimi shapes
+H200_FASTEST = {"Kimi decode step": 3, "Kimi T = 4": 3, "Kimi T = 16": 2, "Kimi T = 64": 2,
+                "default pair verify, gate/up": 4, "default pair verify, down": 4}   # measured on an H200
 rows = []
 picks = {}
-for label, T_, k_, E_ in [("Kimi decode step", 1, 8, 384), ("Kimi T = 4", 4, 8, 384), ("Kimi T = 16", 16, 8, 384),
-                          ("Kimi T = 64", 64, 8, 384), ("default pair verify", 65, 2, 8)]:
+for label, T_, k_, E_, K_ in [("Kimi decode step", 1, 8, 384, 7168), ("Kimi T = 4", 4, 8, 384, 7168),
+                              ("Kimi T = 16", 16, 8, 384, 7168), ("Kimi T = 64", 64, 8, 384, 7168),
+                              ("default pair verify, gate/up", 65, 2, 8, 256),
+                              ("default pair verify, down", 65, 2, 8, 192)]:
     n = T_ * k_
-    picks[label] = mg.default_variant(n, E_)
-    rows.append((label, f"{T_} x top-{k_}", n, E_, f"{n / E_:.2f}", f"v{picks[label]}",
-                 f"v{H200_FASTEST[T_]}" if E_ == 384 else "-"))
-table(rows, ("case", "tokens", "rows", "experts", "rows / expert", "default", "fastest on H200"))
-check_true("the default picks the H200's fastest variant at Kimi T = 1, 4, 16, 64",
-           all(picks[f"Kimi {'decode step' if T_ == 1 else f'T = {T_}'}"] == v for T_, v in H200_FASTEST.items()))
-check_true("the default pair's verify (130 rows, 8 experts) runs v2", picks["default pair verify"] == 2)
-check_true("the switch sits at rows = experts / 4 (96 rows -> v3, 97 -> v2 at 384 experts)",
-           mg.default_variant(96, 384) == 3 and mg.default_variant(97, 384) == 2)
+    picks[label] = mg.default_variant(n, E_, K_)
+    rows.append((label, f"{T_} x top-{k_}", n, E_, K_, f"{n / E_:.2f}", f"v{picks[label]}",
+                 f"v{H200_FASTEST[label]}"))
+table(rows, ("case", "tokens", "rows", "experts", "Kdim", "rows / expert", "default", "fastest on H200"))
+check_true("the default picks the H200's fastest variant in every case above",
+           all(picks[label] == v for label, v in H200_FASTEST.items()),
+           ", ".join(f"{label}: v{picks[label]}" for label in picks))
+check_true("the GEMV switch sits at rows = experts / 4 (96 rows -> v3, 97 -> v2 at 384 experts, Kdim 7168)",
+           mg.default_variant(96, 384, 7168) == 3 and mg.default_variant(97, 384, 7168) == 2)
+check_true("v4 only for a short K and few rows: (130, 8, 256) -> v4, (130, 8, 1024) -> v2, (257, 8, 256) -> v2",
+           mg.default_variant(130, 8, 256) == 4 and mg.default_variant(130, 8, 1024) == 2
+           and mg.default_variant(257, 8, 256) == 2)
 
 # %% [markdown]
 # ## 6. The MoE layer end to end
