@@ -350,11 +350,13 @@ print(f"gemm.linear takes it on the GPU for M >= {skinny_gemm.MIN_ROWS}, M x N <
 # * **On the H200, host-launched** (`replay=False`) a step of the shipped pair and a round are both bound by
 #   numba's host launches (~12 ms a step), so a 65-token verify costs about one step, and DDTree at budget 64
 #   (tau 3.14 on the held-out prompts) runs at **146.2 vs 84.6 tokens/s: 1.71x** over plain decoding.
-#   **Graph-replayed** (`replay=True`, 14-23x faster) the launches are gone and what is left is each kernel's own
-#   latency: a step takes 0.41 ms and a 65-token verify 0.64 ms, 1.6 steps - every one of its ~36 GEMMs costs a few
+#   **Graph-replayed** (`replay=True`, 14-24x faster) the launches are gone and what is left is each kernel's own
+#   latency: a step takes 0.41 ms and a 65-token verify 0.59 ms, 1.4 steps - every one of its GEMMs costs a few
 #   microseconds more at 65 rows than at one (cuBLAS answers them with split-K kernels; `kernels/skinny_gemm.py`
-#   took 10 % off the verify by doing each in one launch), so DDTree-64 runs at 2077 vs 1953 tokens/s (1.07x;
-#   docs/PERFORMANCE.md, 2026-12-04). A tiny model never leaves that regime. For a model large enough to be
+#   and the MoE's grouped skinny patches took 17 % off the verify by doing each in one launch), so DDTree-64 ran
+#   at 2077 vs 1953 tokens/s (1.07x, before the grouped patches), and at 1.47x with a candidate drafter trained
+#   on 4x the regenerated text (tau 4.26; docs/PERFORMANCE.md, 2026-12-04). A tiny model never leaves that
+#   regime. For a model large enough to be
 #   bandwidth-bound (section 1: a Kimi-K2 dense layer) the roofline says the same on bf16 tensor cores: 65 tokens
 #   cost ~1.0x one token (~2.7x in fp32 on CUDA cores, where T = 65 is past the ridge at T ~ 24; 16 tokens ~1.0x).
 #   The caveat is the MoE: a routed expert is read once per *distinct* expert, so at batch 1 a Kimi-K2 MoE layer's
