@@ -4,10 +4,14 @@ Direct: every step launches its ~50 kernels from Python (numba's host launch cos
 Replayed: one step captured as a CUDA graph with its state on the device (decode/replay.py), replayed; the host
 reads the tokens once per 16 steps. Both wall clock around kd.generate (prefill included, after a warm-up run);
 the outputs are asserted identical. Models: kd.tiny_target(0) and the shipped default target.
+Second table, the prefill (time to the first token: ``kd.generate(..., 1)``, wall clock, median of 7 after
+warm-ups) of the default target at three prompt lengths: direct launches against the replay program's prefill,
+padded to its power-of-two bucket and replayed from a graph (decode/prefill_replay.py); first tokens asserted
+identical.
 
     PYTHONPATH=$PWD python3 benchmarks/bench_replay.py
 """
-from _common import args, kd, save, table
+from _common import args, kd, median_ms, save, table
 
 a = args(__doc__)
 n_new = 256 if not a.quick else 12
@@ -28,4 +32,17 @@ for name, target in [("tiny (3 layers, hidden 64)", kd.tiny_target(0)), ("defaul
 table(f"Plain decoding, direct launches vs CUDA-graph replay ({kd.backend.name}), greedy, best of 3, identical "
       f"tokens", ["model", "new tokens", "direct ms/token", "replayed ms/token", "speedup", "direct tokens/s",
                   "replayed tokens/s"], rows)
+
+target = kd.load_default()[0]
+rows = []
+for n in ((16, 100, 400) if not a.quick else (16,)):
+    prompt = [(7 * i + 3) % 200 for i in range(n)]
+    first = {replay: kd.generate(target, prompt, 1, replay=replay).tokens for replay in (False, True)}
+    assert first[True] == first[False]
+    ms = {replay: median_ms(lambda: kd.generate(target, prompt, 1, replay=replay), reps=7, warmup=2)
+          for replay in (False, True)}
+    rows.append([n, kd.decode.prefill_replay.bucket(target, n) or "- (direct)", f"{ms[False]:.2f}",
+                 f"{ms[True]:.2f}", f"{ms[False] / ms[True]:.1f}x"])
+table(f"Prefill of the default target (time to the first token), direct vs padded + replayed ({kd.backend.name})",
+      ["prompt tokens", "bucket rows", "direct ms", "replayed ms", "speedup"], rows)
 save("bench_replay")

@@ -26,10 +26,11 @@ rows of a padded path; rows past the accepted ones are overwritten by the next r
 reads them. Stage times are CUDA events recorded between the stage graphs (the trace's ``times``).
 
 On cuda the first round runs directly (numba compiles every kernel, CuPy's pool gets every block), then each stage
-is captured (``replay.CapturedStep``) and every later round replays the seven graphs. The program (caches, state,
+is captured (``capture.CapturedStep``) and every later round replays the seven graphs. The program (caches, state,
 tree buffers, graphs) is kept between generations with the same settings (``replay.program``): a later
-generation prefills and replays from its first round. On the NumPy and simulator backends the same stage functions
-run directly, so their tests test the device-side bookkeeping (and its reuse).
+generation prefills (padded to its length bucket and replayed from a graph as well: prefill_replay.py) and replays
+from its first round. On the NumPy and simulator backends the same stage functions run directly, so their tests
+test the device-side bookkeeping (and its reuse).
 Needs a drafter that drafts from device-side state (``draft_at`` / ``observe_at`` / ``reserve``: the DFlash
 drafter); the oracle and random drafters read the host context and run with ``replay=False``.
 Example: prompt [5, 9], greedy, budget 4: round 1 drafts after root r (start 2), accepts m = 3 (root + 2 nodes),
@@ -47,7 +48,9 @@ from ..model.drafters import concat_features
 from ..model.target import TreeInput
 from .autoregressive import nan_error
 from .ddtree import _RoundState, emit, settings
-from .replay import CapturedStep, Program, capacity_for, program
+from .capture import CapturedStep
+from .prefill_replay import Prefill
+from .replay import Program, capacity_for, program
 from .trace import STAGES, Generation
 
 
@@ -79,25 +82,30 @@ class _RoundProgram(Program):
                        ("advance", self._advance)]
         assert [n for n, _ in self.stages[:len(STAGES)]] == list(STAGES)
         self.run = [fn for _, fn in self.stages]
+        self.zero = backend.zeros((1,), np.int32)                           # the prompt's first position
+        self.prefill = Prefill(target, self.cache, drafter.feature_layers, self._first)
         self.hold()
 
     def begin(self, prompt, temperature: float, seed: int) -> int:
-        """The sampler's settings; prefill (direct), the drafter's context, the first root; the state for round 1.
-        Returns the root."""
+        """The sampler's settings; the prefill (padded and replayed per length bucket: prefill_replay.py), the
+        drafter's context, the first root; the state for round 1. Returns the root."""
         sampling.settings(temperature, seed, out=self.sampler)
-        feats, d = self.drafter.feature_layers, self.drafter
-        d.reset()
-        logits, hid = self.target.forward(prompt, self.cache, 0, hidden_layers=feats, check_ids=False,
-                                          logits_to_keep=1)
-        if feats:
-            d.observe(concat_features(hid, feats), 0)
-        sampling.choose_tokens(logits[-1:], *self.sampler, 0, out=self.root)
+        self.prefill(prompt)
+        self.drafter.length = len(prompt)            # the context it observed (rows past it are scratch)
         root = int(backend.to_host(self.root)[0])
         backend.xp.maximum(self.root, 0, out=self.root)
         self.start[...] = len(prompt)
         self.round[...] = 1
         self.s.rounds = []
         return root
+
+    def _first(self, logits, hid) -> None:
+        """After the prompt's forward: the drafter observes every row run (a padded prefill's pad rows too:
+        scratch, overwritten by the first draft's block before anything reads them), the first root."""
+        feats = self.drafter.feature_layers
+        if feats:
+            self.drafter.observe_at(concat_features(hid, feats), self.zero)
+        sampling.choose_tokens(logits, *self.sampler, 0, out=self.root)                  # logits [1, V]
 
     def rounds(self):
         """Run rounds forever, yielding each round's stage marks (the caller reads the result and stops)."""

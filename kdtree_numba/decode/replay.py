@@ -22,7 +22,8 @@ replays those addresses; nothing else may reuse them), then replayed.
 
 The captured program - cache, state arrays, graphs - is kept between generations (``program``): a later
 generation of the same capacity reuses it (prefill, then replays from its first step) whatever its temperature and
-seed, as a server captures its graphs once at start-up. It is rebuilt when a weight array it captured has been replaced.
+seed, as a server captures its graphs once at start-up. The prefill is replayed too: padded to a power-of-two
+bucket of rows, one graph per bucket (prefill_replay.py; longer prompts prefill directly). It is rebuilt when a weight array it captured has been replaced.
 On the NumPy and simulator backends there is no graph: the same ``step`` runs directly (and the program is kept
 the same way), so the device-side bookkeeping is the same code there and the tests of those backends test it.
 Example: prompt [5, 9], greedy, n = 3 -> out = [a, b, c] with a = argmax(prefill logits), b from
@@ -37,41 +38,9 @@ import numpy as np
 from .. import backend
 from ..kernels import sampling
 from .autoregressive import nan_error
+from .capture import CapturedStep
+from .prefill_replay import Prefill
 from .trace import Generation
-
-
-class CapturedStep:
-    """``fn`` captured once as a CUDA graph on the backend stream; ``replay()`` launches it (cuda only).
-    ``what`` names the captured work in the error a failed capture raises."""
-
-    def __init__(self, fn, what: str = "the decode step"):
-        cp = backend.cp
-        pool = cp.get_default_memory_pool()
-        self._blocks = []                       # every block the capture allocated: alive as long as the graph
-
-        def keep(nbytes):
-            block = pool.malloc(nbytes)
-            self._blocks.append(block)
-            return block
-
-        stream = backend.stream
-        try:
-            backend.bind_stream()
-            with cp.cuda.using_allocator(keep):
-                stream.begin_capture()
-                try:
-                    fn()
-                finally:
-                    graph = stream.end_capture()
-            if cp.cuda.get_current_stream().ptr != stream.ptr:      # CuPy work went elsewhere: not in the graph
-                raise RuntimeError("the thread's current CuPy stream changed during the capture")
-        except Exception as e:
-            raise RuntimeError(f"replay: capturing {what} as a CUDA graph failed ({type(e).__name__}: {e}); "
-                               f"generate with replay=False") from e
-        self.graph = graph
-
-    def replay(self) -> None:
-        self.graph.launch(backend.stream)
 
 
 # ------------------------------------------------------------------------------------------------ programs
@@ -146,18 +115,21 @@ class _StepProgram(Program):
         self.pos = backend.empty((1,), np.int32)
         self.step = backend.empty((1,), np.int32)
         self.run = self._step
+        self.prefill = Prefill(target, self.cache, (), self._first)
         self.hold()
 
     def begin(self, prompt, temperature: float, seed: int) -> None:
-        """The sampler's settings; prefill (direct) and the first token: out[0], then tok, pos = len(prompt),
-        step = 1."""
+        """The sampler's settings; the prefill (padded and replayed per length bucket: prefill_replay.py) and the
+        first token: out[0], then tok, pos = len(prompt), step = 1."""
         sampling.settings(temperature, seed, out=self.sampler)
-        logits, _ = self.target.forward(prompt, self.cache, 0, check_ids=False, logits_to_keep=1)
-        sampling.choose_tokens(logits[-1:], *self.sampler, 0, out=self.choice)
-        self.out[:1] = self.choice
-        backend.xp.maximum(self.choice, 0, out=self.tok)
+        self.prefill(prompt)
         self.pos[...] = len(prompt)
         self.step[...] = 1
+
+    def _first(self, logits, _hiddens) -> None:
+        sampling.choose_tokens(logits, *self.sampler, 0, out=self.choice)                  # logits [1, V]
+        self.out[:1] = self.choice
+        backend.xp.maximum(self.choice, 0, out=self.tok)
 
     def _step(self) -> None:
         lg, _ = self.target.forward(self.tok, self.cache, self.pos, check_ids=False)          # [1, V]

@@ -173,11 +173,13 @@ class Target:
 
     @_on_backend
     def forward(self, ids, cache: LatentCache, start: int, tree: TreeInput | None = None,
-                hidden_layers=(), check_ids: bool = True, logits_to_keep: int = 0):
+                hidden_layers=(), check_ids: bool = True, logits_to_keep: int = 0, logits_at=None):
         """Run T tokens whose cache rows go to ``start .. start + T - 1``; returns (logits [T, V], hiddens).
         ``logits_to_keep`` = k > 0 computes the logits of the last k tokens only ([min(k, T), V]; transformers'
         argument of the same name): a prefill that only samples its last token skips the lm_head GEMM over the
-        other rows (Kimi's shape, 4096 tokens: 9.6 of its ~13 TFLOP). 0: all T rows.
+        other rows (Kimi's shape, 4096 tokens: 9.6 of its ~13 TFLOP). 0: all T rows. ``logits_at``: instead, a
+        device int32 [k] of the rows whose logits to compute ([k, V]; a padded prefill keeps its last prompt row,
+        read on the device: decode/prefill_replay.py).
         ``start`` is an int, or a device int32 [1] array (a step or a tree verify whose position lives on the
         device, so that a captured CUDA graph can be replayed round after round: decode/replay.py,
         decode/ddtree_replay.py).
@@ -192,6 +194,10 @@ class Target:
         if T == 0:
             raise ValueError("ids: expected at least one token, got an empty sequence")
         keep = _checks.integer(logits_to_keep, "logits_to_keep", lo=0)
+        if logits_at is not None:
+            if keep:
+                raise ValueError(f"logits_at: give logits_at or logits_to_keep (got {keep}), not both")
+            logits_at = _checks.array(logits_at, "logits_at", dtype=np.int32, ndim=1)
         if hasattr(start, "shape"):              # device-side start [1] (graph replay): nothing read on the host
             positions = tree.positions if tree is not None else start + backend.xp.arange(T, dtype=np.int32)
         elif start + T > cache.capacity:
@@ -211,7 +217,11 @@ class Target:
                 self._mlp(L["gu"], L["down"], h, out=x)                               # x += mlp(h)
             if i in hidden_layers:
                 hiddens[i] = x.copy()
-        x = rmsnorm.rmsnorm(x[-keep:] if keep else x, self.w["norm"], cfg.rms_norm_eps)   # the kept rows [T', H]
+        if logits_at is not None:
+            x = backend.xp.take(x, logits_at, axis=0)                                # [k, H]
+        elif keep:
+            x = x[-keep:]                                                             # [min(k, T), H]
+        x = rmsnorm.rmsnorm(x, self.w["norm"], cfg.rms_norm_eps)                      # the kept rows [T', H]
         return gemm.linear(x, self.w["lm_head"]), hiddens                            # [T', V]
 
     def _attention(self, i, L, h, positions, cache, start, tree, out):
