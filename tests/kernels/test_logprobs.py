@@ -39,6 +39,25 @@ def test_topk_matches_reference(kind, V, k):
     assert np.all(np.diff(H(lp), axis=1) <= 0)
 
 
+@pytest.mark.parametrize("k", [1, 7, 40, 64, 299, 300])
+def test_host_topk_is_the_reference_bit_for_bit(k):
+    """The NumPy backend's partition-then-sort path: the reference's ids and values exactly, ties (lowest ids
+    first, also across the k-th value), -inf, signed zeros and k = V included."""
+    rng = np.random.default_rng(k)
+    x = rng.standard_normal((6, 300)).astype(np.float32)                     # [R, V]
+    x[1] = np.round(x[1] * 2) / 2                                           # many ties at every value
+    x[2] = 0.25                                                              # one value
+    x[3, ::3] = -np.inf
+    x[4] = -1
+    x[4, 10], x[4, 4] = -0.0, 0.0
+    x[5, 7:] = -np.inf                                                       # fewer finite values than k
+    lp, ids = lpk.topk_logprobs_host(x, k)
+    rlp, rids = lpk.topk_logprobs_ref(x, k)
+    np.testing.assert_array_equal(ids, rids)
+    np.testing.assert_array_equal(lp, rlp)
+    assert ids.dtype == np.int32 and lp.dtype == np.float32
+
+
 def test_block_threads_give_every_thread_two_fold_steps():
     """The one-block path's threads: the most (a power of two, 32..MAX_THREADS) that leave each thread >= 16
     columns; with fewer, a thread has no second top and the whole row becomes candidates."""
