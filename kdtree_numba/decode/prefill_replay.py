@@ -1,6 +1,6 @@
 """The prompt's forward captured once per length bucket and replayed: a replayed generation's prefill costs its
-kernels' device time, not numba's host launches (a direct prefill of the default pair took ~12 ms on the H200,
-about as long as the 30 replayed DDTree-64 rounds after it).
+kernels' device time, not numba's host launches (a direct prefill of the default pair took ~12.6 ms on the
+H200, a fifth of a replayed 128-token DDTree-64 generation: docs/PERFORMANCE.md, eleventh session).
 
 A CUDA graph replays fixed shapes, so the prompt is padded to its *bucket*, a power of two:
 

@@ -22,8 +22,9 @@ replays those addresses; nothing else may reuse them), then replayed.
 
 The captured program - cache, state arrays, graphs - is kept between generations (``program``): a later
 generation of the same capacity reuses it (prefill, then replays from its first step) whatever its temperature and
-seed, as a server captures its graphs once at start-up. The prefill is replayed too: padded to a power-of-two
-bucket of rows, one graph per bucket (prefill_replay.py; longer prompts prefill directly). It is rebuilt when a weight array it captured has been replaced.
+seed, as a server captures its graphs once at start-up. It is rebuilt when a weight array it captured has been
+replaced. The prefill is replayed too: padded to a power-of-two bucket of rows, one graph per bucket
+(prefill_replay.py; longer prompts prefill directly).
 On the NumPy and simulator backends there is no graph: the same ``step`` runs directly (and the program is kept
 the same way), so the device-side bookkeeping is the same code there and the tests of those backends test it.
 Example: prompt [5, 9], greedy, n = 3 -> out = [a, b, c] with a = argmax(prefill logits), b from
