@@ -85,6 +85,29 @@ def test_ddtree_prompts_sharing_a_bucket_decode_as_directly(numpy_backend):
     assert {b for p in drafter._programs.values() for b in p.prefill.buckets} == {16}
 
 
+def test_rows_past_the_prompt_are_never_read(monkeypatch, numpy_backend):
+    """The module docstring's claim, tested: after each prefill every cache row past the prompt (the pad rows'
+    and all later ones) of the target and of the drafter is NaN - a read of any of them before it is written would
+    spread NaN into the logits (NaN logits raise). Plain decoding and DDTree still give the direct tokens."""
+    target, drafter = kd.load_default()
+    ids = target.tokenizer.encode("def add(a, b):\n    return a +")                        # 11 tokens -> 16 rows
+    want_ar = kd.generate(target, ids, 12).tokens
+    want_dd = kd.generate(target, ids, 12, drafter=drafter, budget=8).tokens
+    run = Prefill.__call__
+
+    def then_poison(self, prompt):
+        run(self, prompt)
+        n = len(prompt)
+        for i in range(target.config.num_hidden_layers):
+            self.cache.layer(i)[n:] = np.nan                                            # [capacity - n, Lkv+R]
+        if drafter._k is not None:
+            drafter._k[:, n:], drafter._v[:, n:] = np.nan, np.nan
+
+    monkeypatch.setattr(Prefill, "__call__", then_poison)
+    assert kd.generate(target, ids, 12, replay=True).tokens == want_ar
+    assert kd.generate(target, ids, 12, drafter=drafter, budget=8, replay=True).tokens == want_dd
+
+
 def test_a_prompt_past_the_largest_bucket_prefills_directly(tiny, numpy_backend, monkeypatch):
     monkeypatch.setattr(prefill_replay, "PREFILL_MAX", PREFILL_MIN)
     target = kd.tiny_target(0)
