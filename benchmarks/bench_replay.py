@@ -2,8 +2,8 @@
 
 Direct: every step launches its ~50 kernels from Python (numba's host launch cost) and reads the chosen token.
 Replayed: one step captured as a CUDA graph with its state on the device (decode/replay.py), replayed; the host
-reads the tokens once per 16 steps. Both wall clock around kd.generate (prefill included, after a warm-up run);
-the outputs are asserted identical. Models: kd.tiny_target(0) and the shipped default target.
+reads the tokens once per 16 steps. Both timed by ``Generation.seconds`` (wall time after the prefill; after a
+warm-up run); the outputs are asserted identical. Models: kd.tiny_target(0) and the shipped default target.
 Second table, the prefill (time to the first token: ``kd.generate(..., 1)``, wall clock, median of 7 after
 warm-ups) of the default target at three prompt lengths: direct launches against the replay program's prefill,
 padded to its power-of-two bucket and replayed from a graph (decode/prefill_replay.py); first tokens asserted
