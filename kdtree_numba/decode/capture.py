@@ -1,5 +1,6 @@
 """One function's GPU work captured as a CUDA graph, to be replayed: how the decode programs (replay.py,
-ddtree_replay.py, prefill_replay.py) turn ~50 host launches a layer into one graph launch.
+ddtree_replay.py, prefill_replay.py) turn a step's host launches (a plain step of the default target ran 178 kernels
+- numba's, CuPy's and cuBLAS's - by ncu on 2026-12-02) into one graph launch.
 
 ``CapturedStep(fn)`` runs ``fn`` once under CuPy stream capture on the backend stream (numba's kernels launch on
 that stream, so they are captured with CuPy's own work); ``replay()`` launches the graph. What ``fn`` allocates

@@ -1,5 +1,6 @@
 """Graph-replayed decoding: one autoregressive step captured once as a CUDA graph, replayed with its state on the
-device, so a step costs its kernels' device time instead of ~50 host launches.
+device, so a step costs its kernels' device time instead of its host launches (178 kernels a plain step of the
+default target by ncu, 2026-12-02: numba's, CuPy's and cuBLAS's).
 
 A decode step's only inputs live in four device int32 arrays (the *state*), never in launch arguments:
 

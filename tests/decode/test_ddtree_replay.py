@@ -81,6 +81,17 @@ def test_captured_rounds_equal_direct_rounds_on_the_gpu(temperature):
         _same_rounds(want, got)
 
 
+def test_a_nan_draft_is_named_as_the_direct_loop_names_it(numpy_backend):
+    """On the host backends a replayed round checks the draft as the direct loop does (on cuda a NaN draft row
+    gives -1 ids, which no target choice ever matches)."""
+    target, drafter = kd.load_default()
+    drafter.w["norm.weight"] = np.full_like(drafter.w["norm.weight"], np.nan)          # every draft logit NaN
+    ids = target.tokenizer.encode("def add(a, b):")
+    for replay in (False, True):
+        with pytest.raises(ValueError, match="drafter logits: row 0 contains NaN"):
+            kd.generate(target, ids, 8, drafter=drafter, budget=4, replay=replay)
+
+
 def test_programs_are_kept_between_generations_and_rebuilt_when_weights_change(numpy_backend):
     """A second generation with the same settings reuses the kept program (its buffers and, on cuda, graphs) and
     gives the same tokens from a fresh start; replacing a weight array the program captured builds a new one."""
