@@ -202,9 +202,8 @@ class Target:
             positions = tree.positions if tree is not None else start + backend.xp.arange(T, dtype=np.int32)
         elif start + T > cache.capacity:
             raise ValueError(f"ids: {T} tokens from position {start} exceed the cache capacity of {cache.capacity}")
-        else:
-            positions = tree.positions if tree is not None else backend.asarray(np.arange(start, start + T,
-                                                                                          dtype=np.int32))
+        else:                                    # made on the device, not copied from the host: a captured prefill
+            positions = tree.positions if tree is not None else backend.xp.arange(start, start + T, dtype=np.int32)
         x = embedding.embed(self.w["embed"], ids, check=check_ids)                   # [T, H]
         hiddens = {}
         for i, L in enumerate(self.layers):                # the residual adds ride on the output GEMMs (beta = 1)
