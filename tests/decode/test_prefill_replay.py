@@ -1,7 +1,8 @@
 """The padded, replayed prefill (decode/prefill_replay.py): the bucket rule, the padded forward against a direct
 prefill (logits of the last prompt row, the prompt rows' features and cache rows), generations whose prompts share
-a bucket, and the direct fallback - on the NumPy references (the captured graph itself: test_gpu.py's replay
-tests run every replayed generation through it)."""
+a bucket, no cache row past the prompt ever read (NaN there), and the direct fallback - on the NumPy references;
+the captured graph itself: the gpu-marked test at the end (and every replayed generation of the other gpu
+tests)."""
 import numpy as np
 import pytest
 
