@@ -346,7 +346,8 @@ print(f"gemm.linear takes it on the GPU for M >= {skinny_gemm.MIN_ROWS}, M x N <
 # * **On this CPU** a 65-token verify of the shipped pair costs several decode steps, not one: the model is tiny
 #   (9.1 M parameters, 32 MB of fp32 GEMM weights), so a decode step is not purely memory-bound, and one
 #   core's ridge point is only a few flop/byte (section 2: T ~ 10 here). With tau ~ 3 the round does not pay:
-#   docs/PERFORMANCE.md measures 113.6 tokens/s autoregressive vs 44.5 for DDTree at budget 64 (0.39x).
+#   docs/PERFORMANCE.md measures 172.6 tokens/s autoregressive vs 71.0 for DDTree at budget 64 (0.41x; 0.39-0.56x
+#   between runs).
 # * **On the H200, host-launched** (`replay=False`) a step of the shipped pair and a round are both bound by
 #   numba's host launches (~12 ms a step), so a 65-token verify costs about one step, and DDTree at budget 64
 #   (tau 3.14 on the held-out prompts) runs at **146.2 vs 84.6 tokens/s: 1.71x** over plain decoding.
