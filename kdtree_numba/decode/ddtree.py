@@ -50,7 +50,7 @@ def ddtree(target, prompt: np.ndarray, max_new_tokens: int, drafter, budget: int
         marks = [backend.mark()]
         draft = _check_draft(drafter.draft(np.concatenate([prompt, out[:-1]]), root), L, V)     # 1. draft
         marks.append(backend.mark())
-        lp, ids = logprobs.topk_logprobs(draft, K, out=(s.lp, s.ids))                         # 2. build
+        lp, ids = logprobs.topk_logprobs(draft, K, out=(s.lp, s.ids), arg="drafter logits")   # 2. build
         marks.append(backend.mark())
         tree = s.builder.build(lp[None], ids[None]) if budget else s.empty_tree
         marks.append(backend.mark())
@@ -106,10 +106,7 @@ def _check_draft(draft, L: int, V: int):
     shape = tuple(getattr(draft, "shape", ()))
     if shape != (L, V):
         raise ValueError(f"drafter: returned draft logits of shape {shape}, expected ({L}, {V}) = (depth, vocab)")
-    draft = backend.asarray(draft, np.float32)
-    if backend.name != "cuda":
-        logprobs.check_rows(draft, "drafter logits")
-    return draft
+    return backend.asarray(draft, np.float32)          # NaN / inf rows: topk_logprobs names them (host backends)
 
 
 class _RoundState:

@@ -73,9 +73,10 @@ def check_rows(x: np.ndarray, arg: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ launchers
-def topk_logprobs(logits, k: int, out=None):
+def topk_logprobs(logits, k: int, out=None, arg: str = "logits"):
     """Top-``k`` draft log-probs per row of ``logits [R, V]``: (lp [R, k] float32, ids [R, k] int32) sorted by
-    (logit desc, id asc). A row containing NaN raises (host check on host backends; -1 ids on the GPU)."""
+    (logit desc, id asc). A row containing NaN raises (host check on host backends, its error naming ``arg``;
+    -1 ids on the GPU)."""
     x = _checks.array(logits, "logits", dtype=np.float32, ndim=2)
     R, V = x.shape
     k = _checks.integer(k, "k", lo=1, hi=min(V, MAX_K))
@@ -85,7 +86,7 @@ def topk_logprobs(logits, k: int, out=None):
         lp = _checks.out_array(out[0], "out[0]", (R, k), np.float32)
         ids = _checks.out_array(out[1], "out[1]", (R, k), np.int32)
     if backend.name != "cuda" and R:
-        check_rows(np.asarray(x), "logits")
+        check_rows(np.asarray(x), arg)
     if backend.name == "numpy":
         lp[...], ids[...] = topk_logprobs_host(x, k)
         return lp, ids
