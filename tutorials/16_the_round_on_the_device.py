@@ -396,6 +396,8 @@ Tb = prefill_replay.bucket(target, n)
 with kd.backend.use(target.backend):
     direct_cache = target.new_cache(256)
     want_lg, want_hid = target.forward(ids, direct_cache, 0, hidden_layers=feats, logits_to_keep=1)    # [1, V]
+    # to the host now: on cuda a forward's outputs live in reused workspace that the next forward overwrites
+    want_lg, want_hid = host(want_lg), {k: host(v) for k, v in want_hid.items()}
     got = {}
     pad_cache = target.new_cache(256)
     pre = Prefill(target, pad_cache, feats,
