@@ -396,18 +396,27 @@ Tb = prefill_replay.bucket(target, n)
 with kd.backend.use(target.backend):
     direct_cache = target.new_cache(256)
     want_lg, want_hid = target.forward(ids, direct_cache, 0, hidden_layers=feats, logits_to_keep=1)    # [1, V]
-    # to the host now: on cuda a forward's outputs live in reused workspace that the next forward overwrites
-    want_lg, want_hid = host(want_lg), {k: host(v) for k, v in want_hid.items()}
-    got = {}
+    # `then` obeys Prefill's contract: it copies into arrays allocated *before*, at fixed addresses. On cuda the
+    # bucket's first prefill runs directly and is then captured - the capture calls `then` once more, and what it
+    # does is recorded, not run: a `then` that made new arrays (lg.copy()) would leave empty capture buffers.
+    got = {"logits": kd.backend.zeros((1, cfg.vocab_size)),                                  # [1, V]
+           "hid": {k: kd.backend.zeros((Tb, cfg.hidden_size)) for k in feats}}              # [Tb, H] each
+
+    def then(lg, hid):
+        got["rows"] = [hid[k].shape[0] for k in feats]                    # Python: the same at every call
+        got["logits"][...] = lg
+        for k in feats:
+            got["hid"][k][...] = hid[k]
+
     pad_cache = target.new_cache(256)
-    pre = Prefill(target, pad_cache, feats,
-                  lambda lg, hid: got.update(logits=lg.copy(), hid={k: v.copy() for k, v in hid.items()}))
+    pre = Prefill(target, pad_cache, feats, then)
     pre(ids)                                      # pads to Tb rows, then then(logits [1, V], hiddens [Tb rows])
-print(f"{n} prompt tokens -> bucket {Tb}: buckets built {sorted(pre.buckets)}; hidden rows run "
-      f"{[got['hid'][k].shape[0] for k in feats]} (layers {list(feats)})")
+captured = pre.buckets[Tb].run != pre.buckets[Tb].forward            # cuda: replayed from now on
+print(f"{n} prompt tokens -> bucket {Tb}: buckets built {sorted(pre.buckets)}; hidden rows run {got['rows']} "
+      f"(layers {list(feats)}); bucket captured as a graph: {captured}")
 check("padded prefill logits (row n - 1) vs direct prefill", got["logits"], want_lg, atol=1e-4, rtol=1e-4)
 check_true("same first token (argmax)", int(np.argmax(host(got["logits"]))) == int(np.argmax(host(want_lg))))
-check_true(f"the padded forward ran all {Tb} rows", all(got["hid"][k].shape[0] == Tb for k in feats))
+check_true(f"the padded forward ran all {Tb} rows", got["rows"] == [Tb] * len(feats), str(got["rows"]))
 check("prompt rows' features (the drafter's context) vs direct", np.stack([host(got["hid"][k])[:n] for k in feats]),
       np.stack([host(want_hid[k]) for k in feats]), atol=1e-4, rtol=1e-4)
 check("prompt rows' cache rows, every layer, vs direct", host(pad_cache.data)[:, :n], host(direct_cache.data)[:, :n],
