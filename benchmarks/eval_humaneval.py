@@ -104,6 +104,13 @@ def _drafter_dir(s: str) -> str:
     return os.path.abspath(s)
 
 
+def drafter_sha256(drafter_dir: str | None) -> str:
+    """sha256 of the evaluated drafter's weights (the shipped one's when ``drafter_dir`` is None): the model card
+    takes a ``--drafter`` eval for the shipped pair only when this matches the shipped weights."""
+    from kdtree_numba.train.card import DEFAULT_DIR, sha256_file
+    return sha256_file(os.path.join(drafter_dir or os.path.join(DEFAULT_DIR, "drafter"), "model.safetensors"))
+
+
 def load_pair(kd, drafter_dir: str | None = None):
     """The shipped target and the shipped drafter, or the drafter in ``drafter_dir``."""
     target, drafter = kd.load_default()
@@ -408,6 +415,32 @@ def _speedup(v: dict, base: dict, interleaved: bool) -> tuple:
     return float(np.median(ratios)), ratios
 
 
+SPEED_KEEP = 32        # replay programs a model object keeps during the speed part (decode/replay.py: KEEP = 4)
+
+
+def _speed_passes(kd, target, drafter, ids, max_new_tokens, methods: dict, repeats: int, warm) -> tuple:
+    """``({method: [pass, ...]}, interleaved)``: every method warmed up once, then ``repeats`` timed passes.
+    Interleaved passes (pass r of every method, then pass r + 1) share the machine's drift between methods -
+    unless a model object keeps fewer programs than the methods built, when a pass would capture again: then
+    method by method, each warmed up again first."""
+    built = set()
+    for kw in methods.values():
+        before = _kept_programs(target, drafter)
+        warm(kw)
+        built |= _kept_programs(target, drafter) - before
+    interleaved = built <= _kept_programs(target, drafter)
+    passes = {name: [] for name in methods}
+    if interleaved:
+        for _ in range(repeats):
+            for name, kw in methods.items():
+                passes[name].append(_timed_pass(kd, target, ids, max_new_tokens, kw))
+    else:
+        for name, kw in methods.items():
+            warm(kw)             # its programs again: a later method's warm-up pushed them out
+            passes[name] = [_timed_pass(kd, target, ids, max_new_tokens, kw) for _ in range(repeats)]
+    return passes, interleaved
+
+
 def run_speed(kd, target, drafter, prompts: list, max_new_tokens: int, budgets: list, replay: bool = False,
               repeats: int = 1) -> dict:
     import numpy as np
@@ -423,23 +456,13 @@ def run_speed(kd, target, drafter, prompts: list, max_new_tokens: int, budgets: 
         for x in sorted(ids, key=len, reverse=True):         # first (bench_round.py says why)
             kd.generate(target, x, max_new_tokens, **kw)
 
-    built = set()
-    for kw in methods.values():
-        before = _kept_programs(target, drafter)
-        warm(kw)
-        built |= _kept_programs(target, drafter) - before
-    # Interleaved passes (pass r of every method, then pass r + 1) share the machine's drift between methods -
-    # unless a model object keeps fewer programs than the methods built, when a pass would capture again.
-    interleaved = built <= _kept_programs(target, drafter)
-    passes = {name: [] for name in methods}
-    if interleaved:
-        for _ in range(repeats):
-            for name, kw in methods.items():
-                passes[name].append(_timed_pass(kd, target, ids, max_new_tokens, kw))
-    else:
-        for name, kw in methods.items():
-            warm(kw)             # its programs again: a later method's warm-up pushed them out
-            passes[name] = [_timed_pass(kd, target, ids, max_new_tokens, kw) for _ in range(repeats)]
+    from kdtree_numba.decode import replay as programs
+
+    keep, programs.KEEP = programs.KEEP, max(programs.KEEP, SPEED_KEEP)   # every method's programs, for this run
+    try:
+        passes, interleaved = _speed_passes(kd, target, drafter, ids, max_new_tokens, methods, repeats, warm)
+    finally:
+        programs.KEEP = keep
     out = {}
     for name in methods:
         rates = [sum(p[1]) / sum(p[0]) for p in passes[name]]
@@ -543,7 +566,8 @@ def main(argv=None) -> int:
            "task_ids": [prompts[0]["task_id"], prompts[-1]["task_id"]], "settings": {
                "max_new_tokens": a.max_new_tokens, "budgets": a.budgets, "temperature": 0.0,
                "speed_subset": a.speed_subset, "speed_budget": a.speed_budget, "repeats": a.repeats,
-               "workers": workers, "drafter": a.drafter or "shipped", "replay_tau": a.replay_tau}}
+               "workers": workers, "drafter": a.drafter or "shipped", "replay_tau": a.replay_tau,
+               "drafter_sha256": drafter_sha256(a.drafter)}}
     _log(f"[eval] {len(prompts)} prompts, backend {kd.backend.process_name}, {res['device']}, "
          f"workers {workers}, BLAS threads {a.blas_threads}")
     t_all = time.perf_counter()

@@ -107,22 +107,25 @@ def test_greedy_ddtree_and_chain_equal_autoregressive(pair, prompts, index):
     assert tree.target_forwards < ar.target_forwards            # the trained drafter does get tokens accepted
 
 
-@pytest.mark.parametrize("keep, interleaved", [(4, True), (1, False)])
-def test_eval_speed_passes_interleave_when_programs_stay(pair, prompts, monkeypatch, keep, interleaved):
+@pytest.mark.parametrize("speed_keep, interleaved", [(4, True), (1, False)])
+def test_eval_speed_passes_interleave_when_programs_stay(pair, prompts, monkeypatch, speed_keep, interleaved):
     """eval_humaneval's speed part times pass r of every method before pass r + 1 (drift falls on all alike, the
     speedup is the median per-pass ratio) - unless the model objects keep fewer replay programs than the methods
-    built, when a pass would capture again and the methods run one after another, each after its own warm-up."""
+    built, when a pass would capture again and the methods run one after another, each after its own warm-up.
+    The speed part raises the programs kept to SPEED_KEEP for its run (and puts KEEP back)."""
     from kdtree_numba.decode import replay
     monkeypatch.syspath_prepend(os.path.join(os.path.dirname(MODEL_DIR), "..", "benchmarks"))
     import eval_humaneval as ev
 
-    monkeypatch.setattr(replay, "KEEP", keep)
+    monkeypatch.setattr(replay, "KEEP", 1)             # too few for the 3 replayed methods on their own
+    monkeypatch.setattr(ev, "SPEED_KEEP", speed_keep)
     target, drafter = pair
     for model in (target, drafter):
         vars(model).pop("_programs", None)
     with kd.backend.use("numpy"):
         res = ev.run_speed(kd, target, drafter, prompts[:1], 2, [4], replay=True, repeats=2)
     assert res["interleaved"] is interleaved
+    assert replay.KEEP == 1
     methods = res["methods"]
     assert set(methods) == {"autoregressive", "chain", "ddtree@4", "autoregressive (replay)", "chain (replay)",
                             "ddtree@4 (replay)"}

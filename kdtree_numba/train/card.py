@@ -688,11 +688,19 @@ def write_card(model_dir=DEFAULT_DIR, eval_path=None, gpu_eval_path=None, out=No
         gpu_eval_path = os.path.join(model_dir, GPU_EVAL)
     ev = _load(eval_path) if eval_path else None
     gpu = _load(gpu_eval_path) if gpu_eval_path else None
+    shipped = None
     for path, data in ((eval_path, ev), (gpu_eval_path, gpu)):
-        drafter = ((data or {}).get("settings") or {}).get("drafter", "shipped")
-        if drafter != "shipped":             # eval_humaneval.py --drafter: a candidate, not this directory's pair
-            raise ValueError(f"{path}: evaluates the drafter {drafter}, expected the shipped one (the card describes "
-                             f"the pair in {model_dir})")
+        settings = (data or {}).get("settings") or {}
+        drafter = settings.get("drafter", "shipped")
+        if drafter == "shipped":
+            continue
+        # eval_humaneval.py --drafter DIR: a candidate - unless its weights are the ones shipped here since (the
+        # eval records their sha256), so a candidate's eval serves the card once the candidate is shipped
+        shipped = shipped or sha256_file(os.path.join(model_dir, "drafter", "model.safetensors"))
+        if settings.get("drafter_sha256") != shipped:
+            raise ValueError(f"{path}: evaluates the drafter {drafter} (weights sha256 "
+                             f"{settings.get('drafter_sha256', 'not recorded')}), expected the shipped one "
+                             f"({shipped[:16]}...; the card describes the pair in {model_dir})")
     if not os.path.exists(os.path.join(model_dir, FIGURE)):
         print(f"[card] warning: {os.path.join(model_dir, FIGURE)} does not exist yet (the card links it)",
               file=sys.stderr)

@@ -203,8 +203,17 @@ def test_card_refuses_an_eval_of_another_drafter(tmp_path, capsys):
     path.write_text(json.dumps(ev))
     assert card.main(["--model-dir", d, "--eval", str(path), "--out", str(tmp_path / "CARD.md")]) == 2
     err = capsys.readouterr().err
-    assert "evaluates the drafter /runs/drafter-regen8192, expected the shipped one" in err
+    assert "evaluates the drafter /runs/drafter-regen8192 (weights sha256 not recorded), expected the shipped" in err
     assert not (tmp_path / "CARD.md").exists()                   # nothing half-written
+    ev["settings"]["drafter_sha256"] = "0" * 64                  # another drafter's weights
+    path.write_text(json.dumps(ev))
+    assert card.main(["--model-dir", d, "--eval", str(path), "--out", str(tmp_path / "CARD.md")]) == 2
+    assert f"weights sha256 {'0' * 64}), expected the shipped" in capsys.readouterr().err
+    # the candidate shipped since: its eval (same weights, by hash) serves the card
+    ev["settings"]["drafter_sha256"] = card.sha256_file(os.path.join(d, "drafter", "model.safetensors"))
+    path.write_text(json.dumps(ev))
+    assert card.main(["--model-dir", d, "--eval", str(path), "--out", str(tmp_path / "CARD.md")]) == 0
+    os.remove(tmp_path / "CARD.md")
     ev["settings"] = {"drafter": "shipped"}
     path.write_text(json.dumps(ev))
     assert card.main(["--model-dir", d, "--eval", str(path), "--out", str(tmp_path / "CARD.md")]) == 0
