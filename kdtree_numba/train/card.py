@@ -590,14 +590,19 @@ def _license() -> list:
 
 
 def _reproduce(tlog, dlog) -> list:
+    from .__main__ import DRAFTER, TARGET
+
     gpu = (tlog.get("versions") or {}).get("gpu") or "GPU"
+    dirs = {"data_dir": ".corpus", "target_dir": "run/target"}            # the recipe's directories, not the run's
+    t_cmd = _cmd("target", {**(tlog.get("args") or {}), **dirs, "out_dir": "run/target"}, TARGET,
+                 {"data_dir": "--data", "out_dir": "--out"})
+    d_cmd = _cmd("drafter", {**(dlog.get("args") or {}), **dirs, "out_dir": "run/drafter"}, DRAFTER,
+                 {"data_dir": "--data", "target_dir": "--target", "out_dir": "--out"})
     return ["## How to reproduce", "", "```bash",
             "pip install -e '.[train]'                       # torch + transformers for training",
             "python -m kdtree_numba.train corpus --out .corpus           # CPU; pip-downloads the pinned wheels once",
-            f"python -m kdtree_numba.train target --data .corpus --out run/target                # one "
-            f"{gpu}: {_f(tlog.get('total_seconds'), 0)} s",
-            f"python -m kdtree_numba.train drafter --data .corpus --target run/target --out run/drafter   # "
-            f"{_f(dlog.get('total_seconds'), 0)} s",
+            f"{t_cmd}   # one {gpu}: {_f(tlog.get('total_seconds'), 0)} s",
+            f"{d_cmd}   # {_f(dlog.get('total_seconds'), 0)} s",
             "# ship: run/target/{config.json,generation_config.json,model-*.safetensors,model.safetensors.index.json,"
             "tokenizer.json} -> target/,",
             "#       run/drafter/{config.json,model.safetensors} -> drafter/, run/target/train_log.json -> "

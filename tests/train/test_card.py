@@ -282,3 +282,18 @@ def test_card_names_both_corpus_directories_when_the_runs_used_two(tmp_path):
     dlog["args"]["data_dir"] = "/tmp/x"
     _write(_dlog_path(d), dlog)
     assert "was named `D` for the target's run and `/tmp/x` for the drafter's):" in card.build_card(d, _eval())
+
+
+def test_card_reproduce_commands_carry_the_runs_flags(tmp_path):
+    """'How to reproduce' rebuilds both training commands from the logs: the recipe's directories, the run's flags
+    (a drafter trained with --regen 16384 --steps 5000 is reproduced by a command that says so)."""
+    d = _fake_dir(tmp_path)
+    log = json.load(open(os.path.join(d, "drafter_train_log.json")))
+    log["args"]["regen"] = 16384
+    _write(os.path.join(d, "drafter_train_log.json"), log)
+    recipe = card.build_card(d, _eval()).split("## How to reproduce")[1].split("```")[1]
+    assert "python -m kdtree_numba.train target --data .corpus --out run/target --steps 12 " in recipe
+    drafter = next(line for line in recipe.splitlines() if line.startswith("python -m kdtree_numba.train drafter"))
+    assert drafter.startswith("python -m kdtree_numba.train drafter --data .corpus --target run/target --out run/drafter")
+    assert drafter.split("   #")[0].endswith(" --regen 16384")                 # the run's flag
+    assert "O/" not in recipe and " D " not in recipe                          # not the run's own directories
