@@ -126,6 +126,25 @@ def __getattr__(attr: str):
 
 from numba import cuda  # noqa: E402  (after NUMBA_ENABLE_CUDASIM is set)
 
+
+def quiet_low_occupancy() -> bool:
+    """Turn numba-cuda's low-occupancy warnings off unless ``NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS`` is set; return
+    whether they are off. The shipped pair's kernels launch grids of a few blocks by design (a 9 M model, one
+    token per step) and numba-cuda warns once per distinct small grid (``NumbaPerformanceWarning``: hundreds of
+    lines in a run on a GPU, burying the output). Called on import for the cuda backend."""
+    try:
+        from numba.cuda.core import config as numba_cuda_config            # numba-cuda 0.30
+    except ImportError:
+        return False
+    setting = os.environ.get("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "").strip()
+    if setting == "":
+        numba_cuda_config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
+    return not numba_cuda_config.CUDA_LOW_OCCUPANCY_WARNINGS
+
+
+if process_name == "cuda":
+    quiet_low_occupancy()
+
 @contextlib.contextmanager
 def use(backend: str):
     """Run a block on another backend: the process backend or ``numpy``. Per thread: other threads keep theirs

@@ -133,3 +133,28 @@ def test_simulator_barrier_poll_yields_the_gil():
     out = np.zeros_like(a)
     _reverse_through_shared[1, 32](a, out)
     np.testing.assert_array_equal(out, a[::-1])
+
+
+def test_low_occupancy_warnings_are_off_unless_the_user_set_them(monkeypatch):
+    """numba-cuda warns once per distinct small grid (hundreds of lines a run with a 9 M model on a GPU); the cuda
+    backend turns that off on import, but NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS, when set, is the user's choice."""
+    from numba.cuda.core import config
+
+    monkeypatch.setattr(config, "CUDA_LOW_OCCUPANCY_WARNINGS", 1)
+    monkeypatch.delenv("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", raising=False)
+    assert backend.quiet_low_occupancy() and config.CUDA_LOW_OCCUPANCY_WARNINGS == 0
+    monkeypatch.setattr(config, "CUDA_LOW_OCCUPANCY_WARNINGS", 1)
+    monkeypatch.setenv("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "1")
+    assert not backend.quiet_low_occupancy() and config.CUDA_LOW_OCCUPANCY_WARNINGS == 1
+
+
+@pytest.mark.gpu
+def test_a_one_block_launch_does_not_warn_on_the_gpu(recwarn):
+    @cuda.jit
+    def one(out):
+        out[0] = float32(1.0)
+
+    out = kd.backend.zeros((1,), np.float32)
+    backend.launch(one, 1, 1, out)
+    assert kd.backend.to_host(out)[0] == 1.0
+    assert not [w for w in recwarn if "occupancy" in str(w.message)], [str(w.message) for w in recwarn]

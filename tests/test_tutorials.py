@@ -44,7 +44,6 @@ def test_tutorials_found():
 def test_tutorial(path, tmp_path):
     backend = backend_for(path)
     env = dict(os.environ, KDTREE_BACKEND=backend, MPLBACKEND="Agg")
-    env.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")    # on cuda, hundreds of lines that hide the report
     for k, v in SINGLE_THREAD.items():
         env.setdefault(k, v)
     if backend == "sim":
