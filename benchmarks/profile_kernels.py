@@ -4,6 +4,7 @@ kernels a plain decode step or a DDTree round spends its time in.
     ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv --page raw \\
         python3 benchmarks/profile_kernels.py --method ddtree > ddtree.csv          # on the GPU machine
     python3 benchmarks/profile_kernels.py --summarize ddtree.csv                    # anywhere
+    python3 benchmarks/profile_kernels.py --summarize ar.csv chain.csv ddtree.csv   # side by side, per kernel
 
 The first command generates twice untimed (compile, capture), then profiles a third generation (``--tokens``,
 default 20) between cudaProfilerStart / Stop, so ncu sees only replayed steps or rounds (their graph nodes are
@@ -20,6 +21,7 @@ cuBLAS 32x128 sgemm, the drafter's 16-row projections cut into 132-264 K slices,
 """
 import argparse
 import csv
+import os
 import re
 import sys
 from collections import defaultdict
@@ -43,7 +45,8 @@ def kernel_name(raw: str) -> str:
     return re.sub(r"\[abi:.*|<.*|\(.*", "", raw).strip()
 
 
-def summarize(path: str, top: int) -> None:
+def per_unit(path: str) -> tuple:
+    """``(units, "round" | "step", kernels per unit, {kernel: (calls per unit, us per unit)})`` of an ncu CSV."""
     try:
         with open(path, newline="") as f:
             rows = [r for r in csv.reader(f)]
@@ -73,14 +76,39 @@ def summarize(path: str, top: int) -> None:
     for n, us in body:
         calls[n] += 1
         total[n] += us
-    whole = sum(total.values())
     what = "round" if marker == MARKERS["ddtree"] else "step"
-    print(f"{units} {what}s, {len(body) / units:.0f} kernels and {whole / units:.1f} us per {what} (ncu times)\n")
+    return units, what, len(body) / units, {n: (calls[n] / units, total[n] / units) for n in total}
+
+
+def summarize(path: str, top: int) -> None:
+    units, what, kernels, k = per_unit(path)
+    whole = sum(us for _, us in k.values())
+    print(f"{units} {what}s, {kernels:.0f} kernels and {whole:.1f} us per {what} (ncu times)\n")
     print(f"| kernel | calls / {what} | mean us | us / {what} | share |")
     print("|---|---|---|---|---|")
-    for n in sorted(total, key=total.get, reverse=True)[:top]:
-        print(f"| {n} | {calls[n] / units:.1f} | {total[n] / calls[n]:.2f} | {total[n] / units:.1f} | "
-              f"{100 * total[n] / whole:.1f} % |")
+    for n in sorted(k, key=lambda n: k[n][1], reverse=True)[:top]:
+        c, us = k[n]
+        print(f"| {n} | {c:.1f} | {us / c:.2f} | {us:.1f} | {100 * us / whole:.1f} % |")
+
+
+def compare(paths: list, top: int) -> None:
+    """Side by side: us per step / round of each kernel in each CSV (e.g. a plain step, a chain round and a DDTree
+    round), and the last CSV's minus the first's; largest difference first. Which kernels grow with the rows?"""
+    runs = [per_unit(p) for p in paths]
+    names = [os.path.basename(p) for p in paths]
+    k0, kn = runs[0][3], runs[-1][3]
+    diff = {n: kn.get(n, (0, 0.0))[1] - k0.get(n, (0, 0.0))[1] for n in {n for r in runs for n in r[3]}}
+    for name, (units, what, kernels, k) in zip(names, runs):
+        print(f"{name}: {units} {what}s, {kernels:.0f} kernels and {sum(us for _, us in k.values()):.1f} us per "
+              f"{what}")
+    print(f"\n| kernel | {' | '.join(f'{n}: calls, us' for n in names)} | {names[-1]} - {names[0]} us |")
+    print("|---|" + "---|" * (len(names) + 1))
+    for n in sorted(diff, key=lambda n: abs(diff[n]), reverse=True)[:top]:
+        cells = [f"{r[3][n][0]:.1f}, {r[3][n][1]:.1f}" if n in r[3] else "-" for r in runs]
+        print(f"| {n} | {' | '.join(cells)} | {diff[n]:+.1f} |")
+    totals = [sum(us for _, us in r[3].values()) for r in runs]
+    print(f"| **all kernels** | {' | '.join(f'{r[2]:.0f}, {t:.1f}' for r, t in zip(runs, totals))} | "
+          f"{totals[-1] - totals[0]:+.1f} |")
 
 
 def profile(method: str, tokens: int, budget: int) -> None:
@@ -108,14 +136,17 @@ def main() -> None:
     p.add_argument("--method", choices=sorted(MARKERS), default="ddtree")
     p.add_argument("--tokens", type=int, default=20, help="new tokens of the profiled generation (default 20)")
     p.add_argument("--budget", type=int, default=64, help="DDTree budget (default 64)")
-    p.add_argument("--summarize", metavar="CSV", help="summarise an ncu CSV instead of profiling")
+    p.add_argument("--summarize", metavar="CSV", nargs="+",
+                   help="summarise an ncu CSV instead of profiling; several: compare them kernel by kernel")
     p.add_argument("--top", type=int, default=25, help="kernels listed by --summarize (default 25)")
     a = p.parse_args()
     for name in ("tokens", "budget", "top"):
         if getattr(a, name) < 1:
             p.error(f"--{name}: {getattr(a, name)} is not a positive integer")
-    if a.summarize:
-        summarize(a.summarize, a.top)
+    if a.summarize and len(a.summarize) == 1:
+        summarize(a.summarize[0], a.top)
+    elif a.summarize:
+        compare(a.summarize, a.top)
     else:
         profile(a.method, a.tokens, a.budget)
 

@@ -68,3 +68,25 @@ def test_a_missing_csv_is_one_line_and_exit_2(tmp_path):
     r = summarize(tmp_path / "none.csv")
     why = "cannot read it as a CSV"
     assert r.returncode == 2 and why in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_several_csvs_compare_kernel_by_kernel(tmp_path):
+    """--summarize A B: us per step / round of every kernel in each, and B - A, largest difference first (here:
+    a plain step against a DDTree round - which kernels grow with the verify's rows)."""
+    sampler = "sampling::_choose_kernel[abi:v3](Array<float, 2>)"
+    step = [(GEMM, 20_000), (sampler, 3_000)]
+    write_csv(tmp_path / "ar.csv", [(GEMM, 900_000), (sampler, 3_000)] + step * 2)
+    round_ = [(TOPK, 10_000), (ATTN, 70_000), (GEMM, 26_000)]
+    write_csv(tmp_path / "ddtree.csv", round_ * 2 + [(TOPK, 10_000)])
+    r = subprocess.run([sys.executable, SCRIPT, "--summarize", str(tmp_path / "ar.csv"), str(tmp_path / "ddtree.csv")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.splitlines()
+    assert out[0].startswith("ar.csv: 2 steps, 2 kernels and 23.0 us per step")
+    assert out[1].startswith("ddtree.csv: 2 rounds, 3 kernels and 106.0 us per round")
+    rows = [ln.split(" | ") for ln in out if ln.startswith("| ") and not ln.startswith("| kernel |")]
+    assert rows[0][0] == "| tree_verify::_tree_attention_v2_kernel" and rows[0][1:] == ["-", "1.0, 70.0", "+70.0 |"]
+    assert rows[1][0] == f"| {TOPK.split('[')[0]}" and rows[1][-1] == "+10.0 |"
+    gemm = next(x for x in rows if x[0] == f"| {GEMM}")
+    assert gemm[1:] == ["1.0, 20.0", "1.0, 26.0", "+6.0 |"]
+    assert rows[-1] == ["| **all kernels**", "2, 23.0", "3, 106.0", "+83.0 |"]
