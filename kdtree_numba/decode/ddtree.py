@@ -66,7 +66,9 @@ def ddtree(target, prompt: np.ndarray, max_new_tokens: int, drafter, budget: int
         cache.compact(start, s.acceptor.accepted, s.acceptor.n_acc)                           # 5. commit
         marks.append(backend.mark())
         m, stopped = emit(result, out, stop_tokens)
-        if feats:                                  # the accepted path's features: the drafter's next context rows
+        if feats and not (stopped or len(out) >= max_new_tokens):
+            # the accepted path's features: the drafter's next context rows (none after the last round: no draft
+            # reads them, and they could run past max_new_tokens)
             drafter.observe(backend.xp.take(concat_features(hid, feats), s.acceptor.accepted[:m], axis=0), start)
         s.record(tree, lp, ids, len(s.rounds))
         s.rounds.append((start, root, marks))

@@ -159,3 +159,30 @@ def test_rounds_are_launched_one_ahead_only_away_from_the_limit(monkeypatch, num
     got = kd.generate(target, [3, 17, 99, 5], 30, drafter=drafter, budget=4, replay=True)
     assert got.tokens == kd.generate(target, [3, 17, 99, 5], 30, drafter=drafter, budget=4).tokens
     assert len(launched) == len(got.rounds) > 3
+
+
+@pytest.mark.parametrize("n", [5, 17, 40])
+def test_direct_loop_observes_the_committed_rows_and_nothing_after_the_last_round(pair, n, numpy_backend):
+    """decode/ddtree.py feeds the drafter the prefill's rows, then each round's accepted path - except after the
+    last round (no draft reads those rows, and a last path can run past max_new_tokens): every observed row is a
+    row of the returned text, contiguous from 0, and there is one observe per draft."""
+    target, drafter, ids = pair
+    spans, drafts = [], []
+    observe, draft = drafter.observe, drafter.draft
+
+    def observe_rec(features, start):
+        spans.append((start, features.shape[0]))
+        return observe(features, start)
+
+    def draft_rec(context, root):
+        drafts.append(len(context))
+        return draft(context, root)
+
+    drafter.observe, drafter.draft = observe_rec, draft_rec
+    try:
+        g = kd.generate(target, ids, n, drafter=drafter, budget=16)
+    finally:
+        del drafter.observe, drafter.draft
+    assert len(spans) == len(drafts) == len(g.rounds)                  # the prefill's + one per round but the last
+    assert [s for s, _ in spans] == [0] + [s + k for s, k in spans[:-1]]
+    assert spans[-1][0] + spans[-1][1] <= len(ids) + len(g.tokens) - 1    # the last root is never observed
