@@ -99,9 +99,10 @@ def test_draft_cache_after_rounds_equals_a_fresh_draft(pair, numpy_backend):
     target, _, path = pair
     drafter = kd.load_drafter(path, target)
     res = kd.generate(target, PROMPT, 25, drafter=drafter, budget=16)
-    last = res.rounds[-1]
+    last = res.rounds[-2]                                   # the last round's path is not observed (no draft follows)
     committed = PROMPT + res.tokens
     context = committed[:last.start + len(last.accepted)]                      # what the drafter has observed
+    assert drafter.length == len(context) and len(res.rounds) >= 3
     root = committed[len(context)]
     incremental = np.asarray(kd.backend.to_host(drafter.draft(np.asarray(context), root)))
     fresh = kd.load_drafter(path, target).draft_logits(context, root)
