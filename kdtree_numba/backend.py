@@ -105,8 +105,41 @@ def _simulator_yields_in_barrier_poll() -> bool:
     return True
 
 
+def _simulator_shared_arrays_locked() -> bool:
+    """numba's simulator gives the threads of a block one shared array per ``cuda.shared.array`` source line: the
+    first thread to reach the line creates it, the others look it up - without a lock. Two threads that both miss
+    (a thread switch between the lookup and the insert, e.g. under load) each keep an array of their own, and their
+    writes never meet: a kernel then computes garbage now and then (seen once in CI: tutorial 5's simulated MLA
+    attention off by 0.37, the same run passing everywhere else). Here the lookup and insert hold a lock, and the
+    caller is read from its frame instead of ``traceback.extract_stack`` (which also read every frame's source
+    line, per call). Same arrays, same results. Skipped (returns False) if the simulator has no such class."""
+    from numba.cuda.simulator import kernelapi
+
+    shared = getattr(kernelapi, "FakeCUDAShared", None)
+    original = getattr(shared, "array", None)
+    if original is None:
+        return False
+    lock = threading.Lock()
+
+    def array(self, shape, dtype, alignment=None):
+        if alignment is not None or shape == 0:            # refused / dynamic shared memory: no per-line array
+            return original(self, shape, dtype, alignment)
+        caller = sys._getframe(1)
+        key = (caller.f_code.co_filename, caller.f_lineno)
+        with lock:
+            res = self._allocations.get(key)
+            if res is None:
+                dt = kernelapi.numpy_support.as_dtype(dtype) if isinstance(dtype, kernelapi.types.Type) else dtype
+                res = self._allocations[key] = np.empty(shape, dt)
+        return res
+
+    shared.array = array
+    return True
+
+
 if process_name == "sim":
     _simulator_yields_in_barrier_poll()
+    _simulator_shared_arrays_locked()
 
 
 def _name() -> str:

@@ -1,6 +1,7 @@
 """The backend is per thread (#16 item 9): a thread on the NumPy references and a thread on the process backend's
 kernels run at the same time without sending each other's work to the wrong backend."""
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -132,6 +133,27 @@ def test_simulator_barrier_poll_yields_the_gil():
     a = np.arange(32, dtype=np.float32)
     out = np.zeros_like(a)
     _reverse_through_shared[1, 32](a, out)
+    np.testing.assert_array_equal(out, a[::-1])
+
+
+def test_simulator_shared_arrays_are_one_per_line_under_thread_switches(monkeypatch):
+    """The simulator's threads of a block share one array per cuda.shared.array line; numba's lookup had no lock,
+    so a thread switch between its lookup and its insert gave threads private arrays (a rare CI failure).
+    Forced here: np.empty sleeps (every thread switches right there). Unlocked, each of the 32 threads reads its
+    own buffer and the reversal comes out wrong; backend._simulator_shared_arrays_locked keeps it exact."""
+    if kd.backend.process_name != "sim":
+        pytest.skip("simulator processes only")
+    empty = np.empty
+
+    def slow_empty(*args, **kwargs):
+        time.sleep(0.002)
+        return empty(*args, **kwargs)
+
+    a = np.arange(32, dtype=np.float32)
+    out = np.zeros_like(a)
+    monkeypatch.setattr(np, "empty", slow_empty)
+    _reverse_through_shared[1, 32](a, out)
+    monkeypatch.undo()
     np.testing.assert_array_equal(out, a[::-1])
 
 
