@@ -178,6 +178,7 @@ def quiet_low_occupancy() -> bool:
 if process_name == "cuda":
     quiet_low_occupancy()
 
+
 @contextlib.contextmanager
 def use(backend: str):
     """Run a block on another backend: the process backend or ``numpy``. Per thread: other threads keep theirs
