@@ -57,4 +57,4 @@ def test_tutorial(path, tmp_path):
         pytest.skip(proc.stdout.strip().splitlines()[-1])
     assert proc.returncode == 0, f"{path.name} exited {proc.returncode} on {backend}:\n{out[-6000:]}"
     assert "PASS" in proc.stdout, f"{path.name} printed no PASS line:\n{out[-3000:]}"
-    assert "FAIL" not in out, f"{path.name} reported a failure:\n{out[-6000:]}"
+    assert "FAIL" not in proc.stdout + proc.stderr, f"{path.name} reported a failure:\n{out[-6000:]}"
