@@ -129,6 +129,10 @@ def _table(header, rows) -> list:
     return out + [""]
 
 
+TARGET_DIRS = {"data_dir": "--data", "out_dir": "--out"}                          # log argument -> its flag
+DRAFTER_DIRS = {"data_dir": "--data", "target_dir": "--target", "out_dir": "--out"}
+
+
 def _cmd(sub: str, args: dict, defaults: dict, flags: dict) -> str:
     """The training command of a log: the positional dirs plus every flag whose value differs from the default."""
     parts = [f"python -m kdtree_numba.train {sub}"]
@@ -289,8 +293,8 @@ def _training(tlog, dlog) -> list:
 
     ta, da = tlog.get("args") or {}, dlog.get("args") or {}
     tv = tlog.get("versions") or {}
-    t_cmd = _cmd("target", ta, TARGET, {"data_dir": "--data", "out_dir": "--out"})
-    d_cmd = _cmd("drafter", da, DRAFTER, {"data_dir": "--data", "target_dir": "--target", "out_dir": "--out"})
+    t_cmd = _cmd("target", ta, TARGET, TARGET_DIRS)
+    d_cmd = _cmd("drafter", da, DRAFTER, DRAFTER_DIRS)
     tokens_seen = (ta.get("steps") or 0) * (ta.get("batch") or 0) * (ta.get("seq") or 0)
     ti, di = tlog.get("implementation") or {}, dlog.get("target_implementation") or {}
     last = (tlog.get("steps") or [{}])[-1]
@@ -594,10 +598,8 @@ def _reproduce(tlog, dlog) -> list:
 
     gpu = (tlog.get("versions") or {}).get("gpu") or "GPU"
     dirs = {"data_dir": ".corpus", "target_dir": "run/target"}            # the recipe's directories, not the run's
-    t_cmd = _cmd("target", {**(tlog.get("args") or {}), **dirs, "out_dir": "run/target"}, TARGET,
-                 {"data_dir": "--data", "out_dir": "--out"})
-    d_cmd = _cmd("drafter", {**(dlog.get("args") or {}), **dirs, "out_dir": "run/drafter"}, DRAFTER,
-                 {"data_dir": "--data", "target_dir": "--target", "out_dir": "--out"})
+    t_cmd = _cmd("target", {**(tlog.get("args") or {}), **dirs, "out_dir": "run/target"}, TARGET, TARGET_DIRS)
+    d_cmd = _cmd("drafter", {**(dlog.get("args") or {}), **dirs, "out_dir": "run/drafter"}, DRAFTER, DRAFTER_DIRS)
     return ["## How to reproduce", "", "```bash",
             "pip install -e '.[train]'                       # torch + transformers for training",
             "python -m kdtree_numba.train corpus --out .corpus           # CPU; pip-downloads the pinned wheels once",
