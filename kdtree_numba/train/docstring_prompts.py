@@ -227,7 +227,9 @@ def docstring_prompts(train: np.ndarray, val: np.ndarray, tokenizer, rng: np.ran
             what = "validation" if split == "val" else "train"
             raise ValueError(f"{FLAG} {fraction if fraction is not None else ''}: the {what} split has only "
                              f"{len(sites)} valid docstring sites (def + docstring, {prompt_len}-token prompts; "
-                             f"{sinfo['candidates']} closing-quote candidates), {n} asked")
+                             f"{sinfo['candidates']} closing-quote candidates), {n} asked"
+                             + (f"; {FLAG} {math.floor(100 * fraction * len(sites) / n) / 100:g} or less fits"
+                                if fraction and len(sites) else ""))
         out[split] = prompts_at(tokens, sites, prompt_len, nl)
     info["seconds"] = time.perf_counter() - t0
     return out["train"], out["val"], info

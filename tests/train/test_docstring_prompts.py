@@ -1,6 +1,7 @@
 """--regen-docstring's site finder (kdtree_numba/train/docstring_prompts.py) on a token stream made with the shipped
 tokenizer: which positions count as "a def's docstring just closed", the prompts cut there (P tokens, ending with
 the closing quotes token and the bare "\\n" id, as HumanEval prompts do), the sampled search, the argument checks."""
+import math
 import os
 import re
 
@@ -126,8 +127,10 @@ def test_sampled_search_and_too_few_sites(tok, stream):
     tr, va, info = dsp.docstring_prompts(train, val, tok, np.random.default_rng(0), 1, 2, 8, 0.5)
     assert tr.shape == (1, 8) and va.shape == (2, 8) and info["train_prompts"] == 1 and info["val"]["valid"] == 2
     n_train_sites = int(np.sum(all_sites < 200))
+    fits = math.floor(100 * 0.5 * n_train_sites / 99) / 100          # the largest fraction the sites allow
+    assert n_train_sites > 0 and fits < 0.5
     with pytest.raises(ValueError, match=rf"--regen-docstring 0.5: the train split has only {n_train_sites} valid "
-                                         rf".*, 99 asked"):
+                                         rf".*, 99 asked; --regen-docstring {fits:g} or less fits"):
         dsp.docstring_prompts(train, val, tok, np.random.default_rng(0), 99, 2, 8, 0.5)
 
 
