@@ -150,9 +150,9 @@ class _RoundProgram(Program):
     def _compact(self):
         a, feats, xp = self.s.acceptor, self.drafter.feature_layers, backend.xp
         self.cache.compact(self.start, a.accepted, a.n_acc)
-        if feats:                                     # the padded path's features: rows past n_acc are scratch
-            path = xp.maximum(a.accepted, 0)                                                    # [L + 1]
-            self.drafter.observe_at(xp.take(concat_features(self.r["hid"], feats), path, axis=0), self.start)
+        if feats:          # the padded path's features: rows past n_acc are scratch (its -1s take the last row)
+            self.drafter.observe_at(xp.take(concat_features(self.r["hid"], feats), a.accepted, axis=0),
+                                    self.start)                                                 # [L + 1, nH]
 
     def _advance(self):                           # records at row round - 1, then start, root, round: one launch
         self.s.record(self.r["tree"], self.s.lp, self.s.ids, self.round, row_offset=-1,

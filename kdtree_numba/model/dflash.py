@@ -220,6 +220,7 @@ class DFlashDrafter(Drafter):
             self.inv_freq = dev(inv_freq)
         self._k = self._v = None
         self._block_ids = None               # [B] device: root + MASKs of the captured draft (reserve)
+        self._iota = None                    # [B] device: 0 .. B - 1, a captured round's row offsets (reserve)
         self.length = 0                      # committed context rows in the draft cache
 
     @classmethod
@@ -295,6 +296,14 @@ class DFlashDrafter(Drafter):
             self._reserve(rows)
             if self._block_ids is None:
                 self._block_ids = backend.full((self.config.block_size,), self.config.mask_token_id, np.int32)
+                self._iota = backend.asarray(np.arange(self.config.block_size, dtype=np.int32))
+
+    def _offsets(self, n: int):
+        """``0 .. n - 1`` (device int32): a slice of the one made by ``reserve`` when it is long enough (no launch in
+        a captured round), else a new ``arange``."""
+        if self._iota is not None and n <= self._iota.shape[0]:
+            return self._iota[:n]
+        return backend.xp.arange(n, dtype=np.int32)
 
     def _kv(self, i: int, L: dict, kv, positions, start) -> None:
         """Rows ``start .. start + T - 1`` of layer i's cache from the k/v projection ``kv [T, 2 Nkv D]`` (a column
@@ -324,7 +333,7 @@ class DFlashDrafter(Drafter):
         ``features [M, n_feat*H]`` are written from start; rows past the accepted ones are overwritten by the next
         round's (the caller keeps the true length). Call ``reserve`` first; ``length`` is not updated."""
         with backend.use(self.target.backend):
-            positions = start + backend.xp.arange(features.shape[0], dtype=np.int32)       # [M] on the device
+            positions = start + self._offsets(features.shape[0])                           # [M] on the device
             self._context_rows(features, start, positions)
 
     def _context_rows(self, feats, start, positions) -> None:
@@ -355,7 +364,7 @@ class DFlashDrafter(Drafter):
         with backend.use(self.target.backend):
             ids = self._block_ids                                                            # [B] root, MASK..
             ids[:1] = root
-            positions = start + backend.xp.arange(self.config.block_size, dtype=np.int32)   # [B]
+            positions = start + self._offsets(self.config.block_size)                      # [B]
             return self._block(ids, positions, start, start + self.config.block_size)
 
     def _block(self, ids, positions, start, n_keys):

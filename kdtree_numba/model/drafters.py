@@ -76,7 +76,10 @@ class Drafter:
 
 
 def concat_features(hiddens: dict, layers) -> object:
-    """``[T, len(layers) * H]``: the residual streams ``hiddens[k]`` for k in ``layers``, side by side."""
+    """``[T, len(layers) * H]``: the residual streams ``hiddens[k]`` for k in ``layers``, side by side. A target
+    forward's ``Hiddens`` for the same layers already holds them so (``stacked``): no copy, no launch."""
+    if getattr(hiddens, "layers", None) == tuple(layers):
+        return hiddens.stacked
     return backend.xp.concatenate([hiddens[k] for k in layers], axis=1)
 
 

@@ -71,6 +71,17 @@ class TreeInput:
     max_depth: int
 
 
+class Hiddens(dict):
+    """``{k: [T, H]}``, the residual streams a forward was asked for (``hidden_layers``), each a column block of
+    ``stacked [T, len(layers) * H]`` in the order asked: the drafter's context features side by side without a
+    concatenation (model/drafters.concat_features returns ``stacked`` when the layers match). Example: layers
+    (1, 2, 3), H = 256 -> ``self[2]`` is ``stacked[:, 256:512]``."""
+
+    def __init__(self, layers: tuple, stacked):
+        super().__init__()
+        self.layers, self.stacked = layers, stacked
+
+
 class Target:
     """A DeepSeek-V3-family model ready to run. Build with ``load_target``, ``tiny_target`` or ``from_state_dict``."""
 
@@ -186,7 +197,8 @@ class Target:
 
         Causal (prefill chunk or decode step): token t sits at position start + t and sees rows 0 .. start + t.
         Tree (verify): token i sits at ``tree.positions[i]`` and sees rows 0 .. start - 1 plus its path.
-        ``hiddens[k]`` is the residual stream after decoder layer k for k in ``hidden_layers``. The cache's
+        ``hiddens[k]`` is the residual stream after decoder layer k for k in ``hidden_layers`` (a ``Hiddens``: the
+        streams are column blocks of one [T, len(hidden_layers) * H] array, the drafter's features). The cache's
         committed ``length`` is not changed here: the caller commits."""
         cfg = self.config
         ids = backend.asarray(ids)
@@ -205,7 +217,13 @@ class Target:
         else:                                    # made on the device, not copied from the host: a captured prefill
             positions = tree.positions if tree is not None else backend.xp.arange(start, start + T, dtype=np.int32)
         x = embedding.embed(self.w["embed"], ids, check=check_ids)                   # [T, H]
-        hiddens = {}
+        layers = tuple(hidden_layers)
+        bad = [k for k in layers if not (isinstance(k, (int, np.integer)) and 0 <= k < cfg.num_hidden_layers)]
+        if bad:
+            raise ValueError(f"hidden_layers: layer {bad[0]!r} is not a decoder layer index in "
+                             f"[0, {cfg.num_hidden_layers})")
+        H = cfg.hidden_size
+        hiddens = Hiddens(layers, backend.empty((T, len(layers) * H), x.dtype) if layers else None)  # [T, nH]
         for i, L in enumerate(self.layers):                # the residual adds ride on the output GEMMs (beta = 1)
             h = rmsnorm.rmsnorm(x, L["in_norm"], cfg.rms_norm_eps)
             self._attention(i, L, h, positions, cache, start, tree, out=x)            # x += attention(h)
@@ -214,8 +232,9 @@ class Target:
                 self._moe(L, h, out=x)                                                # x += moe(h)
             else:
                 self._mlp(L["gu"], L["down"], h, out=x)                               # x += mlp(h)
-            if i in hidden_layers:
-                hiddens[i] = x.copy()
+            for j in (j for j, k in enumerate(layers) if k == i):
+                hiddens[i] = hiddens.stacked[:, j * H:(j + 1) * H]                    # [T, H] view
+                hiddens[i][...] = x
         if logits_at is not None:
             x = backend.xp.take(x, logits_at, axis=0)                                # [k, H]
         elif keep:

@@ -7,6 +7,7 @@ import pytest
 
 import kdtree_numba as kd
 from kdtree_numba.model import dflash
+from kdtree_numba.model.drafters import concat_features
 
 torch = pytest.importorskip("torch")
 dflash_torch = pytest.importorskip("kdtree_numba.train.dflash_torch")
@@ -167,3 +168,38 @@ def test_default_target_saves_with_its_tokenizer(tmp_path, numpy_backend):
     text = "def add(a, b):\n    return a + b\n"
     assert again.tokenizer.encode(text) == target.tokenizer.encode(text)
     assert again.tokenizer.decode(again.tokenizer.encode(text)) == text
+
+
+def test_forward_hiddens_are_the_drafter_features_side_by_side(pair, numpy_backend):
+    """A forward's hidden streams are column blocks of one [T, nH] array in the order asked: concat_features returns
+    that array itself (no copy in a round), equal to the streams concatenated; another order is concatenated; a
+    layer the model does not have is refused by name."""
+    target = pair[0]
+    ids, n, H = np.array(PROMPT, np.int32), target.config.num_hidden_layers, target.config.hidden_size
+    run = lambda layers: target.forward(ids, target.new_cache(len(ids)), 0, hidden_layers=layers)[1]  # noqa: E731
+    hid, one, zero = run((1, 0)), run((1,)), run((0,))
+    np.testing.assert_array_equal(hid[1], one[1])
+    np.testing.assert_array_equal(hid[0], zero[0])
+    assert not np.array_equal(hid[0], hid[1])
+    f = concat_features(hid, (1, 0))
+    assert f is hid.stacked and f.shape == (len(ids), 2 * H)
+    np.testing.assert_array_equal(f, np.concatenate([one[1], zero[0]], axis=1))
+    np.testing.assert_array_equal(concat_features(hid, (0, 1)), np.concatenate([zero[0], one[1]], axis=1))
+    for bad in (n, -1, 1.0):
+        with pytest.raises(ValueError, match=rf"hidden_layers: layer {bad!r} is not a decoder layer index in "
+                                             rf"\[0, {n}\)"):
+            run((0, bad))
+
+
+def test_a_reserved_drafter_reuses_its_row_offsets(pair, numpy_backend):
+    """After ``reserve`` a captured round's positions (start + 0 .. B - 1) read one array made then: no arange
+    launch per round; a longer run (a prefill's rows) gets a new one."""
+    target, model, path = pair
+    d = kd.load_drafter(path, target)
+    B = d.config.block_size
+    d.reserve(64)
+    for m in (1, B):
+        o = d._offsets(m)
+        assert np.shares_memory(o, d._iota) and o.tolist() == list(range(m))
+    o = d._offsets(B + 3)
+    assert not np.shares_memory(o, d._iota) and o.tolist() == list(range(B + 3))
