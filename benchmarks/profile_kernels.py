@@ -10,8 +10,10 @@ The first command generates twice untimed (compile, capture), then profiles a th
 default 20) between cudaProfilerStart / Stop, so ncu sees only replayed steps or rounds (their graph nodes are
 profiled one by one) plus the generation's prefill. ``--method``: ``ar`` (plain decoding), ``ddtree``
 (budget ``--budget``, default 64) or ``chain`` (the DFlash chain: DDTree's round with one draft per depth). ncu
-serialises the kernels and by default flushes the caches before each one, so its times run ~10 % above the
-CUDA-event stage times of bench_round.py; use them for shares, not totals.
+serialises the kernels and by default flushes the caches before each one, so its times run above the CUDA-event
+stage times of bench_round.py (a DDTree round ~10 %, a plain step, whose weights a warm L2 holds, ~1.6x): use
+them for shares, not totals; add ``--cache-control none`` to keep the L2 warm, as a replayed round has it. ncu
+lists kernels only: a graph's memcpy nodes (CuPy's contiguous copies) cost time too and are not in its CSV.
 The second reads ncu's CSV: per kernel name (template and ABI suffixes cut), the calls per step / round, the mean
 and the total, largest first; a step or round is delimited by the kernel that runs once in each (the sampler for
 ``ar``, the top-K for ``ddtree``), and the prefill before the first one is left out.

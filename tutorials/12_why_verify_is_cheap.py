@@ -346,8 +346,8 @@ print(f"gemm.linear takes it on the GPU for M >= {skinny_gemm.MIN_ROWS}, M x N <
 # * **On this CPU** a 65-token verify of the shipped pair costs several decode steps, not one: the model is tiny
 #   (9.1 M parameters, 32 MB of fp32 GEMM weights), so a decode step is not purely memory-bound, and one
 #   core's ridge point is only a few flop/byte (section 2: T ~ 10 here). With tau ~ 3 the round does not pay:
-#   docs/PERFORMANCE.md measures 212.8 tokens/s autoregressive vs 104.1 for DDTree at budget 64 with the shipped
-#   drafter (0.49x at tau 4.75; 0.39-0.56x with the previous drafter, tau 3.14).
+#   docs/PERFORMANCE.md measures 251.2 tokens/s autoregressive vs 144.9 for DDTree at budget 64 with the shipped
+#   drafter (0.58x at tau 5.02; 0.39-0.56x with an earlier drafter, tau 3.14).
 # * **On the H200, host-launched** (`replay=False`) a step of the shipped pair and a round are both bound by
 #   numba's host launches (~12 ms a step), so a 65-token verify costs about one step, and DDTree at budget 64
 #   (tau 3.14 on the held-out prompts) runs at **146.2 vs 84.6 tokens/s: 1.71x** over plain decoding.
@@ -355,9 +355,9 @@ print(f"gemm.linear takes it on the GPU for M >= {skinny_gemm.MIN_ROWS}, M x N <
 #   latency: a step takes 0.41 ms and a 65-token verify 0.59 ms, 1.4 steps - every one of its GEMMs costs a few
 #   microseconds more at 65 rows than at one (cuBLAS answers them with split-K kernels; `kernels/skinny_gemm.py`
 #   and the MoE's grouped skinny patches took 17 % off the verify by doing each in one launch), so DDTree-64 ran
-#   at 2077 vs 1953 tokens/s (1.07x, tau 3.14, before the grouped patches), and with the shipped drafter (8x the
-#   regenerated text, tau 4.75; the prefill replayed too) at 4377 vs 2496 (1.76x; budget 32: 1.83x;
-#   docs/PERFORMANCE.md, 2026-12-04). A tiny model never leaves that regime. For a model large enough to be
+#   at 2077 vs 1953 tokens/s (1.07x, tau 3.14, before the grouped patches), and with a drafter trained on 8x the
+#   regenerated text (tau 4.75; the prefill replayed too) at 4362 vs 2506 (1.75x; budget 32: 1.84x;
+#   docs/PERFORMANCE.md, 2026-12-04; the shipped drafter, tau 5.02, is not yet timed on the GPU). A tiny model never leaves that regime. For a model large enough to be
 #   bandwidth-bound (section 1: a Kimi-K2 dense layer) the roofline says the same on bf16 tensor cores: 65 tokens
 #   cost ~1.0x one token (~2.7x in fp32 on CUDA cores, where T = 65 is past the ridge at T ~ 24; 16 tokens ~1.0x).
 #   The caveat is the MoE: a routed expert is read once per *distinct* expert, so at batch 1 a Kimi-K2 MoE layer's
