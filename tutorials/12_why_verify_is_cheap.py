@@ -357,9 +357,10 @@ print(f"gemm.linear takes it on the GPU for M >= {skinny_gemm.MIN_ROWS}, M x N <
 #   and the MoE's grouped skinny patches took 17 % off the verify by doing each in one launch), so DDTree-64 ran
 #   at 2077 vs 1953 tokens/s (1.07x, tau 3.14, before the grouped patches), and with a drafter trained on 8x the
 #   regenerated text (tau 4.75; the prefill replayed too) at 4362 vs 2506 (1.75x; budget 32: 1.84x;
-#   docs/PERFORMANCE.md, 2026-12-04; the shipped drafter, tau 5.02, is not yet timed on the GPU). A tiny model never leaves that regime. For a model large enough to be
-#   bandwidth-bound (section 1: a Kimi-K2 dense layer) the roofline says the same on bf16 tensor cores: 65 tokens
-#   cost ~1.0x one token (~2.7x in fp32 on CUDA cores, where T = 65 is past the ridge at T ~ 24; 16 tokens ~1.0x).
+#   docs/PERFORMANCE.md, 2026-12-04; the shipped drafter, tau 5.02, is not yet timed on the GPU). A tiny model
+#   never leaves that regime. For a model large enough to be bandwidth-bound (section 1: a Kimi-K2 dense layer)
+#   the roofline says the same on bf16 tensor cores: 65 tokens cost ~1.0x one token (~2.7x in fp32 on CUDA
+#   cores, where T = 65 is past the ridge at T ~ 24; 16 tokens ~1.0x).
 #   The caveat is the MoE: a routed expert is read once per *distinct* expert, so at batch 1 a Kimi-K2 MoE layer's
 #   verify reads many more expert bytes than a step (uniform routing: ~25x at T = 65; measured grouped GEMM
 #   25.8 vs 0.94 ms) - a tree whose tokens route alike, or a batch that touches every expert anyway, pays less.
