@@ -206,22 +206,23 @@ class Target:
         if T == 0:
             raise ValueError("ids: expected at least one token, got an empty sequence")
         keep = _checks.integer(logits_to_keep, "logits_to_keep", lo=0)
-        if logits_at is not None:
-            if keep:
-                raise ValueError(f"logits_at: give logits_at or logits_to_keep (got {keep}), not both")
-            logits_at = _checks.array(logits_at, "logits_at", dtype=np.int32, ndim=1)
-        if hasattr(start, "shape"):              # device-side start [1] (graph replay): nothing read on the host
-            positions = tree.positions if tree is not None else start + backend.xp.arange(T, dtype=np.int32)
-        elif start + T > cache.capacity:
-            raise ValueError(f"ids: {T} tokens from position {start} exceed the cache capacity of {cache.capacity}")
-        else:                                    # made on the device, not copied from the host: a captured prefill
-            positions = tree.positions if tree is not None else backend.xp.arange(start, start + T, dtype=np.int32)
-        x = embedding.embed(self.w["embed"], ids, check=check_ids)                   # [T, H]
         layers = tuple(hidden_layers)
         bad = [k for k in layers if not (isinstance(k, (int, np.integer)) and 0 <= k < cfg.num_hidden_layers)]
         if bad:
             raise ValueError(f"hidden_layers: layer {bad[0]!r} is not a decoder layer index in "
                              f"[0, {cfg.num_hidden_layers})")
+        if logits_at is not None:
+            if keep:
+                raise ValueError(f"logits_at: give logits_at or logits_to_keep (got {keep}), not both")
+            logits_at = _checks.array(logits_at, "logits_at", dtype=np.int32, ndim=1)
+        if hasattr(start, "shape"):              # device-side start [1] (graph replay): nothing read on the host
+            positions = (tree.positions if tree is not None else start if T == 1        # a decode step: no launch
+                         else start + backend.xp.arange(T, dtype=np.int32))
+        elif start + T > cache.capacity:
+            raise ValueError(f"ids: {T} tokens from position {start} exceed the cache capacity of {cache.capacity}")
+        else:                                    # made on the device, not copied from the host: a captured prefill
+            positions = tree.positions if tree is not None else backend.xp.arange(start, start + T, dtype=np.int32)
+        x = embedding.embed(self.w["embed"], ids, check=check_ids)                   # [T, H]
         H = cfg.hidden_size
         hiddens = Hiddens(layers, backend.empty((T, len(layers) * H), x.dtype) if layers else None)  # [T, nH]
         for i, L in enumerate(self.layers):                # the residual adds ride on the output GEMMs (beta = 1)
