@@ -58,6 +58,32 @@ def test_kernel_writes_one_row():
     _check_row(rec, 2, tree, acc)
 
 
+@pytest.mark.usefixtures("kernel_backend")
+def test_draft_logprobs_of_wide_rows():
+    """K = 70 ids a depth (three warp-wide chunks): the chosen token found in the first chunk, past it (twice: the
+    first index counts, as in the reference), in the last, partial chunk, not at all, and a depth past the path."""
+    Lw, Kw = 5, 70
+    rng = np.random.default_rng(0)
+    ids = np.stack([rng.permutation(1000)[:Kw] + 10 for _ in range(Lw)]).astype(np.int32)      # [L, K], ids >= 10
+    lp = -np.sort(rng.random((Lw, Kw)), axis=1).astype(np.float32)                             # [L, K]
+    ids[1, 40] = ids[1, 45] = 5                                          # depth 2: chosen token 5 at 40 and 45
+    chosen = np.array([ids[0, 3], 5, ids[2, 69], 7, ids[4, 0], -1], np.int32)   # depth 4: 7 is not drafted
+    accepted = np.array([0, 1, 2, 3, -1, -1], np.int32)                  # m = 4: depth 5 is past the path
+    a = kd.backend.asarray
+    acc = SimpleNamespace(accepted=a(accepted), n_acc=a(np.array([4], np.int32)),
+                          result=a(np.full(Lw + 2, -1, np.int32)), chosen=a(chosen))
+    tree = SimpleNamespace(tokens=a(np.zeros((1, 3), np.int32)), depth=a(np.zeros((1, 3), np.int32)),
+                           parent=a(np.zeros((1, 3), np.int32)), logw=a(np.zeros((1, 3))), n=a(np.array([3], np.int32)))
+    rec = {f: kd.backend.zeros((2,) + shape, dtype) for f, shape, dtype in (
+        ("tokens", (3,), np.int32), ("depth", (3,), np.int32), ("parent", (3,), np.int32), ("logw", (3,), np.float64),
+        ("n", (), np.int32), ("accepted", (Lw + 1,), np.int32), ("n_acc", (), np.int32),
+        ("result", (Lw + 2,), np.int32), ("draft_lp", (Lw,), np.float32))}
+    round_end.round_end(rec, tree, acc, a(lp), a(ids), 1)
+    want = round_end.draft_lp_ref(chosen, accepted, 4, lp, ids)
+    np.testing.assert_array_equal(want, [lp[0, 3], lp[1, 40], lp[2, 69], np.nan, np.nan])
+    np.testing.assert_array_equal(H(rec["draft_lp"])[1], want)
+
+
 @pytest.mark.parametrize("backend_name", ["numpy", "kernel"])
 def test_device_row_and_advance(backend_name):
     """The replay's call: row = round - 1 read on the device, then start += m, root = result[m], round += 1."""
