@@ -11,8 +11,9 @@ state: ~16 launches of ~2.5 us each, every round; the direct loop (decode/ddtree
 Mapping: one block of whole warps (512 threads; one warp on the simulator); its threads stride over the record
 columns (B, L + 1, L + 2) and thread 0 writes the scalars; warp w looks depths w, w + warps, .. up, 32 of the
 depth's K ids compared at once and the first hit taken by a warp min (with a thread walking the K ids one by one
-the kernel took 10.9 us of a DDTree-32 round on the H200 against 8.3 for the chain's K = 1, ncu, cold caches). ``row`` is an int or a device int32 [1] (the round counter, with ``row_offset = -1``: row = round - 1);
-the row is read by every thread before a barrier, after which thread 0 may advance the counter itself.
+the kernel took 10.9 us of a DDTree-32 round on the H200 against 8.3 for the chain's K = 1, ncu, cold caches).
+``row`` is an int or a device int32 [1] (the round counter, with ``row_offset = -1``: row = round - 1); the row
+is read by every thread before a barrier, after which thread 0 may advance the counter itself.
 Shapes: tree rows tokens / depth / parent [B] int32, logw [B] float64, n [1]; accepted [L+1], n_acc [1],
 result [L+2], chosen [B+1] int32; lp / ids [L, K]; rec: dict of [rounds, ...] device arrays as above.
 Example: accepted [0, 2, -1], n_acc [2], chosen [7, 1, 3], ids [[5, 7], [9, 3]], lp [[-1, -2], [-3, -4]]

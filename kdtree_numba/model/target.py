@@ -206,11 +206,7 @@ class Target:
         if T == 0:
             raise ValueError("ids: expected at least one token, got an empty sequence")
         keep = _checks.integer(logits_to_keep, "logits_to_keep", lo=0)
-        layers = tuple(hidden_layers)
-        bad = [k for k in layers if not (isinstance(k, (int, np.integer)) and 0 <= k < cfg.num_hidden_layers)]
-        if bad:
-            raise ValueError(f"hidden_layers: layer {bad[0]!r} is not a decoder layer index in "
-                             f"[0, {cfg.num_hidden_layers})")
+        layers = self._layer_indices(hidden_layers, "hidden_layers")
         if logits_at is not None:
             if keep:
                 raise ValueError(f"logits_at: give logits_at or logits_to_keep (got {keep}), not both")
@@ -355,11 +351,18 @@ class Target:
     def hidden_states(self, token_ids, layers) -> dict[int, np.ndarray]:
         """Residual stream after each decoder layer in ``layers`` (HF output_hidden_states[k + 1]), on the host."""
         ids = self.check_ids(token_ids, "token_ids")
-        bad = [k for k in layers if not 0 <= k < self.config.num_hidden_layers]
-        if bad:
-            raise ValueError(f"layers: layer {bad[0]} outside [0, {self.config.num_hidden_layers})")
-        _, hid = self.forward(ids, self.new_cache(len(ids)), 0, hidden_layers=tuple(layers), check_ids=False)
+        layers = self._layer_indices(layers, "layers")
+        _, hid = self.forward(ids, self.new_cache(len(ids)), 0, hidden_layers=layers, check_ids=False)
         return {k: backend.to_host(v) for k, v in hid.items()}
+
+    def _layer_indices(self, layers, arg: str) -> tuple:
+        """``layers`` as a tuple of decoder layer indices, or ValueError naming ``arg`` and the first bad entry."""
+        n = self.config.num_hidden_layers
+        layers = tuple(layers)
+        bad = [k for k in layers if not (isinstance(k, (int, np.integer)) and 0 <= k < n)]
+        if bad:
+            raise ValueError(f"{arg}: layer {bad[0]!r} is not a decoder layer index in [0, {n})")
+        return layers
 
     def check_ids(self, token_ids, arg: str = "prompt_ids") -> np.ndarray:
         """Host int32 copy of a 1-d id sequence, or ValueError naming the offending id."""

@@ -189,6 +189,8 @@ def test_forward_hiddens_are_the_drafter_features_side_by_side(pair, numpy_backe
         with pytest.raises(ValueError, match=rf"hidden_layers: layer {bad!r} is not a decoder layer index in "
                                              rf"\[0, {n}\)"):
             run((0, bad))
+    with pytest.raises(ValueError, match=rf"^layers: layer {n} is not a decoder layer index in \[0, {n}\)"):
+        target.hidden_states(PROMPT, (0, n))                    # the same check, naming hidden_states' argument
 
 
 def test_a_reserved_drafter_reuses_its_row_offsets(pair, numpy_backend):
