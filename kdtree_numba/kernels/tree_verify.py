@@ -26,7 +26,8 @@ This module owns the tree-mode kernels; ``mla_attention.py`` holds the machinery
      its list is exactly its own path; with N = 16 two tokens share 2 (L + 1) slots.
   v3 ``_tree_attention_v3_kernel``: v2 with key tiles of 32 rows (the same source, ``_tiled_tree_kernel(32, ..)``;
      see mla_attention's v3). The default on a GPU: every tree cell of bench_verify ran as fast or faster (H200:
-     4096 / 256 / 64 5.34 -> 4.97 ms; the default pair's 65-node verify 0.036 -> 0.029).
+     4096 / 256 / 64 5.34 -> 4.97 ms; the default pair's 65-node verify 0.036 -> 0.029) - except below 16 heads
+     (``tree_variant``): the default pair's 8-head verify, measured again in the round, runs faster on v2.
 Shapes: q [n+1, N, D] float32, cache [C, D] float32, paths [n+1, >= L+1] int32, depths [n+1] int32
 -> out [n+1, N, Lkv] float32.
 Example: start 2, parents [-1, 0, 0, 1]: node 3 (depth 2) sees rows 0, 1 (committed), 2 (root), 3 (node 1), 5
@@ -49,7 +50,7 @@ from .mla_attention import (ACC, BK, HG, KPARTS, KT, KT3, MAX_D, MAX_LKV, MAX_SU
                             _v1_begin, _v1_end, _v1_tile, _v2_accumulate, _v2_begin, _v2_copy_plan, _v2_end,
                             _v2_load_keys, _v2_row, _v2_scores, _v2_softmax, _v2_stage_q, check_qkv, check_splits,
                             check_tiled_fits, check_variant, launch_v1, launch_v2, masked_attention_fast,
-                            masked_attention_ref)
+                            masked_attention_ref, stage_bytes)
 
 
 def tree_attention_ref(q, cache, start: int, parents, scale: float, lkv: int):
@@ -194,6 +195,21 @@ _tree_attention_v3_kernel = _tiled_tree_kernel(KT3, SP_STRIDE3, "_tree_attention
 
 
 # ------------------------------------------------------------------------------------------------ launcher
+V3_MIN_HEADS = 16   # variant=None: tree verifies of fewer heads run v2 where the default is v3 (``tree_variant``)
+
+
+def tree_variant(default: str, heads: int, v2_staged: bool) -> str:
+    """The variant ``variant=None`` runs for a tree of ``heads`` heads: ``default`` (mla_attention's
+    ``default_variant()``), except v3 -> v2 below V3_MIN_HEADS heads where v2 can stage its query rows
+    (``v2_staged``). Measured on the H200 (docs/PERFORMANCE.md, 2026-12-04, eighteenth session): the default
+    pair's verify (8 heads: a 32-row tile holds 4 tokens and their 4 (L + 1) path slots) took 29.3 us with v2
+    against 36.7 with v3 at 33 nodes, 27.9 against 30.1 at 16 (graph replays, a 512-row cache), and graph-replayed
+    generation ran 0.2-6 % faster (DDTree-32 / -64 and the chain, two interleaved pairs, identical tokens); every
+    bench_verify cell (16-64 heads) ran as fast or faster on v3. Example: tree_variant("v3", 8, True) -> "v2";
+    tree_variant("v3", 16, True) -> "v3"."""
+    return "v2" if default == "v3" and heads < V3_MIN_HEADS and v2_staged else default
+
+
 def tree_attention(q, cache, start, paths, depths, scale: float, lkv: int, max_depth: int | None = None,
                    out=None, splits: int | None = None, variant: str | None = None):
     """Attention of the tree tokens ``q [n+1, N, D]`` over ``cache [C, D]``: committed rows ``0 .. start - 1`` and
@@ -203,11 +219,14 @@ def tree_attention(q, cache, start, paths, depths, scale: float, lkv: int, max_d
     is read on the host, the grid covers ``start <= C - (n+1)``). ``paths [n+1, >= L+1]`` / ``depths [n+1]``: each
     node's root-to-node path (``tree.ancestor_paths``, or the device tree build's); ``max_depth``: L
     (default: the paths' width - 1). ``splits`` forces the key splits (tests); ``variant`` as in
-    ``mla_attention`` ("v1" | "v2" | "v3" | None: ``default_variant()``)."""
+    ``mla_attention`` ("v1" | "v2" | "v3" | None: ``tree_variant(default_variant(), N)``)."""
+    auto = variant is None
     variant = check_variant(variant)
     q, cache, lkv, out = check_qkv(q, cache, lkv, out)
     splits = check_splits(splits)
     n1, N, D = q.shape
+    if auto and variant == "v3":
+        variant = tree_variant(variant, N, stage_bytes(KT) > 0)
     paths = _checks.array(paths, "paths", dtype=np.int32, ndim=2, shape=(n1, None))
     depths = _checks.array(depths, "depths", dtype=np.int32, shape=(n1,))
     start0, _ = _checks.device_int(start, "start")          # a device int32 [1]: read by the kernel, unchecked

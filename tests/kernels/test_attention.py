@@ -144,6 +144,13 @@ def test_variant_selection():
         mla.mla_attention(np.zeros((1, 1, 4), np.float32), np.zeros((2, 4), np.float32), 0, 1.0, 3, variant="v4")
 
 
+def test_tree_variant_takes_v2_below_16_heads_where_the_default_is_v3():
+    assert tv.tree_variant("v3", 8, True) == "v2"                 # the default pair's verify (measured faster)
+    assert tv.tree_variant("v3", tv.V3_MIN_HEADS, True) == "v3"   # bench_verify's cells: v3
+    assert tv.tree_variant("v3", 8, False) == "v3"                # v2 could not stage its query rows
+    assert tv.tree_variant("v1", 8, True) == "v1"                 # the simulator's default stays
+
+
 def test_ancestor_paths_example():
     paths, depths = kt.ancestor_paths(np.array([-1, 0, 0, 1]))
     np.testing.assert_array_equal(depths, [0, 1, 1, 2])
