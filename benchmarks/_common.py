@@ -36,6 +36,12 @@ def args(description: str, extra=None):
     return a
 
 
+def fail_args(message: str) -> None:
+    """A bad command-line value: one line on stderr naming it, exit status 2 (as the project's CLI does)."""
+    print(message, file=sys.stderr)
+    sys.exit(2)
+
+
 def sync():
     kd.backend.synchronize()
 

@@ -102,6 +102,14 @@ def program(owner, key, make):
     return p
 
 
+def drop_programs(*owners) -> None:
+    """Forget the programs kept for these model objects: the next replayed generation captures again. For code
+    that changes what a capture records without replacing a weight array - e.g. a kernel-selection constant that
+    benchmarks/ab_replay.py switches between configurations."""
+    for owner in owners:
+        vars(owner).get("_programs", {}).clear()
+
+
 # ------------------------------------------------------------------------------------------------ plain decoding
 class _StepProgram(Program):
     """One decode step over device-side state (module docstring), for prompts + tokens <= ``capacity``."""

@@ -1,0 +1,35 @@
+"""benchmarks/ab_replay.py: configurations of module constants set for a run and restored after it, bad ones
+refused in one line (the timing itself is for a GPU; --quick runs the whole script on any backend)."""
+import json
+import os
+import subprocess
+import sys
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "ab_replay.py")
+
+
+def ab(tmp_path, *argv):
+    env = dict(os.environ, OUT=str(tmp_path), KDTREE_BACKEND="numpy")     # the simulator would take minutes
+    return subprocess.run([sys.executable, SCRIPT, "--quick", *argv], capture_output=True, text=True, env=env,
+                          timeout=600)
+
+
+def test_two_configurations_each_round_identical_tokens(tmp_path):
+    r = ab(tmp_path, "--config", "as-is", "--config", "v3:kdtree_numba.kernels.tree_verify.V3_MIN_HEADS=0",
+           "--rounds", "2", "--passes", "1", "--budgets", "8")
+    assert r.returncode == 0, r.stderr[-2000:]
+    runs = json.load(open(tmp_path / "ab_replay.json"))["runs"]
+    assert [(x["config"], x["round"]) for x in runs] == [("as-is", 1), ("v3", 1), ("as-is", 2), ("v3", 2)]
+    assert all(x["mismatches"] == 0 and set(x["rates"]) == {"AR", "chain", "DDTree-8"} for x in runs)
+    assert "| v3 " in r.stdout and "DDTree-8 / AR / chain" in r.stdout
+
+
+def test_bad_configurations_are_one_line_errors(tmp_path):
+    for argv, msg in [(["--config", "x:kdtree_numba.kernels.tree_verify.NOPE=1"], "has no attribute 'NOPE'"),
+                      (["--config", "x:no_such_module.A=1"], "cannot import 'no_such_module'"),
+                      (["--config", "x:kdtree_numba.kernels.tree_verify.V3_MIN_HEADS=two"], "is not a Python literal"),
+                      (["--config", "x:V3_MIN_HEADS"], "expected MODULE.ATTR=VALUE"),
+                      (["--passes", "0"], "--passes: expected an integer >= 1, got 0"),
+                      (["--budgets", "8,x"], "--budgets: expected comma-separated integers >= 1")]:
+        r = ab(tmp_path, *argv)
+        assert r.returncode == 2 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, (argv, r.stderr)
