@@ -80,6 +80,16 @@ def _check_out_dir(path: str, flag: str) -> None:
         raise CliError(f"{flag}: cannot write to {path} ({probe} is not writable)")
 
 
+def _make_out_dir(path: str, flag: str) -> None:
+    """Create the output folder when the command starts writing (after every check, so a failed run leaves
+    nothing): the permission bits ``_check_out_dir`` reads can say yes where the filesystem says no (root on
+    /proc or a read-only mount), which is then one line naming ``flag``."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise CliError(f"{flag}: cannot create the folder {path} ({e.strerror or e})") from None
+
+
 # ------------------------------------------------------------------------------------------------ models
 _DEFAULT = {}
 
@@ -278,7 +288,7 @@ def cmd_demo(args) -> int:
     else:
         print("'target side' leaves out the draft stage; benchmarks: docs/PERFORMANCE.md.")
     print("DDTree stage time (ms): " + "  ".join(f"{k} {v:.0f}" for k, v in dd.stage_totals().items()))
-    os.makedirs(args.out, exist_ok=True)
+    _make_out_dir(args.out, "--out")
     picks = viz.showcase_rounds(dd) or None
     viz.plot_rounds(dd, tokenizer=tok, picks=picks, path=os.path.join(args.out, "rounds.png"))
     viz.acceptance_histogram([chain, dd], labels=["DFlash chain", f"DDTree, budget {B}"],
@@ -389,7 +399,7 @@ def cmd_trees(args) -> int:
     too_big = [t for r in gen.rounds for t in r.tree.tokens if t >= V]
     if tok is None and too_big:
         raise CliError(f"--vocab-size {V}: too small for this trace (it holds token {int(max(too_big))})")
-    os.makedirs(args.out, exist_ok=True)
+    _make_out_dir(args.out, "--out")
     for r in rounds:
         viz.plot_tree(gen.rounds[r], vocab_size=V, tokenizer=tok, path=os.path.join(args.out, f"round{r:03d}.png"))
     viz.plot_rounds(gen, vocab_size=V, tokenizer=tok, picks=rounds, path=os.path.join(args.out, "rounds.png"))
@@ -429,6 +439,7 @@ def cmd_figures(args) -> int:
     from .figures import make_all
 
     _check_out_dir(args.out, "--out")
+    _make_out_dir(args.out, "--out")
     paths = make_all(args.out, progress=_progress("figures"))
     print("\n".join(f"wrote {p}" for p in paths))
     return 0

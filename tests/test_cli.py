@@ -273,3 +273,20 @@ def test_bench_runs_from_any_directory(tmp_path, capsys):
     r = cli("bench", "tree", "--quick", cwd=str(tmp_path))
     assert r.returncode == 0, r.stderr[-2000:]
     assert "== bench_tree.py" in r.stdout and "Traceback" not in r.stderr
+
+
+def test_an_output_folder_the_filesystem_refuses_is_one_line(tmp_path, capsys, monkeypatch):
+    """The permission bits can allow what the filesystem refuses (root on /proc, a read-only mount): creating the
+    folder then fails, and the command says so in one line naming --out, having written nothing."""
+    import errno
+
+    from kdtree_numba import cli as cli_module
+
+    def refuse(path, exist_ok=False):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
+
+    monkeypatch.setattr(cli_module.os, "makedirs", refuse)
+    out = tmp_path / "new"
+    one_line_error(inproc(capsys, "figures", "--out", str(out)),
+                   f"--out: cannot create the folder {out} (Read-only file system)")
+    assert not out.exists()
