@@ -50,6 +50,7 @@ def _progress(label: str):
 
 _positive_int, _budget, _temperature = whole(1), whole(0, 1024), real(0.0)
 _int_list, _budget_list = whole_list(0), whole_list(0, 1024)
+_sweep_budgets = whole_list(1, 1024)       # a log-scale axis; budget 0 (plain decoding) is its dotted line
 
 
 def _writable_dir(folder: str, flag: str, path: str) -> None:
@@ -555,7 +556,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("sweep", help="budget sweep figure: DDTree vs the chain of the same drafter")
     _source_args(s, max_new_tokens=96, none_ok=False)
-    s.add_argument("--budgets", type=_budget_list, default=[1, 2, 4, 8, 16, 32, 64, 128, 256],
+    s.add_argument("--budgets", type=_sweep_budgets, default=[1, 2, 4, 8, 16, 32, 64, 128, 256],
                    help="comma-separated (default 1,2,4,8,16,32,64,128,256)")
     s.add_argument("--out", default="budget_sweep.png", help="figure file, .png or .svg (default budget_sweep.png)")
     s.set_defaults(func=cmd_sweep)

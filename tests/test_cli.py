@@ -208,7 +208,8 @@ def test_sweep(tmp_path):
     (["generate", "--drafter", "medusa"], "argument --drafter: invalid choice: 'medusa'"),
     (["sweep", "--budgets", ""], "argument --budgets: expected at least one whole number (comma-separated, e.g. "
                                  "4,16,64), got ''"),
-    (["sweep", "--budgets", "4,2000"], "argument --budgets: expected whole numbers in [0, 1024], got 2000 in '4,2000'"),
+    (["sweep", "--budgets", "4,2000"], "argument --budgets: expected whole numbers in [1, 1024], got 2000 in '4,2000'"),
+    (["sweep", "--budgets", "0"], "argument --budgets: expected whole numbers in [1, 1024], got 0 in '0'"),  # log axis
     (["sweep", "--out", "sweep.pdf"], "--out: expected a file path ending in .png or .svg, got 'sweep.pdf'"),
     (["sweep", "--out", "/no/such/dir/s.png"], "--out: cannot write /no/such/dir/s.png"),
     (["sweep", "--drafter", "none"], "argument --drafter: invalid choice: 'none'"),

@@ -227,8 +227,8 @@ def budget_sweep(rows, path=None, axes=None, chain_label: str = "single draft ch
     what was averaged when rows carry ``"prompts"``). axes: two Axes to draw into; path: save there."""
     rows = sorted(rows, key=lambda r: r["budget"])
     fig, (a1, a2) = _new(2, (9.6, 3.9), axes)
-    if not rows:
-        _empty(a1, "no rows")
+    if not any(r["budget"] > 0 for r in rows):           # the budget axis is logarithmic: budget 0 has no place
+        _empty(a1, "no rows with a budget > 0" if rows else "no rows")
         _empty(a2, "")
         save(fig, path)
         return fig

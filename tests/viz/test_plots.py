@@ -364,6 +364,15 @@ def test_budget_sweep_hand_rows(tmp_path):
     assert any(np.allclose(l.get_ydata(), 0.6) for l in a2.lines)
 
 
+def test_budget_sweep_without_a_positive_budget_is_an_empty_figure(tmp_path):
+    """Budget 0 (plain decoding) has no place on the log-scale budget axis: rows of budget 0 alone draw the empty
+    panels (they raised an IndexError)."""
+    rows = [{"budget": 0, "tree_tau": 1.0, "tree_fpt": 1.0, "chain_tau": 1.8, "chain_fpt": 0.6}]
+    fig = viz.budget_sweep(rows, path=tmp_path / "zero.png")
+    assert_png(tmp_path / "zero.png")
+    assert not fig.axes[0].lines and "no rows with a budget > 0" in [t.get_text() for t in fig.axes[0].texts]
+
+
 def _gen(accepts, prompt=(1, 2), forwards=None, settings=None):
     """A Generation whose rounds commit ``accepts`` tokens each (hand-made trees)."""
     rounds = [make_round(16, seed=i, accept=a - 1) for i, a in enumerate(accepts)]
