@@ -21,8 +21,8 @@ rows = [["autoregressive", "", "1.00", f"{ar.forwards_per_token:.3f}", f"{ar.tok
          f"{ar.tokens_per_second:.0f}", "1.00x", ""]]
 for noise, budget, chain in [(0.0, 64, False), (0.5, 16, False), (0.5, 64, False), (0.5, 256, False),
                              (0.5, 8, True), (2.0, 64, False)]:
-    res = kd.generate(target, prompt, n_new, drafter=kd.OracleDrafter(target, noise=noise, depth=8), budget=budget,
-                      chain=chain)
+    res = kd.generate(target, prompt, n_new, drafter=kd.OracleDrafter(target, noise=noise, depth=8), chain=chain,
+                      **({} if chain else dict(budget=budget)))
     assert res.tokens == ar.tokens
     st = res.stage_totals()
     target_ms = sum(v for k, v in st.items() if k != "draft")

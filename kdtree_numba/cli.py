@@ -328,7 +328,7 @@ def cmd_generate(args) -> int:
             raise CliError(f"--stop-at-eos: this model has no tokenizer with an {EOS} token")
         stop = (eos,)
     res = kd.generate(target, prompt, args.max_new_tokens, drafter=drafter,
-                      budget=64 if args.budget is None else args.budget, temperature=args.temperature,
+                      budget=args.budget, temperature=args.temperature,
                       seed=args.seed, stop_tokens=stop, chain=args.chain, replay=args.replay,
                       progress=_progress("generate") if drafter is not None else None)
     shown = res.tokens[:-1] if stop and res.tokens and res.tokens[-1] in stop else res.tokens

@@ -15,16 +15,20 @@ from .replay import autoregressive_replay
 from .trace import Generation
 
 
-def generate(target, prompt_ids, max_new_tokens: int, drafter: Drafter | None = None, budget: int = 64,
+DEFAULT_BUDGET = 64
+
+
+def generate(target, prompt_ids, max_new_tokens: int, drafter: Drafter | None = None, budget: int | None = None,
              temperature: float = 0.0, seed: int = 0, stop_tokens=(), chain: bool = False,
              progress=None, replay: bool = False) -> Generation:
     """Generate ``max_new_tokens`` tokens after ``prompt_ids``.
 
     drafter None: autoregressive (one target forward per token). Otherwise DDTree with a tree of ``budget``
-    nodes (0..1024; 0 = one token per round) per round. temperature 0: greedy; > 0: sampling, reproducible from
-    ``seed``. Generation stops early after a token in ``stop_tokens``. ``chain=True`` drafts a single chain
-    instead of a tree (the drafter's top-1 token per depth, DFlash-style; ``budget`` is then the drafter's depth),
-    the baseline a tree is compared with. ``progress(done, total)`` is called after every DDTree round.
+    nodes (0..1024, default DEFAULT_BUDGET = 64; 0 = one token per round) per round. temperature 0: greedy; > 0:
+    sampling, reproducible from ``seed``. Generation stops early after a token in ``stop_tokens``. ``chain=True``
+    drafts a single chain instead of a tree (the drafter's top-1 token per depth, DFlash-style: its length is the
+    drafter's depth), the baseline a tree is compared with. A ``budget`` where no tree is built (drafter None, or
+    chain=True) and chain=True without a drafter are refused rather than ignored. ``progress(done, total)`` is called after every DDTree round.
     ``replay=True``: the decode step (plain decoding) or the DDTree round keeps its state on the device and, on
     the cuda backend, is captured once as CUDA graphs and replayed (decode/replay.py, decode/ddtree_replay.py;
     DDTree needs a device-side drafter: DFlash); same tokens as ``replay=False``.
@@ -40,9 +44,19 @@ def generate(target, prompt_ids, max_new_tokens: int, drafter: Drafter | None = 
 
 def _generate(target, prompt_ids, max_new_tokens, drafter, budget, temperature, seed, stop_tokens, chain, progress,
               replay):
+    if isinstance(prompt_ids, str):
+        raise ValueError("prompt_ids: expected token ids, got a str (encode text first: "
+                         "target.tokenizer.encode(text))")
     prompt = target.check_ids(prompt_ids, "prompt_ids")
     max_new_tokens = _checks.integer(max_new_tokens, "max_new_tokens", lo=1)
-    budget = _checks.integer(budget, "budget", lo=0, hi=MAX_BUDGET)
+    if not isinstance(chain, bool):
+        raise ValueError(f"chain: expected True or False, got {chain!r}")
+    if drafter is None and chain:
+        raise ValueError("chain: chain=True drafts with a drafter, got drafter=None")
+    if budget is not None and (drafter is None or chain):
+        raise ValueError(f"budget: {budget!r} does not apply " + ("without a drafter (plain decoding builds no tree)"
+                         if drafter is None else "with chain=True (the chain's length is the drafter's depth)"))
+    budget = _checks.integer(DEFAULT_BUDGET if budget is None else budget, "budget", lo=0, hi=MAX_BUDGET)
     if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or math.isnan(temperature):
         raise ValueError(f"temperature: expected a number >= 0, got {temperature!r}")
     temperature = _checks.real(temperature, "temperature", lo=0.0)

@@ -143,7 +143,8 @@ def test_sampling_distribution_matches_autoregressive(numpy_backend):
         counts = np.zeros(64)
         for s in range(runs):
             d = SharedOracle(plain, rows, 1.0, s) if method == "ddtree" else None
-            toks = kd.generate(target, prompt, 3, drafter=d, budget=6, temperature=T, seed=s).tokens
+            tree = {} if d is None else dict(budget=6)
+            toks = kd.generate(target, prompt, 3, drafter=d, temperature=T, seed=s, **tree).tokens
             counts[toks[0] * 16 + toks[1] * 4 + toks[2]] += 1
         obs = np.append(counts[keep], counts[~keep].sum())
         exp = np.append(expected[keep], expected[~keep].sum())
@@ -200,10 +201,15 @@ class BadDrafter(kd.Drafter):
 
 
 @pytest.mark.parametrize("kwargs, msg", [
-    (dict(budget=-1), "budget: expected an integer >= 0"),
-    (dict(budget=2.5), "budget: expected an integer"),
-    (dict(budget=True), "budget: expected an integer"),
-    (dict(budget=5000), "budget: expected an integer <= 1024"),
+    (dict(budget=-1, drafter=kd.RandomDrafter(256, 4)), "budget: expected an integer >= 0"),
+    (dict(budget=2.5, drafter=kd.RandomDrafter(256, 4)), "budget: expected an integer"),
+    (dict(budget=True, drafter=kd.RandomDrafter(256, 4)), "budget: expected an integer"),
+    (dict(budget=5000, drafter=kd.RandomDrafter(256, 4)), "budget: expected an integer <= 1024"),
+    (dict(budget=8), r"budget: 8 does not apply without a drafter \(plain decoding builds no tree\)"),
+    (dict(budget=8, drafter=kd.RandomDrafter(256, 4), chain=True), "budget: 8 does not apply with chain=True"),
+    (dict(chain=True), "chain: chain=True drafts with a drafter, got drafter=None"),
+    (dict(chain=1, drafter=kd.RandomDrafter(256, 4)), "chain: expected True or False, got 1"),
+    (dict(prompt_ids="def f():"), r"prompt_ids: expected token ids, got a str \(encode text first"),
     (dict(temperature=-0.1), "temperature: expected a number >= 0"),
     (dict(temperature=float("nan")), "temperature: expected a number >= 0"),
     (dict(max_new_tokens=0), "max_new_tokens: expected an integer >= 1"),
@@ -260,8 +266,8 @@ def test_stop_token_inside_an_accepted_path_stops_like_plain_decoding(targets, c
         stop = ref[pos]
         plain = kd.generate(t, PROMPT, 40, stop_tokens=[stop])
         assert plain.tokens == ref[:ref.index(stop) + 1]
-        res = kd.generate(t, PROMPT, 40, drafter=kd.OracleDrafter(t, noise=0.0, depth=6), budget=8,
-                          stop_tokens=[stop], chain=chain)
+        res = kd.generate(t, PROMPT, 40, drafter=kd.OracleDrafter(t, noise=0.0, depth=6), stop_tokens=[stop],
+                          chain=chain, **({} if chain else dict(budget=8)))
         assert res.tokens == plain.tokens, (pos, stop)
 
 
