@@ -188,7 +188,8 @@ def use(backend: str):
     """
     if backend not in (process_name, "numpy"):
         raise ValueError(f"backend: {backend!r} cannot be used in a process started as {process_name!r} "
-                         f"(expected {process_name!r} or 'numpy'; set KDTREE_BACKEND before starting Python)")
+                         f"(expected {' or '.join(repr(b) for b in dict.fromkeys((process_name, 'numpy')))}; set "
+                         f"KDTREE_BACKEND before starting Python)")
     bind_stream()
     old = getattr(_local, "name", None)
     _local.name = backend

@@ -406,7 +406,13 @@ def read_config(path: str) -> DFlashConfig:
 
 
 def load_drafter(path, target) -> DFlashDrafter:
-    """Load a DFlash drafter directory (config.json + safetensors, fp32/bf16/fp16) for ``target``."""
+    """Load a DFlash drafter directory (config.json + safetensors, fp32/bf16/fp16) for ``target`` (the Target whose
+    hidden states it reads: ``kd.load_target`` / ``kd.load_default``)."""
+    from .target import Target
+
+    if not isinstance(target, Target):
+        raise ValueError(f"target: expected the kdtree_numba Target the drafter reads its features from, got "
+                         f"{type(target).__name__}")
     path = os.fspath(path)
     cfg = read_config(path)
     cfg.check_target(target.config)

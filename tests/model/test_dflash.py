@@ -205,3 +205,13 @@ def test_a_reserved_drafter_reuses_its_row_offsets(pair, numpy_backend):
         assert np.shares_memory(o, d._iota) and o.tolist() == list(range(m))
     o = d._offsets(B + 3)
     assert not np.shares_memory(o, d._iota) and o.tolist() == list(range(B + 3))
+
+
+def test_load_drafter_needs_the_target_it_reads(numpy_backend):
+    """load_drafter(path, None) raised an AttributeError from inside the config check."""
+    import os
+
+    path = os.path.join(os.path.dirname(kd.__file__), "default_model", "drafter")
+    with pytest.raises(ValueError, match="target: expected the kdtree_numba Target the drafter reads its features "
+                                         "from, got NoneType"):
+        kd.load_drafter(path, None)
