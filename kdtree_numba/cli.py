@@ -509,7 +509,7 @@ def _source_args(p, max_new_tokens: int, none_ok: bool = True) -> None:
     p.add_argument("--noise", type=float, help="oracle drafter noise (--drafter oracle only; default 0.3)")
     p.add_argument("--depth", type=_positive_int,
                    help="draft depth (--drafter oracle or random only; default 8)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=whole(0, 2 ** 64 - 1), default=0, help="sampling seed (default 0)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -210,6 +210,7 @@ def test_sweep(tmp_path):
                                  "4,16,64), got ''"),
     (["sweep", "--budgets", "4,2000"], "argument --budgets: expected whole numbers in [1, 1024], got 2000 in '4,2000'"),
     (["sweep", "--budgets", "0"], "argument --budgets: expected whole numbers in [1, 1024], got 0 in '0'"),  # log axis
+    (["generate", "--prompt", "a", "--seed", "-5"], "argument --seed: expected a whole number in [0, "),
     (["sweep", "--out", "sweep.pdf"], "--out: expected a file path ending in .png or .svg, got 'sweep.pdf'"),
     (["sweep", "--out", "/no/such/dir/s.png"], "--out: cannot write /no/such/dir/s.png"),
     (["sweep", "--drafter", "none"], "argument --drafter: invalid choice: 'none'"),
