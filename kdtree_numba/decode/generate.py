@@ -28,7 +28,8 @@ def generate(target, prompt_ids, max_new_tokens: int, drafter: Drafter | None = 
     sampling, reproducible from ``seed``. Generation stops early after a token in ``stop_tokens``. ``chain=True``
     drafts a single chain instead of a tree (the drafter's top-1 token per depth, DFlash-style: its length is the
     drafter's depth), the baseline a tree is compared with. A ``budget`` where no tree is built (drafter None, or
-    chain=True) and chain=True without a drafter are refused rather than ignored. ``progress(done, total)`` is called after every DDTree round.
+    chain=True) and chain=True without a drafter are refused rather than ignored. ``progress(done, total)`` is
+    called after every DDTree round.
     ``replay=True``: the decode step (plain decoding) or the DDTree round keeps its state on the device and, on
     the cuda backend, is captured once as CUDA graphs and replayed (decode/replay.py, decode/ddtree_replay.py;
     DDTree needs a device-side drafter: DFlash); same tokens as ``replay=False``.

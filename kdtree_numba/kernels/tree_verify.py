@@ -219,7 +219,7 @@ def tree_attention(q, cache, start, paths, depths, scale: float, lkv: int, max_d
     is read on the host, the grid covers ``start <= C - (n+1)``). ``paths [n+1, >= L+1]`` / ``depths [n+1]``: each
     node's root-to-node path (``tree.ancestor_paths``, or the device tree build's); ``max_depth``: L
     (default: the paths' width - 1). ``splits`` forces the key splits (tests); ``variant`` as in
-    ``mla_attention`` ("v1" | "v2" | "v3" | None: ``tree_variant(default_variant(), N)``)."""
+    ``mla_attention`` ("v1" | "v2" | "v3" | None: ``tree_variant(default_variant(), N, ..)``)."""
     auto = variant is None
     variant = check_variant(variant)
     q, cache, lkv, out = check_qkv(q, cache, lkv, out)
