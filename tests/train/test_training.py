@@ -346,6 +346,37 @@ def test_cli_errors_in_process(argv, capsys):
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
+def test_cli_out_checked_before_any_work_and_nothing_left(tmp_path, capsys, monkeypatch):
+    """--out is a file, or a folder the filesystem refuses: one line, exit 2, before the data is even read; a
+    writable --out that does not exist yet is probed and removed again (the run creates it when it writes)."""
+    import errno
+
+    from kdtree_numba.train import __main__ as train_main
+
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for argv, msg in [(["target", "--data", "MISSING", "--out", str(afile)], f"--out {afile}: exists and is not a "
+                                                                             f"folder"),
+                      (["corpus", "--out", str(afile)], "exists and is not a folder")]:
+        with pytest.raises(SystemExit) as e:
+            train_main.main(argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1 and msg in err[0]
+    new = tmp_path / "a" / "b"
+    with pytest.raises(SystemExit):                      # --data is missing: that error, and no folder left behind
+        train_main.main(["target", "--data", "MISSING", "--out", str(new)])
+    assert "no tokens.npy" in capsys.readouterr().err and not (tmp_path / "a").exists()
+
+    def refuse(path, exist_ok=False):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
+
+    monkeypatch.setattr(train_main.os, "makedirs", refuse)
+    with pytest.raises(SystemExit) as e:
+        train_main.main(["target", "--data", "MISSING", "--out", str(new)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and f"--out {new}: cannot write there (Read-only file system)" in err[0]
+
+
 @pytest.mark.slow
 def test_cli_all_end_to_end(data_dir, tmp_path):
     from kdtree_numba.train.__main__ import main
