@@ -105,6 +105,10 @@ def write_html(result, path, vocab_size: int = 256, tokenizer=None) -> str:
     show decoded tokens instead (nodes show up to 12 characters, the tooltip the whole token). The file is
     self-contained (inline CSS, JS and data; nothing is fetched). A generation without rounds (autoregressive)
     still gets a page, with its text and a note instead of a tree."""
+    from ..decode.trace import Generation
+
+    if not isinstance(result, Generation):
+        raise ValueError(f"result: expected a Generation (what kd.generate returns), got {type(result).__name__}")
     data = _data(result, vocab_size, tokenizer)
     s = data["settings"]
     title = "DDTree trace"

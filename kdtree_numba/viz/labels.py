@@ -21,7 +21,9 @@ BYTE_VOCAB = 256
 def _check(tok, vocab_size: int) -> int:
     tok = int(tok)
     if tok < 0 or (vocab_size > 0 and tok >= vocab_size):
-        raise ValueError(f"token: {tok} is outside the vocabulary 0..{vocab_size - 1}")
+        hint = (" (the pictures label bytes by default, vocab_size 256: pass tokenizer=target.tokenizer or "
+                "vocab_size=target.config.vocab_size)") if vocab_size == BYTE_VOCAB and tok >= vocab_size else ""
+        raise ValueError(f"token: {tok} is outside the vocabulary 0..{vocab_size - 1}{hint}")
     return tok
 
 

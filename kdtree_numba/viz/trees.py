@@ -390,6 +390,11 @@ def plot_tree(round_trace, vocab_size: int = 256, ax=None, path=None, max_nodes:
 
     Returns the Figure; ``fig.kd_drawn_nodes`` / ``fig.kd_hidden_nodes`` say how many tree nodes (root and
     bonus excluded) were drawn / collapsed."""
+    from ..decode.trace import RoundTrace
+
+    if not isinstance(round_trace, RoundTrace):
+        raise ValueError(f"round_trace: expected a RoundTrace (a Generation's rounds[i]), got "
+                         f"{type(round_trace).__name__}")
     max_nodes = DEFAULT_MAX_NODES if max_nodes is None else max_nodes
     if ax is None:
         probe = layout_tree(round_trace, max_nodes)

@@ -451,3 +451,17 @@ def test_json_round_trip_draws_the_same(runs, tmp_path):
     gen = kd.Generation.from_json(runs["tree"].to_json())
     a = viz.plot_tree(gen.rounds[-1]).kd_drawn_nodes
     assert a == viz.plot_tree(runs["tree"].rounds[-1]).kd_drawn_nodes
+
+
+def test_pictures_of_the_wrong_object_or_vocabulary_say_what_to_pass(tmp_path):
+    """plot_tree / write_html of something else raised an AttributeError deep inside; a token past the default
+    byte vocabulary (a 4096-token model's trace drawn without tokenizer) now says which argument fixes it."""
+    with pytest.raises(ValueError, match="round_trace: expected a RoundTrace .*, got str"):
+        viz.plot_tree("round 0")
+    with pytest.raises(ValueError, match="result: expected a Generation .*, got list"):
+        viz.write_html([], tmp_path / "v.html")
+    with pytest.raises(ValueError, match=r"token: 614 is outside the vocabulary 0..255 \(the pictures label bytes "
+                                         r"by default, vocab_size 256: pass tokenizer=target.tokenizer"):
+        viz.token_label(614, 256)
+    with pytest.raises(ValueError, match=r"token: 300 is outside the vocabulary 0..299$"):
+        viz.token_label(300, 300)
