@@ -49,3 +49,17 @@ def kernel_backend():
     if kd.backend.process_name == "numpy":
         pytest.skip("kernels need KDTREE_BACKEND=sim or cuda")
     yield
+
+
+@pytest.fixture(autouse=True)
+def _backend_not_pinned():
+    """``kd.backend.name`` / ``.xp`` are computed per thread (the module's ``__getattr__``); a test that sets one
+    (``monkeypatch.setattr(kd.backend, "name", ..)``, whose undo *sets* the old value back) pins it for every later
+    test in the process - the eighteenth session lost a GPU test run to that. Unpinned here, and the test fails."""
+    yield
+    pinned = [a for a in ("name", "xp") if a in vars(kd.backend)]
+    for a in pinned:
+        delattr(kd.backend, a)
+    if pinned:
+        pytest.fail(f"the test left kd.backend.{pinned[0]} set as a module attribute (it shadows the per-thread "
+                    f"backend); use kd.backend.use(...) instead")
