@@ -6,11 +6,13 @@ benchmarks): a bad value is refused with one line that says what was expected an
     whole_list(lo, hi)   comma-separated ints          "expected comma-separated whole numbers, got '4,x'"
 Example: ``p.add_argument("--budget", type=whole(0, 1024))``; ``--budget 2000`` exits 2 with
 "argument --budget: expected a whole number <= 1024, got 2000".
+``out_dir_problem(path)``: why an output folder cannot be written (checked before a command does any work).
 """
 from __future__ import annotations
 
 import argparse
 import math
+import os
 
 
 def _range_text(lo, hi) -> str:
@@ -64,3 +66,33 @@ def whole_list(lo: int | None = None, hi: int | None = None):
             raise argparse.ArgumentTypeError(f"expected whole numbers{_range_text(lo, hi)}, got {bad[0]} in {text!r}")
         return values
     return parse
+
+
+def out_dir_problem(path: str) -> str | None:
+    """Why the output folder ``path`` cannot be written, or None. Checked by doing it - creating the missing
+    folders and a file in it, then removing them again (nothing is left) - since the permission bits can say yes
+    where the filesystem says no (root on /proc, a read-only mount). Example: out_dir_problem("/proc/x") ->
+    "cannot create the folder /proc/x (No such file or directory)"."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        return f"{path} exists and is not a folder"
+    missing, p = [], os.path.abspath(path)
+    while not os.path.exists(p):
+        missing.append(p)                                # the deepest first
+        p = os.path.dirname(p)
+    try:
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as e:
+            return f"cannot create the folder {path} ({e.strerror or e})"
+        probe = os.path.join(path, f".kdtree_write_probe_{os.getpid()}")
+        try:
+            with open(probe, "w"):
+                pass
+            os.remove(probe)
+        except OSError as e:
+            return f"cannot write in {path} ({e.strerror or e})"
+        return None
+    finally:
+        for m in missing:
+            if os.path.isdir(m):
+                os.rmdir(m)

@@ -18,7 +18,7 @@ import os
 import sys
 import time
 
-from .argtypes import real, whole, whole_list
+from .argtypes import out_dir_problem, real, whole, whole_list
 
 DEMO_TASK = "HumanEval/18"          # its greedy completion reads as code (a small class), see cmd_demo
 BYTE_PROMPT = "DDTree drafts a whole tree of continuations, then the target checks them all at once. "
@@ -71,24 +71,10 @@ def _check_out_file(path: str, flag: str, exts=None) -> None:
 
 
 def _check_out_dir(path: str, flag: str) -> None:
-    """The output folder exists and is writable, or can be created (its nearest existing parent is writable)."""
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise CliError(f"{flag}: {path} exists and is not a folder")
-    probe = os.path.abspath(path)
-    while not os.path.exists(probe):
-        probe = os.path.dirname(probe)
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise CliError(f"{flag}: cannot write to {path} ({probe} is not writable)")
-
-
-def _make_out_dir(path: str, flag: str) -> None:
-    """Create the output folder when the command starts writing (after every check, so a failed run leaves
-    nothing): the permission bits ``_check_out_dir`` reads can say yes where the filesystem says no (root on
-    /proc or a read-only mount), which is then one line naming ``flag``."""
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as e:
-        raise CliError(f"{flag}: cannot create the folder {path} ({e.strerror or e})") from None
+    """The output folder exists and can be written, or can be created (``argtypes.out_dir_problem``)."""
+    problem = out_dir_problem(path)
+    if problem:
+        raise CliError(f"{flag}: {problem}")
 
 
 # ------------------------------------------------------------------------------------------------ models
@@ -289,7 +275,7 @@ def cmd_demo(args) -> int:
     else:
         print("'target side' leaves out the draft stage; benchmarks: docs/PERFORMANCE.md.")
     print("DDTree stage time (ms): " + "  ".join(f"{k} {v:.0f}" for k, v in dd.stage_totals().items()))
-    _make_out_dir(args.out, "--out")
+    os.makedirs(args.out, exist_ok=True)
     picks = viz.showcase_rounds(dd) or None
     viz.plot_rounds(dd, tokenizer=tok, picks=picks, path=os.path.join(args.out, "rounds.png"))
     viz.acceptance_histogram([chain, dd], labels=["DFlash chain", f"DDTree, budget {B}"],
@@ -400,7 +386,7 @@ def cmd_trees(args) -> int:
     too_big = [t for r in gen.rounds for t in r.tree.tokens if t >= V]
     if tok is None and too_big:
         raise CliError(f"--vocab-size {V}: too small for this trace (it holds token {int(max(too_big))})")
-    _make_out_dir(args.out, "--out")
+    os.makedirs(args.out, exist_ok=True)
     for r in rounds:
         viz.plot_tree(gen.rounds[r], vocab_size=V, tokenizer=tok, path=os.path.join(args.out, f"round{r:03d}.png"))
     viz.plot_rounds(gen, vocab_size=V, tokenizer=tok, picks=rounds, path=os.path.join(args.out, "rounds.png"))
@@ -440,7 +426,6 @@ def cmd_figures(args) -> int:
     from .figures import make_all
 
     _check_out_dir(args.out, "--out")
-    _make_out_dir(args.out, "--out")
     paths = make_all(args.out, progress=_progress("figures"))
     print("\n".join(f"wrote {p}" for p in paths))
     return 0

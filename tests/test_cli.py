@@ -278,8 +278,8 @@ def test_bench_runs_from_any_directory(tmp_path, capsys):
 
 
 def test_an_output_folder_the_filesystem_refuses_is_one_line(tmp_path, capsys, monkeypatch):
-    """The permission bits can allow what the filesystem refuses (root on /proc, a read-only mount): creating the
-    folder then fails, and the command says so in one line naming --out, having written nothing."""
+    """The permission bits can allow what the filesystem refuses (root on /proc, a read-only mount): the check
+    creates the folder, fails, and the command says so in one line naming --out, having written nothing."""
     import errno
 
     from kdtree_numba import cli as cli_module
@@ -292,3 +292,14 @@ def test_an_output_folder_the_filesystem_refuses_is_one_line(tmp_path, capsys, m
     one_line_error(inproc(capsys, "figures", "--out", str(out)),
                    f"--out: cannot create the folder {out} (Read-only file system)")
     assert not out.exists()
+
+
+def test_out_dir_problem_probes_and_leaves_nothing(tmp_path):
+    from kdtree_numba.argtypes import out_dir_problem
+
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert out_dir_problem(str(afile)) == f"{afile} exists and is not a folder"
+    assert out_dir_problem(str(tmp_path / "a" / "b")) is None and not (tmp_path / "a").exists()
+    assert out_dir_problem(str(tmp_path)) is None and sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+    assert out_dir_problem(str(afile / "sub")).startswith(f"cannot create the folder {afile / 'sub'} (")

@@ -20,7 +20,7 @@ import os
 import sys
 import time
 
-from ..argtypes import real, whole, whole_list
+from ..argtypes import out_dir_problem, real, whole, whole_list
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -160,30 +160,6 @@ def build_parser() -> OneLineParser:
     return ap
 
 
-def _check_out(ap, path):
-    """--out can be written: a folder or nothing yet, and the filesystem lets us create it (checked by creating the
-    missing folders and removing them again - a training run should not learn this after minutes of work, nor
-    leave an empty folder when it stops on another error)."""
-    if os.path.exists(path) and not os.path.isdir(path):
-        ap.error(f"--out {path}: exists and is not a folder")
-    missing, p = [], os.path.abspath(path)
-    while not os.path.exists(p):
-        missing.append(p)
-        p = os.path.dirname(p)
-    try:
-        os.makedirs(path, exist_ok=True)
-        probe = os.path.join(path, ".kdtree_write_probe")
-        with open(probe, "w"):
-            pass
-        os.remove(probe)
-    except OSError as e:
-        ap.error(f"--out {path}: cannot write there ({e.strerror or e})")
-    finally:
-        for m in missing:                            # the deepest first
-            if os.path.isdir(m):
-                os.rmdir(m)
-
-
 def _check_data(ap, path):
     if not os.path.isfile(os.path.join(path, "tokens.npy")):
         ap.error(f"--data {path}: no tokens.npy there (build it with the corpus subcommand)")
@@ -264,8 +240,9 @@ def main(argv=None) -> int:
         from . import card
 
         return card.run(a)
-    if a.cmd in ("corpus", "target", "drafter", "all"):
-        _check_out(ap, a.out)
+    problem = out_dir_problem(a.out) if a.cmd in ("corpus", "target", "drafter", "all") else None
+    if problem:                                          # before any work (training runs take minutes)
+        ap.error(f"--out: {problem}")
     if a.cmd == "corpus":
         from . import corpus
 

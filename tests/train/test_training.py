@@ -355,7 +355,7 @@ def test_cli_out_checked_before_any_work_and_nothing_left(tmp_path, capsys, monk
 
     afile = tmp_path / "afile"
     afile.write_text("x")
-    for argv, msg in [(["target", "--data", "MISSING", "--out", str(afile)], f"--out {afile}: exists and is not a "
+    for argv, msg in [(["target", "--data", "MISSING", "--out", str(afile)], f"--out: {afile} exists and is not a "
                                                                              f"folder"),
                       (["corpus", "--out", str(afile)], "exists and is not a folder")]:
         with pytest.raises(SystemExit) as e:
@@ -374,7 +374,7 @@ def test_cli_out_checked_before_any_work_and_nothing_left(tmp_path, capsys, monk
     with pytest.raises(SystemExit) as e:
         train_main.main(["target", "--data", "MISSING", "--out", str(new)])
     err = capsys.readouterr().err.strip().splitlines()
-    assert e.value.code == 2 and len(err) == 1 and f"--out {new}: cannot write there (Read-only file system)" in err[0]
+    assert e.value.code == 2 and len(err) == 1 and f"--out: cannot create the folder {new} (Read-only file system)" in err[0]
 
 
 @pytest.mark.slow
