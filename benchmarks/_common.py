@@ -2,7 +2,6 @@
 ceilings, a table printer, and a JSON dump under $OUT (the device machine's result folder) or ./bench_results."""
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -15,6 +14,7 @@ os.environ.setdefault("KDTREE_BACKEND", "auto")          # the GPU if CuPy sees 
 
 try:
     import kdtree_numba as kd  # noqa: E402
+    from kdtree_numba.argtypes import OneLineParser  # noqa: E402
 except (RuntimeError, ValueError) as e:                     # KDTREE_BACKEND asked for what this machine lacks
     print(e, file=sys.stderr)
     sys.exit(2)
@@ -23,7 +23,7 @@ RESULTS: dict = {}
 
 
 def args(description: str, extra=None):
-    p = argparse.ArgumentParser(description=description)
+    p = OneLineParser(description=description)            # a bad value: one line, exit 2
     p.add_argument("--quick", action="store_true", help="small sizes: a smoke run, numbers meaningless")
     p.add_argument("--reps", type=int, default=20)
     if extra:

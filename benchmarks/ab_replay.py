@@ -28,6 +28,8 @@ import numpy as np
 
 from _common import RESULTS, args, fail_args, kd, save, table
 
+from kdtree_numba.argtypes import whole, whole_list  # noqa: E402
+
 PROMPTS = os.path.join(os.path.dirname(kd.__file__), "default_model", "humaneval_prompts.jsonl")
 
 
@@ -60,22 +62,16 @@ def parse_config(text: str) -> tuple:
 def extra(p):
     p.add_argument("--config", action="append", default=None, metavar="NAME[:MODULE.ATTR=VALUE,..]",
                    help="a configuration (repeat for several; default: one, the code as it is)")
-    p.add_argument("--rounds", type=int, default=2, help="times the list of configurations runs (default 2)")
-    p.add_argument("--passes", type=int, default=3, help="timed passes per configuration run (default 3)")
-    p.add_argument("--prompts", type=int, default=8, help="first N held-out prompts (default 8)")
-    p.add_argument("--tokens", type=int, default=128, help="new tokens per generation (default 128)")
-    p.add_argument("--budgets", default="32,64", help="DDTree budgets, comma-separated (default 32,64)")
+    p.add_argument("--rounds", type=whole(1), default=2, help="times the list of configurations runs (default 2)")
+    p.add_argument("--passes", type=whole(1), default=3, help="timed passes per configuration run (default 3)")
+    p.add_argument("--prompts", type=whole(1, 164), default=8, help="first N held-out prompts (default 8)")
+    p.add_argument("--tokens", type=whole(1), default=128, help="new tokens per generation (default 128)")
+    p.add_argument("--budgets", type=whole_list(1, 1024), default=[32, 64],
+                   help="DDTree budgets, comma-separated (default 32,64)")
 
 
 a = args(__doc__, extra)
-for flag in ("rounds", "passes", "prompts", "tokens"):
-    if getattr(a, flag) < 1:
-        fail_args(f"--{flag}: expected an integer >= 1, got {getattr(a, flag)}")
-try:
-    budgets = [int(b) for b in a.budgets.split(",")]
-    assert budgets and min(budgets) >= 1
-except (ValueError, AssertionError):
-    fail_args(f"--budgets: expected comma-separated integers >= 1, got {a.budgets!r}")
+budgets = a.budgets
 configs = [parse_config(c) for c in (a.config or ["as-is"])]
 n_prompts, n_tokens = (a.prompts, a.tokens) if not a.quick else (2, 8)
 

@@ -6,13 +6,21 @@ benchmarks): a bad value is refused with one line that says what was expected an
     whole_list(lo, hi)   comma-separated ints          "expected comma-separated whole numbers, got '4,x'"
 Example: ``p.add_argument("--budget", type=whole(0, 1024))``; ``--budget 2000`` exits 2 with
 "argument --budget: expected a whole number <= 1024, got 2000".
-``out_dir_problem(path)``: why an output folder cannot be written (checked before a command does any work).
+``OneLineParser``: an ArgumentParser whose usage errors are one line (exit 2); ``out_dir_problem(path)``: why an
+output folder cannot be written (checked before a command does any work).
 """
 from __future__ import annotations
 
 import argparse
 import math
 import os
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a usage error on ONE line and exits 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def _range_text(lo, hi) -> str:

@@ -29,7 +29,7 @@ def test_bad_configurations_are_one_line_errors(tmp_path):
                       (["--config", "x:no_such_module.A=1"], "cannot import 'no_such_module'"),
                       (["--config", "x:kdtree_numba.kernels.tree_verify.V3_MIN_HEADS=two"], "is not a Python literal"),
                       (["--config", "x:V3_MIN_HEADS"], "expected MODULE.ATTR=VALUE"),
-                      (["--passes", "0"], "--passes: expected an integer >= 1, got 0"),
-                      (["--budgets", "8,x"], "--budgets: expected comma-separated integers >= 1")]:
+                      (["--passes", "0"], "argument --passes: expected a whole number >= 1, got 0"),
+                      (["--budgets", "8,x"], "argument --budgets: expected comma-separated whole numbers")]:
         r = ab(tmp_path, *argv)
         assert r.returncode == 2 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, (argv, r.stderr)

@@ -20,7 +20,7 @@ import os
 import sys
 import time
 
-from ..argtypes import out_dir_problem, real, whole, whole_list
+from ..argtypes import OneLineParser, out_dir_problem, real, whole, whole_list
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -32,13 +32,6 @@ TARGET = dict(steps=4000, batch=32, seq=512, lr=2e-3, seed=0, val_every=500)
 DRAFTER = dict(steps=3000, batch=32, anchors=64, block=16, layers=2, target_layers="1,2,3", lr=6e-4, regen=2048,
                regen_prompt=64, regen_batch=1024, regen_max_seconds=90.0, regen_docstring=0.0, val_every=1000)
 TARGET_LAYERS = 5        # DEFAULT_TARGET_CONFIG["num_hidden_layers"]
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a usage error on ONE line and exits 2."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 _positive_int, _nonneg_int = whole(1), whole(0)
