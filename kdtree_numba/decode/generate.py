@@ -45,9 +45,6 @@ def generate(target, prompt_ids, max_new_tokens: int, drafter: Drafter | None = 
 
 def _generate(target, prompt_ids, max_new_tokens, drafter, budget, temperature, seed, stop_tokens, chain, progress,
               replay):
-    if isinstance(prompt_ids, str):
-        raise ValueError("prompt_ids: expected token ids, got a str (encode text first: "
-                         "target.tokenizer.encode(text))")
     prompt = target.check_ids(prompt_ids, "prompt_ids")
     max_new_tokens = _checks.integer(max_new_tokens, "max_new_tokens", lo=1)
     if not isinstance(chain, bool):

@@ -366,6 +366,9 @@ class Target:
 
     def check_ids(self, token_ids, arg: str = "prompt_ids") -> np.ndarray:
         """Host int32 copy of a 1-d id sequence, or ValueError naming the offending id."""
+        if isinstance(token_ids, (str, bytes)):
+            raise ValueError(f"{arg}: expected token ids, got a {type(token_ids).__name__} (encode text first: "
+                             f"target.tokenizer.encode(text))")
         try:
             ids = np.asarray(backend.to_host(token_ids) if backend.is_device(token_ids) else token_ids)
         except Exception:
