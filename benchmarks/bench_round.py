@@ -5,8 +5,8 @@ The trained default pair (target + DFlash drafter) on a held-out-style prompt, g
 replayed generations of n and 2n tokens; the steady-state wall time of a round is their difference divided by
 their difference in rounds (``_common.steady_pair``: prefill and the first round cancel out, and neither pays a
 capture).
-Device time per stage: the mean over rounds 2.. of the CUDA events the loop records between the stage graphs
-(``RoundTrace.times``).
+Device time per stage: the mean over rounds 2.. of the device clock stamps the round takes between its stages
+(``RoundTrace.times``; kernels/stamp.py).
 Direct (un-captured) rounds of the same configuration are timed the same way, in the same run.
 
     PYTHONPATH=$PWD KDTREE_BACKEND=cuda python3 benchmarks/bench_round.py

@@ -419,17 +419,11 @@ def timer() -> Timer:
 
 
 def mark():
-    """A point on the stream's timeline without a sync: a recorded CUDA event (cuda) or a host clock reading.
-    ``elapsed_ms(a, b)`` reads the interval later (after the work, e.g. at the end of a generation)."""
+    """A point on the stream's timeline without a sync: a recorded CUDA event (cuda: another stream can wait on it,
+    as the replayed DDTree loop's result reader does) or a host clock reading. Not a timer: stage times come from
+    device clock stamps (kernels/stamp.py)."""
     if _name() == "cuda":
-        ev = cp.cuda.Event()
+        ev = cp.cuda.Event(disable_timing=True)
         ev.record(stream)
         return ev
     return time.perf_counter()
-
-
-def elapsed_ms(a, b) -> float:
-    if isinstance(a, float):
-        return (b - a) * 1e3
-    b.synchronize()
-    return cp.cuda.get_elapsed_time(a, b)

@@ -25,8 +25,8 @@ Run:  KDTREE_BACKEND=sim python tutorials/16_the_round_on_the_device.py [--size 
 #
 # 1. one step on the kernels: the same launches, with the same grids, every step (a tiny model, simulated kernels);
 # 2. plain decoding as a device program: `_StepProgram`, its state `tok / pos / step / out`, the kept program;
-# 3. the DDTree round as seven stage functions over the state `start / root / round`, one host read per round,
-#    pipelined;
+# 3. the DDTree round as six stage functions and an advance over the state `start / root / round`, one host read
+#    per round, pipelined;
 # 4. the prefill padded to a power-of-two bucket, and why the pad rows are never read (NaN-poisoned, with a check
 #    that has teeth);
 # 5. `CapturedStep`, the capture itself, and what it bought on an H200 (quoted from docs/PERFORMANCE.md).
@@ -247,9 +247,9 @@ with kd.backend.use(target.backend):
 check_true("the old program is no longer valid, the new one is", (not p.valid()) and p_new.valid() and p_new is not p)
 
 # %% [markdown]
-# ## 3. The DDTree round as seven stages over device state
+# ## 3. The DDTree round as six stages and an advance over device state
 #
-# `_RoundProgram` (decode/ddtree_replay.py) splits the round of tutorial 11 into seven stage functions; each reads
+# `_RoundProgram` (decode/ddtree_replay.py) splits the round of tutorial 11 into six stages and an advance; each reads
 # the state `start [1]` (committed length = the root's cache row), `root [1]` (the last bonus token) and
 # `round [1]` (from 1: the accept stage's RNG stream) on the device:
 #
@@ -261,10 +261,11 @@ check_true("the old program is no longer valid, the new one is", (not p.valid())
 #     compact  cache rows start + accepted[j] -> start + j; the drafter observes the padded path (L + 1 rows)
 #     advance  records at row round - 1; start += n_acc; root = result[m]; round += 1   (kernels/round_end.py)
 #
-# On cuda the first round runs directly, then each stage is captured (`CapturedStep`) and every later round
-# replays the seven graphs; here the same stage functions run directly, so what follows tests the same
-# bookkeeping. Only `result` (L + 2 int32) comes back to the host each round: the host emits its m tokens and checks
-# stop tokens, NaN and the token limit.
+# On cuda the first round runs directly, then the whole round is captured as one graph (`CapturedStep`) and every
+# later round replays it, the device clock stamped between the stages inside the graph (kernels/stamp.py: the trace's
+# stage times); here the same stage functions run directly, so what follows tests the same bookkeeping. Only
+# `result` (L + 2 int32) comes back to the host each round: the host emits its m tokens and checks stop tokens, NaN
+# and the token limit.
 #
 # **Pipelined.** The direct loop (decode/ddtree.py) cannot launch round i + 1 before it has read round i's result:
 # its launches take `start` and `root` as host values. The replayed loop can - `advance` already moved the state on
@@ -547,7 +548,8 @@ else:
 #   (2026-12-04, fourteenth session).
 # * A DDTree-64 round: 17.94 ms direct, 2.41 ms replayed (2026-12-01, `bench_round.py`, the stage table below and
 #   the picture; that run still had the v1 attention and an older tree build); replayed round / sum of its
-#   kernels' device times 1.08x - the rest is the one host read and the seven graph launches. Later a replayed
+#   kernels' device times 1.08x - the rest was the one host read and the seven graph launches of that day (one
+#   graph a round since 2026-12-04: 2-3 % faster). Later a replayed
 #   round was 0.893-0.895 ms, its verify 0.588-0.591 ms (2026-12-04, fourteenth session), its draft 0.138-0.141 ms
 #   (2026-12-04, thirteenth session) and the build 0.059 ms (2026-12-03, twelfth session).
 # * The prefill: in a 63.2 ms replayed DDTree-64 generation of 128 tokens, 12.6 ms was `begin` - the direct

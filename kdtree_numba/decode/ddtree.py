@@ -10,7 +10,8 @@ One round, with ``start`` committed tokens and the root (the last bonus token) a
               accepted tokens and the bonus; the bonus is the next root. A drafter that reads target features
               (DFlash) gets the accepted nodes' rows of the verify forward's hidden states as its next context.
 Everything stays on the device except the packed accepted tokens, read once per round; the trees, accepted node
-indices and stage times of all rounds are copied to the host once, at the end, for the RoundTraces.
+indices and stage times of all rounds (device clock stamps: kernels/stamp.py) are copied to the host once, at the end,
+for the RoundTraces.
 ``ddtree_replay.py`` runs the same round with its state on the device, captured as CUDA graphs.
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 
 from .. import backend
 from ..kernels import logprobs, round_end, sampling, tree_accept, tree_build
+from ..kernels.stamp import stamp
 from ..kernels.tree import Tree
 from ..model.drafters import concat_features
 from ..model.target import TreeInput
@@ -47,31 +49,32 @@ def ddtree(target, prompt: np.ndarray, max_new_tokens: int, drafter, budget: int
     s = _RoundState(L, K, budget, max_new_tokens)
     start, out, t0 = len(prompt), [root], time.perf_counter()
     while len(out) < max_new_tokens and root not in stop_tokens:
-        marks = [backend.mark()]
+        i, clock = len(s.rounds), s.rec["stamps"]
+        stamp(clock, i, 0)
         draft = _check_draft(drafter.draft(np.concatenate([prompt, out[:-1]]), root), L, V)     # 1. draft
-        marks.append(backend.mark())
+        stamp(clock, i, 1)
         lp, ids = logprobs.topk_logprobs(draft, K, out=(s.lp, s.ids), arg="drafter logits")   # 2. build
-        marks.append(backend.mark())
+        stamp(clock, i, 2)
         tree = s.builder.build(lp[None], ids[None]) if budget else s.empty_tree
-        marks.append(backend.mark())
+        stamp(clock, i, 3)
         s.verify_ids[0] = root                                                                 # 3. verify
         s.verify_ids[1:] = tree.tokens[0, :budget]
         depth = tree.path_depth[0, :budget + 1]
         logits, hid = target.forward(s.verify_ids, cache, start, check_ids=False, hidden_layers=feats,
                                      tree=TreeInput(start + depth, tree.paths[0, :budget + 1], depth, L))
-        marks.append(backend.mark())
-        s.acceptor.run(logits, tree.tokens[0], tree.parent[0], tree.n[:1], temperature, seed, len(s.rounds) + 1)
+        stamp(clock, i, 4)
+        s.acceptor.run(logits, tree.tokens[0], tree.parent[0], tree.n[:1], temperature, seed, i + 1)
         result = backend.to_host(s.acceptor.result)                                           # 4. accept
-        marks.append(backend.mark())
+        stamp(clock, i, 5)
         cache.compact(start, s.acceptor.accepted, s.acceptor.n_acc)                           # 5. commit
-        marks.append(backend.mark())
+        stamp(clock, i, 6)
         m, stopped = emit(result, out, stop_tokens)
         if feats and not (stopped or len(out) >= max_new_tokens):
             # the accepted path's features: the drafter's next context rows (none after the last round: no draft
             # reads them, and they could run past max_new_tokens)
             drafter.observe(backend.xp.take(concat_features(hid, feats), s.acceptor.accepted[:m], axis=0), start)
-        s.record(tree, lp, ids, len(s.rounds))
-        s.rounds.append((start, root, marks))
+        s.record(tree, lp, ids, i)
+        s.rounds.append((start, root))
         start, root = start + m, int(result[m])
         cache.length = start
         if progress is not None:
@@ -131,7 +134,8 @@ class _RoundState:
                     "parent": e((max_rounds, B1), np.int32), "logw": e((max_rounds, B1), np.float64),
                     "n": e((max_rounds,), np.int32), "accepted": e((max_rounds, L + 1), np.int32),
                     "n_acc": e((max_rounds,), np.int32), "result": e((max_rounds, L + 2), np.int32),
-                    "draft_lp": e((max_rounds, L), np.float32)}
+                    "draft_lp": e((max_rounds, L), np.float32),
+                    "stamps": e((max_rounds, len(STAGES) + 1), np.int64)}      # device clock (ns) around the stages
         self.rounds: list[tuple] = []
 
     def record(self, tree, lp, ids, i, row_offset: int = 0, advance=None) -> None:
@@ -145,11 +149,12 @@ class _RoundState:
         n = len(self.rounds)
         h = {k: backend.to_host(v[:n]) for k, v in self.rec.items()}
         out = []
-        for i, (start, root, marks) in enumerate(self.rounds):
+        for i, (start, root) in enumerate(self.rounds):
             k, m = int(h["n"][i]), int(h["n_acc"][i])
             tree = Tree(h["tokens"][i, :k].copy(), h["depth"][i, :k].copy(),
                         np.concatenate([[-1], h["parent"][i, :k]]).astype(np.int32), h["logw"][i, :k].copy())
-            times = {st: backend.elapsed_ms(marks[j], marks[j + 1]) for j, st in enumerate(STAGES)}
+            t = h["stamps"][i]                                                     # [stages + 1] ns
+            times = {st: float(t[j + 1] - t[j]) / 1e6 for j, st in enumerate(STAGES)}
             probs = [float(np.exp(x)) for x in h["draft_lp"][i, :m]]
             out.append(RoundTrace(start, root, tree, h["accepted"][i, :m].tolist(), int(h["result"][i, m]), probs,
                                   times))

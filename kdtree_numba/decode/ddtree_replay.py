@@ -1,5 +1,5 @@
-"""Graph-replayed DDTree rounds: the round of ``ddtree.py`` with its state on the device, each stage captured once
-as a CUDA graph and replayed, so a round costs its kernels' device time plus one small host read.
+"""Graph-replayed DDTree rounds: the round of ``ddtree.py`` with its state on the device, captured once as one CUDA
+graph and replayed, so a round costs its kernels' device time plus one small host read.
 
 The round's inputs live in three device int32 [1] arrays (the *state*), never in launch arguments:
 
@@ -23,10 +23,12 @@ round i's end event), so the GPU runs the next round while the host emits tokens
 ahead only while round i cannot reach the token limit (more than L + 1 tokens to go); a stop token inside round i
 makes round i + 1 wasted work, which the next generation's prefill overwrites. The drafter observes all L + 1
 rows of a padded path; rows past the accepted ones are overwritten by the next round's block before anything
-reads them. Stage times are CUDA events recorded between the stage graphs (the trace's ``times``).
+reads them. Stage times (the trace's ``times``) are device clock stamps taken inside the graph before the first
+stage and after each (kernels/stamp.py): a graph per stage with CUDA events between them was 6 % slower (H200,
+2026-12-04: DDTree-32 4659 / 4724 against 4959 / 4990 tokens/s, docs/PERFORMANCE.md).
 
-On cuda the first round runs directly (numba compiles every kernel, CuPy's pool gets every block), then each stage
-is captured (``capture.CapturedStep``) and every later round replays the seven graphs. The program (caches, state,
+On cuda the first round runs directly (numba compiles every kernel, CuPy's pool gets every block), then the round
+is captured (``capture.CapturedStep``) and every later round replays its one graph. The program (caches, state,
 tree buffers, graphs) is kept between generations with the same settings (``replay.program``): a later
 generation prefills (padded to its length bucket and replayed from a graph as well: prefill_replay.py) and replays
 from its first round. On the NumPy and simulator backends the same stage functions run directly, so their tests
@@ -44,6 +46,7 @@ import numpy as np
 
 from .. import backend
 from ..kernels import logprobs, sampling
+from ..kernels.stamp import stamp
 from ..model.drafters import concat_features
 from ..model.target import TreeInput
 from .autoregressive import nan_error
@@ -77,11 +80,9 @@ class _RoundProgram(Program):
         self.root = backend.empty((1,), np.int32)
         self.round = backend.empty((1,), np.int32)
         self.r: dict = {}                                                   # arrays passed from stage to stage
-        self.stages = [("draft", self._draft), ("topk", self._topk), ("build", self._build),
-                       ("verify", self._verify), ("accept", self._accept), ("compact", self._compact),
-                       ("advance", self._advance)]
-        assert [n for n, _ in self.stages[:len(STAGES)]] == list(STAGES)
-        self.run = [fn for _, fn in self.stages]
+        self.stages = [self._draft, self._topk, self._build, self._verify, self._accept, self._compact]
+        assert [f.__name__[1:] for f in self.stages] == list(STAGES)
+        self.run = self._round
         self.zero = backend.zeros((1,), np.int32)                           # the prompt's first position
         self.prefill = Prefill(target, self.cache, drafter.feature_layers, self._first)
         self.hold()
@@ -108,17 +109,23 @@ class _RoundProgram(Program):
         sampling.choose_tokens(logits, *self.sampler, 0, out=self.root)                  # logits [1, V]
 
     def rounds(self):
-        """Run rounds forever, yielding each round's stage marks (the caller reads the result and stops)."""
+        """Run rounds forever, yielding each round's end mark (on cuda an event: the result reader waits on it);
+        the caller reads the result and stops."""
         while True:
-            marks = [backend.mark()]
-            for fn in self.run[:len(STAGES)]:
-                fn()
-                marks.append(backend.mark())
-            self.run[-1]()
-            marks.append(backend.mark())                                    # the round's end: the reader waits on it
-            yield marks
-            if backend.name == "cuda" and self.run[0] == self._draft:      # after one direct round: capture
-                self.run = [CapturedStep(fn, f"the DDTree round's {name} stage").replay for name, fn in self.stages]
+            self.run()
+            yield backend.mark()
+            if backend.name == "cuda" and self.run == self._round:            # after one direct round: capture
+                self.run = CapturedStep(self._round, "the DDTree round").replay
+
+    def _round(self):
+        """The six stages, the device clock stamped before the first and after each (the trace's stage times,
+        kernels/stamp.py), then the round end (records, state)."""
+        clock = self.s.rec["stamps"]                                        # [rounds, 7] ns
+        stamp(clock, self.round, 0, row_offset=-1)
+        for j, fn in enumerate(self.stages, 1):
+            fn()
+            stamp(clock, self.round, j, row_offset=-1)
+        self._advance()
 
     # the stages: device state in, device state out
     def _draft(self):
@@ -177,12 +184,12 @@ def ddtree_replay(target, prompt: np.ndarray, max_new_tokens: int, drafter, budg
     rounds, results, read = p.rounds(), [], _ResultReader()
     ahead = next(rounds) if len(out) < max_new_tokens and root not in stop_tokens else None
     while ahead is not None:
-        marks = ahead                                                          # round i: launched, maybe running
+        end = ahead                                                            # round i: launched, maybe running
         ahead = next(rounds) if max_new_tokens - len(out) > p.L + 1 else None  # round i + 1 (module docstring)
-        result = read(s.rec["result"][len(s.rounds)], marks[-1])              # the round's one host read
+        result = read(s.rec["result"][len(s.rounds)], end)                    # the round's one host read
         _check_result(result, p.L, V, len(s.rounds) + 1)
         m, stopped = emit(result, out, stop_tokens)
-        s.rounds.append((start, root, marks))
+        s.rounds.append((start, root))
         results.append(result)
         start, root = start + m, int(result[m])
         if progress is not None:

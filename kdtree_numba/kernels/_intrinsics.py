@@ -17,6 +17,10 @@
 - ``view2d(a, off, rows, cols)``: ``a[off : off + rows * cols].reshape(rows, cols)`` for a 1-D float32 array (a
   tile carved out of dynamic shared memory, which numba gives as one 1-D array); no copy, no bounds check.
 
+- ``globaltimer()``: the GPU's global nanosecond clock (PTX ``%globaltimer``, int64), read where the instruction
+  runs - a device-side time stamp that a CUDA graph replays (kernels/stamp.py); the simulator reads the host's
+  ``time.perf_counter_ns()``.
+
 The simulator's libdevice stubs return NaN, so there each is plain Python (ex2 rounded once to float32, without
 the flush to zero). ``SIM`` says which one runs. Warp and block collectives (shuffles, reductions, scans, the
 bitonic sort) and the streaming-softmax step live in kernels/primitives.py.
@@ -27,6 +31,7 @@ cache[r, 0:4] for a row r >= 0, else zeros.
 from __future__ import annotations
 
 import math
+import time
 
 import numba
 from llvmlite import ir
@@ -62,6 +67,10 @@ if SIM:
 
     def view2d(a, off, rows, cols):
         return a[off:off + rows * cols].reshape(rows, cols)
+
+    @cuda.jit(device=True)
+    def globaltimer():
+        return time.perf_counter_ns()
 else:
     def unary_f32(text):
         """An intrinsic (x: float32) -> float32 emitting the PTX statement ``text`` ($0 the result, $1 x)."""
@@ -163,6 +172,13 @@ else:
                                    itemsize=item, meminfo=None)
             return view._getvalue()
         return ret(a, off, rows, cols), codegen
+
+    @intrinsic
+    def globaltimer(typingctx):
+        def codegen(context, builder, sig, args):
+            fnty = ir.FunctionType(ir.IntType(64), [])      # volatile: every call reads the clock again
+            return builder.call(ir.InlineAsm(fnty, "mov.u64 $0, %globaltimer;", "=l", side_effect=True), [])
+        return types.int64(), codegen
 
     @cuda.jit(device=True)
     def ex2(t):
