@@ -54,11 +54,14 @@ _sweep_budgets = whole_list(1, 1024)       # a log-scale axis; budget 0 (plain d
 
 
 def _writable_dir(folder: str, flag: str, path: str) -> None:
+    """``path``'s folder exists and takes a file: probed by writing one (``argtypes.out_dir_problem``), since the
+    permission bits can say yes where the filesystem says no (root on /proc, a read-only mount)."""
     folder = folder or "."
     if not os.path.isdir(folder):
         raise CliError(f"{flag}: cannot write {path} (the folder {folder} does not exist)")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise CliError(f"{flag}: cannot write {path} (the folder {folder} is not writable)")
+    problem = out_dir_problem(folder)
+    if problem:
+        raise CliError(f"{flag}: cannot write {path} ({problem})")
 
 
 def _check_out_file(path: str, flag: str, exts=None) -> None:

@@ -202,6 +202,9 @@ def test_sweep(tmp_path):
     (["generate", "--trace", "/no/such/dir/t.json"], "--trace: cannot write /no/such/dir/t.json (the folder "
                                                      "/no/such/dir does not exist)"),
     (["generate", "--trace", "/tmp"], "--trace: /tmp is a folder, expected a file path"),
+    # /proc takes no new file even for root, whatever its permission bits say: refused before any work
+    (["generate", "--trace", "/proc/kdtree_t.json"], "--trace: cannot write /proc/kdtree_t.json (cannot write in "
+                                                     "/proc ("),
     (["generate", "--task", "HumanEval/999"], "--task: unknown task 'HumanEval/999', expected HumanEval/0 .. "
                                               "HumanEval/163"),
     (["generate", "--task", "HumanEval/1", "--prompt", "x"], "argument --prompt: not allowed with argument --task"),

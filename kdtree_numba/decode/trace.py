@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 
+from ..atomic_file import write_text_atomic
 from ..config import is_int, is_num, short_repr
 from ..kernels.tree import Tree
 
@@ -152,8 +153,7 @@ class Generation:
                            "seconds": self.seconds, "settings": self.settings,
                            "rounds": [r.to_dict() for r in self.rounds]})
         if path is not None:
-            with open(path, "w") as f:
-                f.write(text)
+            write_text_atomic(path, text)                 # the old file or the whole new one, never half of it
         return text
 
     @classmethod

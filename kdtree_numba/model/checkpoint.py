@@ -36,6 +36,7 @@ import warnings
 
 import numpy as np
 
+from ..atomic_file import write_atomic
 from ..config import ConfigError, TargetConfig, is_int, read_json, short_repr
 from . import hf_keys
 
@@ -235,8 +236,7 @@ def save_safetensors(path: str, tensors: dict[str, np.ndarray]) -> None:
         offset += a.nbytes
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
-    tmp = f"{path}.partial-{secrets.token_hex(4)}"
-    try:
+    def write(tmp):
         with open(tmp, "wb") as f:
             f.write(struct.pack("<Q", len(blob)))
             f.write(blob)
@@ -244,11 +244,7 @@ def save_safetensors(path: str, tensors: dict[str, np.ndarray]) -> None:
                 f.write(a.reshape(-1).view(np.uint8))
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
+    write_atomic(path, write)
 
 
 # ------------------------------------------------------------------------------------------------ atomic saves

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+from ..atomic_file import write_atomic
+
 
 class TokenizerError(ValueError):
     """A tokenizer file is missing, malformed, or does not fit the model."""
@@ -39,9 +41,7 @@ class Tokenizer:
 
     def save(self, path: str) -> None:
         """Write the tokenizer as ``tokenizer.json`` at ``path`` (atomically)."""
-        tmp = os.fspath(path) + ".partial"
-        self._tok.save(tmp)
-        os.replace(tmp, path)
+        write_atomic(path, self._tok.save)
 
     def token_id(self, token: str) -> int | None:
         """The id of a (special) token string, or None."""

@@ -38,6 +38,7 @@ import time
 import numpy as np
 
 from .. import backend
+from ..atomic_file import write_text_atomic
 
 
 class Communicator:
@@ -196,10 +197,8 @@ def write_unique_id(path: str) -> None:
 
     uid = nccl.get_unique_id()
     kind = "bytes" if isinstance(uid, (bytes, bytearray)) else "tuple"
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump({"kind": kind, "id": list(bytes(uid)) if kind == "bytes" else [int(v) for v in uid]}, f)
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps({"kind": kind, "id": list(bytes(uid)) if kind == "bytes" else
+                                        [int(v) for v in uid]}))            # a reader polling for it sees it whole
 
 
 def read_unique_id(path: str, timeout: float = 120.0):

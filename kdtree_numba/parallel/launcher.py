@@ -28,6 +28,7 @@ import time
 
 from . import communicator
 from ..argtypes import real, whole
+from ..atomic_file import write_text_atomic
 
 PROMPT_TEXT = "def fibonacci(n):"
 
@@ -202,8 +203,7 @@ def run_worker(args) -> int:
     result = {"rank": comm.rank, "tokens": tokens, "seconds": secs}
     if comm.rank == 0:                        # the 1-rank reference, after every rank has finished its collectives
         result["reference"], result["reference_seconds"] = _generate(target, prompt, args)
-    with open(args.worker_result, "w") as f:
-        json.dump(result, f)
+    write_text_atomic(args.worker_result, json.dumps(result))      # a rank that dies mid-write leaves no half file
     comm.close()
     return 0
 

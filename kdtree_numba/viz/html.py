@@ -34,6 +34,7 @@ import re
 import numpy as np
 from matplotlib.colors import to_hex
 
+from ..atomic_file import write_text_atomic
 from ..decode.trace import STAGES
 from .labels import token_label, token_piece
 from .rounds import STAGE_COLOURS
@@ -126,8 +127,7 @@ def write_html(result, path, vocab_size: int = 256, tokenizer=None) -> str:
     folder = os.path.dirname(os.fspath(path))
     if folder:
         os.makedirs(folder, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(page)
+    write_text_atomic(path, page)
     return os.fspath(path)
 
 

@@ -34,6 +34,7 @@ from matplotlib.colors import LinearSegmentedColormap, LogNorm, to_hex, to_rgb
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from ..atomic_file import write_atomic
 from .labels import shorten, token_label, visible
 
 # ---------------------------------------------------------------------------------------------- conventions
@@ -90,7 +91,7 @@ def save(fig: Figure, path) -> None:
     folder = os.path.dirname(os.fspath(path))
     if folder:
         os.makedirs(folder, exist_ok=True)
-    fig.savefig(path, dpi=150, bbox_inches="tight", facecolor="white")
+    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=150, bbox_inches="tight", facecolor="white"))
 
 
 # ---------------------------------------------------------------------------------------------- layout
