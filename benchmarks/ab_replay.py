@@ -21,7 +21,6 @@ import ast
 import importlib
 import json
 import os
-import sys
 import time
 
 import numpy as np
