@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Iterable
 
 from .. import backend
 from ..kernels import _checks
@@ -59,7 +60,11 @@ def _generate(target, prompt_ids, max_new_tokens, drafter, budget, temperature, 
         raise ValueError(f"temperature: expected a number >= 0, got {temperature!r}")
     temperature = _checks.real(temperature, "temperature", lo=0.0)
     seed = _checks.integer(seed, "seed", lo=0, hi=2 ** 64 - 1)
+    if isinstance(stop_tokens, (str, bytes)) or not isinstance(stop_tokens, Iterable):
+        raise ValueError(f"stop_tokens: expected a collection of token ids (e.g. [0] for one), got {stop_tokens!r}")
     stop = {_checks.integer(t, "stop_tokens", lo=0, hi=target.config.vocab_size - 1) for t in stop_tokens}
+    if progress is not None and not callable(progress):
+        raise ValueError(f"progress: expected a function progress(done, total) or None, got {progress!r}")
     limit = target.config.max_position_embeddings
     if len(prompt) + max_new_tokens > limit:
         raise ValueError(f"max_new_tokens: prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) = "
