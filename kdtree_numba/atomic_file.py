@@ -20,6 +20,8 @@ import secrets
 def write_atomic(path, write) -> None:
     """Call ``write(tmp)`` to fill a temporary file beside ``path``, then move it to ``path`` (module docstring)."""
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path} is a folder, expected a file path")
     folder, name = os.path.split(path)
     tmp = os.path.join(folder, f".{name}.partial-{secrets.token_hex(4)}{os.path.splitext(name)[1]}")
     try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 
 import numpy as np
 
@@ -160,8 +161,12 @@ class Generation:
     def from_json(cls, text_or_path: str) -> "Generation":
         """A generation from ``to_json``'s text or a file holding it; every field is checked (``TraceError``, a
         ValueError, naming the file, the round and field, the value and what was expected)."""
+        if isinstance(text_or_path, os.PathLike):
+            text_or_path = os.fspath(text_or_path)
         text = text_or_path
         where = "trace"
+        if not isinstance(text_or_path, str) or not text_or_path.strip():
+            raise TraceError(f"trace: expected JSON text or a file path, got {text_or_path!r}")
         if not text_or_path.lstrip().startswith("{"):
             where = f"trace {text_or_path}"
             with open(text_or_path, "rb") as f:

@@ -96,6 +96,8 @@ def acceptance_histogram(gen_or_gens, labels=None, path=None, ax=None, title: st
     there."""
     single = hasattr(gen_or_gens, "rounds")
     series = [gen_or_gens] if single else list(gen_or_gens)
+    if not series:
+        raise ValueError("gen_or_gens: expected a Generation or a non-empty list of them, got an empty list")
     if labels is None:
         labels = [_name(g if hasattr(g, "rounds") else (list(g) or [None])[0]) for g in series]
     if len(labels) != len(series):

@@ -85,9 +85,15 @@ def text_colour(fill: str, accepted: bool) -> str:
 
 
 def save(fig: Figure, path) -> None:
-    """Save ``fig`` to ``path`` (format from the extension: .png, .svg, .pdf), creating the folder."""
+    """Save ``fig`` to ``path`` (format from the extension: .png, .svg, .pdf, or another that matplotlib writes),
+    creating the folder; the file appears whole or not at all (atomic_file)."""
     if path is None:
         return
+    ext = os.path.splitext(os.fspath(path))[1].lower().lstrip(".")
+    kinds = fig.canvas.get_supported_filetypes()
+    if ext not in kinds:
+        raise ValueError(f"path: expected a file name ending in .png, .svg, .pdf (or {', '.join(sorted(kinds))}),"
+                         f" got {os.fspath(path)!r}")
     folder = os.path.dirname(os.fspath(path))
     if folder:
         os.makedirs(folder, exist_ok=True)
@@ -396,7 +402,11 @@ def plot_tree(round_trace, vocab_size: int = 256, ax=None, path=None, max_nodes:
     if not isinstance(round_trace, RoundTrace):
         raise ValueError(f"round_trace: expected a RoundTrace (a Generation's rounds[i]), got "
                          f"{type(round_trace).__name__}")
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+        raise ValueError(f"vocab_size: expected a positive integer (256: byte labels), got {vocab_size!r}")
     max_nodes = DEFAULT_MAX_NODES if max_nodes is None else max_nodes
+    if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 0:
+        raise ValueError(f"max_nodes: expected an integer >= 0 or None, got {max_nodes!r}")
     if ax is None:
         probe = layout_tree(round_trace, max_nodes)
         fig = Figure(figsize=_auto_size(probe.slots, probe.max_x + 1), layout="constrained")

@@ -79,3 +79,13 @@ def test_a_trace_that_is_not_a_trace(tmp_path, text, needle):
     p.write_bytes(text.encode("latin-1"))
     with pytest.raises(TraceError, match=needle):
         kd.Generation.from_json(str(p))
+
+
+def test_a_trace_from_a_path_object_or_nothing(trace, tmp_path):
+    """A pathlib.Path loads like its str; empty text is a named TraceError, not a FileNotFoundError for ''."""
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(trace))
+    assert kd.Generation.from_json(p).tokens == trace["tokens"]
+    for bad in ("", "   ", None):
+        with pytest.raises(TraceError, match="trace: expected JSON text or a file path, got"):
+            kd.Generation.from_json(bad)

@@ -5,6 +5,7 @@ reference, so the tests are fast on any backend.
 """
 import json
 import math
+import os
 import re
 
 import numpy as np
@@ -465,3 +466,23 @@ def test_pictures_of_the_wrong_object_or_vocabulary_say_what_to_pass(tmp_path):
         viz.token_label(614, 256)
     with pytest.raises(ValueError, match=r"token: 300 is outside the vocabulary 0..299$"):
         viz.token_label(300, 300)
+
+
+def test_bad_picture_arguments_are_named(runs, tmp_path):
+    """A figure path matplotlib cannot write, a vocabulary or node cap that means nothing, an empty list of runs:
+    a ValueError naming the argument before anything is drawn or written (matplotlib's own error, a figure drawn
+    anyway, an IndexError before)."""
+    rt = runs["tree"].rounds[0]
+    with pytest.raises(ValueError, match=r"path: expected a file name ending in \.png, \.svg, \.pdf .*got '.*x\.jpgz'"):
+        viz.plot_tree(rt, path=tmp_path / "x.jpgz")
+    with pytest.raises(ValueError, match="vocab_size: expected a positive integer .*got 0"):
+        viz.plot_tree(rt, vocab_size=0)
+    with pytest.raises(ValueError, match="max_nodes: expected an integer >= 0 or None, got -3"):
+        viz.plot_tree(rt, max_nodes=-3)
+    with pytest.raises(ValueError, match="gen_or_gens: expected a Generation or a non-empty list of them"):
+        viz.acceptance_histogram([])
+    with pytest.raises(IsADirectoryError, match="is a folder, expected a file path"):
+        viz.write_html(runs["tree"], tmp_path)
+    assert os.listdir(tmp_path) == []                                   # nothing written, no temporary left
+    viz.plot_tree(rt, max_nodes=0, path=tmp_path / "only_path.svg")     # 0: the accepted path alone
+    assert os.listdir(tmp_path) == ["only_path.svg"]
