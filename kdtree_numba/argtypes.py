@@ -62,8 +62,11 @@ def real(lo: float = 0.0, strict: bool = False):
 def whole_list(lo: int | None = None, hi: int | None = None):
     """An argparse type: comma-separated ints, at least one, each within [lo, hi]."""
     def parse(text: str) -> list[int]:
+        items = text.replace(" ", "").split(",")
+        if items != [""] and "" in items:          # "1,,2" or "4," is a typo, not the list [1, 2] / [4]
+            raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got an empty item in {text!r}")
         try:
-            values = [int(x) for x in text.replace(" ", "").split(",") if x]
+            values = [int(x) for x in items if x]
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
         if not values:

@@ -100,7 +100,17 @@ def _load(path: str | None):
 
     if not os.path.isdir(path):
         raise CliError(f"--model: {path} is not a directory (expected an HF checkpoint directory)")
-    return load_target(path)
+    try:
+        return load_target(path)
+    except ValueError as e:                          # CheckpointError, ConfigError, TokenizerError
+        raise _for_flag(e, "--model") from None
+
+
+def _for_flag(e: ValueError, flag: str) -> CliError:
+    """A loader's error, which names its own parameter (``path: DIR has no config.json``), worded for the command
+    line's flag (``--model: DIR has no config.json``)."""
+    msg = str(e)
+    return CliError(flag + msg[len("path"):] if msg.startswith("path:") else f"{flag}: {msg}")
 
 
 def _heldout() -> dict[str, str]:
@@ -185,12 +195,15 @@ def _drafter(target, args):
         return OracleDrafter(target, noise=0.3 if args.noise is None else args.noise, seed=args.seed, depth=depth)
     from . import load_drafter
 
-    folder = args.drafter_dir
+    folder, flag = args.drafter_dir, "--drafter-dir"
     if folder is None:
         if args.model is None:
             return _default_pair()[1]
-        folder = os.path.join(args.model, "drafter")
-    return load_drafter(folder, target)
+        folder, flag = os.path.join(args.model, "drafter"), "--model (its drafter/)"
+    try:
+        return load_drafter(folder, target)
+    except ValueError as e:
+        raise _for_flag(e, flag) from None
 
 
 def _text(target, tokens) -> str:

@@ -9,6 +9,7 @@ anything is generated, so the backend does not matter and no interpreter start-u
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -212,6 +213,9 @@ def test_sweep(tmp_path):
     (["sweep", "--budgets", ""], "argument --budgets: expected at least one whole number (comma-separated, e.g. "
                                  "4,16,64), got ''"),
     (["sweep", "--budgets", "4,2000"], "argument --budgets: expected whole numbers in [1, 1024], got 2000 in '4,2000'"),
+    (["generate", "--ids", "1,,2"], "argument --ids: expected comma-separated whole numbers, got an empty item in "
+                                    "'1,,2'"),
+    (["generate", "--drafter-dir", "/tmp", "--max-new-tokens", "2"], "--drafter-dir: /tmp has no config.json"),
     (["sweep", "--budgets", "0"], "argument --budgets: expected whole numbers in [1, 1024], got 0 in '0'"),  # log axis
     (["generate", "--prompt", "a", "--seed", "-5"], "argument --seed: expected a whole number in [0, "),
     (["sweep", "--out", "sweep.pdf"], "--out: expected a file path ending in .png or .svg, got 'sweep.pdf'"),
@@ -257,6 +261,14 @@ def test_errors_that_need_files(tmp_path, byte_model, wide_model, default_trace,
     one_line_error(cli("trees", str(trace), "--vocab-size", "10"), "--vocab-size 10: too small for this trace")
     one_line_error(cli("trees", str(trace), "--rounds", "99"), "--rounds: round 99 outside")
     one_line_error(cli("trees", str(trace), "--out", str(afile)), f"--out: {afile} exists and is not a folder")
+    # a loader's own error names the flag, not its parameter ("path: ... has no config.json" before)
+    one_line_error(cli("generate", "--model", str(tmp_path), "--drafter", "none"),
+                   f"--model: {tmp_path} has no config.json")
+    model = tmp_path / "model"
+    shutil.copytree(byte_model, model)
+    (model / "drafter").mkdir()
+    one_line_error(cli("generate", "--model", str(model), "--max-new-tokens", "2"),
+                   f"--model (its drafter/): {model / 'drafter'} has no config.json")
 
 
 def test_tour_and_help(capsys):
