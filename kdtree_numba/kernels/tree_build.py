@@ -1034,6 +1034,10 @@ def build_trees(top_logprobs, top_ids, budget: int) -> list[Tree]:
         raise ValueError("top_logprobs: contains NaN")
     if (host_lp == np.inf).any():
         raise ValueError("top_logprobs: contains +inf (expected log-probabilities)")
+    if (host_lp > 0).any():          # a child heavier than its parent: the best-first order would not hold
+        r, d, k = np.argwhere(host_lp > 0)[0]
+        raise ValueError(f"top_logprobs: {float(host_lp[r, d, k])!r} at (request {r}, depth {d + 1}, rank {k}) is "
+                         f"not a log-probability (expected values <= 0)")
     rising = host_lp[..., 1:] > host_lp[..., :-1]
     if rising.any():
         r, d, k = np.argwhere(rising)[0]

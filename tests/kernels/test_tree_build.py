@@ -211,6 +211,8 @@ def test_paths_and_padding_for_verify():
 @pytest.mark.parametrize("lp, ids, budget, msg", [
     (np.array([[-1.0, -0.5]], np.float32), np.array([[0, 1]]), 2, "not sorted in descending order"),
     (np.array([[np.nan, -1.0]], np.float32), np.array([[0, 1]]), 2, "contains NaN"),
+    (np.array([[-0.5, -1.0], [0.25, -1.0]], np.float32), np.array([[0, 1], [2, 3]]), 2,
+     r"top_logprobs: 0.25 at \(request 0, depth 2, rank 0\) is not a log-probability \(expected values <= 0\)"),
     (np.array([[-1.0, -2.0]], np.float32), np.array([[0, 1]]), -1, "budget: expected an integer >= 0"),
     (np.array([[-1.0, -2.0]], np.float32), np.array([[0, 1]]), 2.0, "budget: expected an integer"),
     (np.array([[-1.0, -2.0]], np.float32), np.array([[0, 1, 2]]), 2, r"top_ids: expected shape \(1, 2\)"),
