@@ -7,8 +7,8 @@ pages, figures, the tokenizer, one safetensors file) goes through ``write_atomic
 A reader (or a user after Ctrl-C, a full disk, an exception inside ``write``) sees the old file or the new one,
 never a half-written one, and no temporary is left. The temporary keeps ``path``'s extension, so a writer that
 picks its format from the name (matplotlib's ``savefig``) writes the same format. ``path``'s folder must exist.
-Example: ``write_atomic("out/trace.json", lambda tmp: open(tmp, "w").write(text))`` - while it runs, out/ holds
-``.trace.json.partial-1a2b3c4d.json``; afterwards only trace.json.
+Example: ``write_text_atomic("out/trace.json", text)`` (= ``write_atomic`` with a function that writes ``text`` to
+the temporary) - while it runs, out/ holds ``.trace.json.partial-1a2b3c4d.json``; afterwards only trace.json.
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ One round, with ``start`` committed tokens and the root (the last bonus token) a
 Everything stays on the device except the packed accepted tokens, read once per round; the trees, accepted node
 indices and stage times of all rounds (device clock stamps: kernels/stamp.py) are copied to the host once, at the end,
 for the RoundTraces.
-``ddtree_replay.py`` runs the same round with its state on the device, captured as CUDA graphs.
+``ddtree_replay.py`` runs the same round with its state on the device, captured as one CUDA graph.
 """
 from __future__ import annotations
 

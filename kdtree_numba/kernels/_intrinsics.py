@@ -16,7 +16,6 @@
   makes every thread's copies visible to the block.
 - ``view2d(a, off, rows, cols)``: ``a[off : off + rows * cols].reshape(rows, cols)`` for a 1-D float32 array (a
   tile carved out of dynamic shared memory, which numba gives as one 1-D array); no copy, no bounds check.
-
 - ``globaltimer()``: the GPU's global nanosecond clock (PTX ``%globaltimer``, int64), read where the instruction
   runs - a device-side time stamp that a CUDA graph replays (kernels/stamp.py); the simulator reads the host's
   ``time.perf_counter_ns()``.
