@@ -34,8 +34,8 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_nothing(tmp_path):
 
 
 def test_a_trace_that_fails_to_serialise_leaves_the_old_file(tmp_path, monkeypatch):
-    t = kd.tiny_target(0)
-    with kd.backend.use("numpy"):
+    with kd.backend.use("numpy"):                                       # the references: fast anywhere
+        t = kd.tiny_target(0)
         g = kd.generate(t, [1, 2, 3], 4, drafter=kd.RandomDrafter(t.config.vocab_size, 3), budget=4)
     p = tmp_path / "trace.json"
     g.to_json(p)
