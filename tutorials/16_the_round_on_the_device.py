@@ -549,9 +549,9 @@ else:
 # * A DDTree-64 round: 17.94 ms direct, 2.41 ms replayed (2026-12-01, `bench_round.py`, the stage table below and
 #   the picture; that run still had the v1 attention and an older tree build); replayed round / sum of its
 #   kernels' device times 1.08x - the rest was the one host read and the seven graph launches of that day (one
-#   graph a round since 2026-12-04: 2-3 % faster). Later a replayed
-#   round was 0.893-0.895 ms, its verify 0.588-0.591 ms (2026-12-04, fourteenth session), its draft 0.138-0.141 ms
-#   (2026-12-04, thirteenth session) and the build 0.059 ms (2026-12-03, twelfth session).
+#   graph a round since 2026-12-04: DDTree-32 6 % faster). The latest: a replayed DDTree-64 round of 0.939 ms on
+#   `bench_round.py`'s prompt, its stages 0.819 ms by the device clock stamps - verify 0.563, draft 0.136, build
+#   0.056 - and 7 us between two pipelined rounds (2026-12-04, nineteenth session).
 # * The prefill: in a 63.2 ms replayed DDTree-64 generation of 128 tokens, 12.6 ms was `begin` - the direct
 #   prefill of a 98-149 token prompt and the drafter's first observe (2026-12-03, eleventh session). That is why the
 #   prefill is now replayed too (section 4; 2026-12-04, fifteenth session). Measured the next session
