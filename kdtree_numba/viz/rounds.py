@@ -9,8 +9,8 @@ How to read them:
   * ``budget_sweep``: tau and target forwards per generated token against the tree budget (log-2 axis). The
     tree (solid) should beat the single draft chain of the same drafter (dashed) and approach 1/tau forwards
     per token; autoregressive decoding is the dotted line at 1.
-  * ``stage_times``: per round, the milliseconds of the five stages (draft, build, verify, accept, compact)
-    stacked; right, their totals over the generation, with shares.
+  * ``stage_times``: per round, the milliseconds of the six stages (draft, topk, build, verify, accept, compact:
+    ``decode.trace.STAGES``) stacked; right, their totals over the generation, with shares.
 
 Every function returns a matplotlib Figure and saves it when ``path`` is given (.png / .svg / .pdf).
 The rows a ``budget_sweep`` plots come from ``kdtree_numba.decode.sweep`` (which runs the generations); nothing
@@ -290,7 +290,8 @@ def budget_sweep(rows, path=None, axes=None, chain_label: str = "single draft ch
 def stage_times(gen, path=None, axes=None, note: str | None = None) -> Figure:
     """Per-round stacked bars of the stage times (ms), plus the total per stage with its share.
 
-    Stages, bottom to top: draft, build, verify, accept, compact (``RoundTrace.times``). note: appended to the
+    Stages, bottom to top: draft, topk, build, verify, accept, compact (``RoundTrace.times``: device clock stamps
+    on a GPU, kernels/stamp.py; the host clock on the NumPy backend). note: appended to the
     left panel's title in parentheses (e.g. the backend the times were taken on); axes: two Axes to draw into;
     path: save there."""
     R = len(gen.rounds)
@@ -311,7 +312,7 @@ def stage_times(gen, path=None, axes=None, note: str | None = None) -> Figure:
         bottom += v
     a1.set_xlim(0.3, R + 0.7)
     a1.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=12))
-    a1.legend(fontsize=8, frameon=False, ncol=5, loc="upper center", bbox_to_anchor=(0.5, 1.0))
+    a1.legend(fontsize=8, frameon=False, ncol=len(STAGES), loc="upper center", bbox_to_anchor=(0.5, 1.0))
     a1.set_ylim(0, bottom.max() * 1.22 if bottom.max() > 0 else 1)
     _label(a1, "round", "milliseconds", f"Stage times per round ({R} rounds" + (f"; {note})" if note else ")"))
     tot = gen.stage_totals()
