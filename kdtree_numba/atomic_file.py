@@ -34,10 +34,10 @@ def write_atomic(path, write) -> None:
 
 
 def write_text_atomic(path, text: str) -> None:
-    """``text`` (UTF-8) written to ``path`` with ``write_atomic``."""
+    """``text`` (UTF-8, LF line ends) written to ``path`` with ``write_atomic``."""
     write_atomic(path, lambda tmp: _write_text(tmp, text))
 
 
 def _write_text(path, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
+    with open(path, "w", encoding="utf-8", newline="\n") as f:       # LF on every platform
         f.write(text)

@@ -22,6 +22,8 @@ import re
 import struct
 import sys
 
+from ..atomic_file import write_text_atomic
+
 DEFAULT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "default_model")
 CARD = "MODEL_CARD.md"
 EVAL = "eval_humaneval.json"
@@ -106,8 +108,12 @@ def safetensors_params(paths) -> tuple:
 
 
 def _load(path):
+    """A JSON file (a ValueError naming it when it is not one)."""
     with open(path, encoding="utf-8") as f:
-        return json.load(f)
+        try:
+            return json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{path}: not a JSON file ({e})") from None
 
 
 # ------------------------------------------------------------------------------------------------ formatting
@@ -714,8 +720,7 @@ def write_card(model_dir=DEFAULT_DIR, eval_path=None, gpu_eval_path=None, out=No
               file=sys.stderr)
     text = build_card(model_dir, ev, gpu)
     out = out or os.path.join(model_dir, CARD)
-    with open(out, "w", encoding="utf-8", newline="\n") as f:
-        f.write(text)
+    write_text_atomic(out, text)                         # the old card or the whole new one
     return out
 
 

@@ -191,6 +191,11 @@ def test_card_cli(tmp_path, capsys):
     assert card.parse_hash_table(out.read_text())
     assert card.main(["--model-dir", d, "--eval", str(tmp_path / "missing.json")]) == 2
     assert "no such file" in capsys.readouterr().err
+    not_json = tmp_path / "notes.md"
+    not_json.write_text("# not JSON\n")
+    assert card.main(["--model-dir", d, "--eval", str(not_json), "--out", str(out)]) == 2
+    assert f"card: error: {not_json}: not a JSON file (Expecting value" in capsys.readouterr().err
+    assert card.parse_hash_table(out.read_text())                      # the card written before is intact
     assert card.main(["--model-dir", str(tmp_path)]) == 2
 
 
