@@ -553,7 +553,13 @@ def main(argv=None) -> int:
     _set_blas_threads(a.blas_threads)          # before NumPy (imported by kdtree_numba) loads OpenBLAS
     sys.path.insert(0, ROOT)
     import kdtree_numba as kd
+    from kdtree_numba.argtypes import out_dir_problem
+    from kdtree_numba.atomic_file import write_text_atomic
 
+    problem = a.out and out_dir_problem(os.path.dirname(os.path.abspath(a.out)))
+    if problem:                                       # before the work, not after it
+        print(f"eval_humaneval.py: error: --out {a.out}: {problem}", file=sys.stderr)
+        return 2
     workers = a.workers if a.workers is not None else (0 if kd.backend.process_name == "cuda" else 2)
     prompts = load_prompts(a.prompts_file, a.prompts)
     env = f"KDTREE_BACKEND={os.environ['KDTREE_BACKEND']} " if "KDTREE_BACKEND" in os.environ else ""
@@ -587,9 +593,7 @@ def main(argv=None) -> int:
     res["markdown"] = markdown(res)
     if a.out:
         os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-        with open(a.out, "w") as f:
-            json.dump(res, f, indent=1)
-            f.write("\n")
+        write_text_atomic(a.out, json.dumps(res, indent=1) + "\n")
         _log(f"[eval] wrote {a.out}")
     print("\n" + res["markdown"], flush=True)
     bad = res.get("tau", {}).get("mismatches_total", 0)

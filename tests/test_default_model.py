@@ -171,3 +171,6 @@ def test_eval_of_another_drafter_with_replayed_tau(pair, prompts, monkeypatch, t
     with pytest.raises(SystemExit) as e:
         ev.main(["--drafter", str(tmp_path)])
     assert e.value.code == 2 and "holds no config.json" in capsys.readouterr().err
+    # an --out that cannot be written is refused before the work (a FileNotFoundError after it before)
+    assert ev.main(common + ["--out", "/proc/kdtree_eval.json"]) == 2
+    assert "--out /proc/kdtree_eval.json: cannot write in /proc" in capsys.readouterr().err
