@@ -198,8 +198,9 @@ def save(name: str) -> None:
     os.makedirs(out, exist_ok=True)
     RESULTS["device"] = device_name()
     RESULTS["date"] = time.strftime("%Y-%m-%d")
-    with open(os.path.join(out, f"{name}.json"), "w") as f:
-        json.dump(RESULTS, f, indent=1, default=float)
+    from kdtree_numba.atomic_file import write_text_atomic
+
+    write_text_atomic(os.path.join(out, f"{name}.json"), json.dumps(RESULTS, indent=1, default=float))
 
 
 def device_name() -> str:
