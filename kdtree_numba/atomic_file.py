@@ -1,5 +1,6 @@
 """Files that appear whole or not at all: every file the package writes outside a checkpoint save (traces, viewer
-pages, figures, the tokenizer, one safetensors file) goes through ``write_atomic``.
+pages, figures, the tokenizer, one safetensors file, the model card; the benchmarks' JSON) goes through
+``write_atomic``.
 
     write_atomic(path, write):  write(tmp) fills a temporary file beside ``path``; os.replace(tmp, path) puts it in
                                 place in one step; on any failure tmp is removed and the error raised.
