@@ -145,6 +145,27 @@ def test_eval_speed_passes_interleave_when_programs_stay(pair, prompts, monkeypa
     text = ev.markdown({"speed": res})
     assert ("passes interleaved" if interleaved else "one after another") in text
     assert "vs chain, same launches" in text
+    for v in methods.values():           # the prefill left out of the seconds: at least the wall-clock rate
+        assert v["tokens_per_second_after_prefill"] >= v["tokens_per_second"]
+
+
+def test_eval_speed_replay_only(pair, prompts, monkeypatch):
+    """--replay-only times only the replay=True methods; the speedups are against replayed autoregressive decoding
+    and every output is still compared with it."""
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(MODEL_DIR), "..", "benchmarks"))
+    import eval_humaneval as ev
+
+    assert ev.build_parser().parse_args(["--replay-only"]).replay_only
+    target, drafter = pair
+    with kd.backend.use("numpy"):
+        res = ev.run_speed(kd, target, drafter, prompts[:1], 2, [4], repeats=1, replay_only=True)
+    methods = res["methods"]
+    assert list(methods) == ["autoregressive (replay)", "chain (replay)", "ddtree@4 (replay)"]
+    ar = methods["autoregressive (replay)"]
+    assert ar["speedup_vs_autoregressive"] == 1.0
+    for v in methods.values():
+        assert v["mismatches_vs_autoregressive"] == 0
+        assert v["speedup_vs_autoregressive"] == pytest.approx(v["tokens_per_second"] / ar["tokens_per_second"])
 
 
 def test_eval_of_another_drafter_with_replayed_tau(pair, prompts, monkeypatch, tmp_path, capsys):
