@@ -181,8 +181,9 @@ def block_attention(q, k, v, n_keys: int, scale: float, out=None, variant: str |
         if B == 0:
             return out
         # every query sees rows 0 .. n_keys - 1 = start + B - 1: start = n_keys - B
-        return attention_v2(q, k, v, n_keys0 - B, n_keys_dev, scale, False, out,
-                            S if hasattr(n_keys, "shape") else n_keys0, None)
+        device_keys = hasattr(n_keys, "shape")
+        return attention_v2(q, k, v, n_keys0 - B, n_keys_dev, scale, False, out, S if device_keys else n_keys0, None,
+                            device_keys=device_keys)
     if Nq // Nkv > MAX_G or D > MAX_D:
         raise ValueError(f"q: {Nq // Nkv} query heads per kv head and head dim {D} exceed the kernel's {MAX_G} "
                          f"and {MAX_D}; use the numpy backend for this drafter")

@@ -517,4 +517,4 @@ def gqa_attention(q, k, v, start, scale: float, causal: bool = True, out=None, s
     max_keys = S if device_start else start0 + T
     if variant in ("v3", "v4"):
         return _launch_v3(q, k, v, start0, start_dev, scale, causal, out, max_keys, splits, variant == "v4")
-    return attention_v2(q, k, v, start0, start_dev, scale, causal, out, max_keys, splits)
+    return attention_v2(q, k, v, start0, start_dev, scale, causal, out, max_keys, splits, device_keys=device_start)

@@ -503,6 +503,22 @@ def _v2_scores(q, qs, staged, ks, sp, r0, n, G, nq, b, D, scratch, kt):
 
 
 @cuda.jit(device=True)
+def split_range(z, split_len, n_list, kt):
+    """(k_lo, k_hi, split_len): split z's run k_lo .. k_hi - 1 of a block's key list of ``n_list`` keys. A planned
+    ``split_len`` (whole tiles) is used as it is; 0 means *sized on the device*: the list's own tiles shared out
+    over the grid's ``gridDim.y`` splits. A launch whose key count lives on the device (graph replay) plans its
+    grid for the cache's capacity; with a planned length, the splits past the real keys would sit idle while the
+    first ones each walk a capacity-sized run (H200, the default pair, a 512-row cache at start 120: a 33-token
+    tree verify 27.0 us, 19.6 with the plan sized for its real keys). Example: 150 keys, 16-key tiles, 11 splits:
+    10 tiles -> runs of one tile, splits 10 (one key) .. 10 empty (k_lo >= k_hi: no tile, m = -inf for the
+    combine)."""
+    if split_len == 0:
+        split_len = ((n_list + kt - 1) // kt + cuda.gridDim.y - 1) // cuda.gridDim.y * kt
+    k_lo = z * split_len
+    return k_lo, min(n_list, k_lo + split_len), split_len
+
+
+@cuda.jit(device=True)
 def _v2_row(kt):
     """This thread's share of the softmax of a tile of kt keys: (query row r, first key j0, keys per thread). The
     block's threads split into MT groups of G = threads / MT consecutive lanes (8 on the GPU), one group per query
@@ -715,8 +731,7 @@ def _tiled_kernel(kt, sp_stride, name):
         start = start0 + start_dev[0]                    # the host part + the device part (graph replay)
 
         t_last = (min(r0 + MT, n) - 1) // group if causal else T - 1
-        k_lo = z * split_len
-        k_hi = min(start + t_last + 1, k_lo + split_len)   # the tile's list: rows 0 .. start + t_last
+        k_lo, k_hi, split_len = split_range(z, split_len, start + t_last + 1, kt)   # list: rows 0 .. start + t_last
         plan = _v2_copy_plan(Dk, width)
         staged = stage and split_len >= STAGE_MIN_KEYS   # short splits read q from global memory
         if staged:
@@ -982,13 +997,14 @@ def tiled_wave() -> int:
 
 
 def attention_v2(q, k, v, start0: int, start_dev, scale: float, causal: bool, out, max_keys: int, splits,
-                 variant: str = "v2"):
+                 variant: str = "v2", device_keys: bool = False):
     """Launch the tiled kernel of ``variant`` (``_attention_v2_kernel``: 16-key tiles; ``_attention_v3_kernel``:
     32): q [T, Nq, Dk], k [S, B, Dk], v [S, B, Dv] (or None: absorbed MLA, values = the key rows' first Dv
     columns), out [T, Nq, Dv]; grid (ceil(T G / MT), splits, B) with G = Nq / B, rows flattened (views, no
     copies), then the combine when there are several splits. start = start0 + start_dev[0]
     (``_checks.device_int``'s parts). ``max_keys``: the longest key list any block may have (every row it may
-    read: the grid is fixed before a device-side start is read)."""
+    read: the grid is fixed before a device-side start is read); ``device_keys``: the start lives on the device
+    (``start_dev``), so the kernels size their splits themselves (``split_range``)."""
     T, Nq, _ = q.shape
     B = k.shape[1]
     width = copy_width(q, k) if v is None else copy_width(q, k, v)
@@ -998,16 +1014,18 @@ def attention_v2(q, k, v, start0: int, start_dev, scale: float, causal: bool, ou
     stage = stage_bytes(kt)
     return launch_split(kernel, -(-(T * (Nq // B)) // MT), B, 32 * v2_warps(out.shape[2]), kt, q, out,
                         max_keys, splits, (k, v, start0, start_dev, np.float32(scale), Nq // B, bool(causal), width),
-                        (stage > 0,), shared=tile_bytes(kt) + stage, wave=tiled_wave())
+                        (stage > 0,), shared=tile_bytes(kt) + stage, wave=tiled_wave(), device_keys=device_keys)
 
 
 def launch_split(kernel, tiles: int, heads, threads: int, tile: int, q, out, max_keys: int, splits, args,
-                 tail=(), shared: int = 0, wave: int | None = None):
+                 tail=(), shared: int = 0, wave: int | None = None, device_keys: bool = False):
     """The launch every tiled attention kernel shares: key splits planned for ``tiles`` x ``heads`` blocks (keys
     in whole tiles of ``tile``; ``wave``: as in ``plan_splits``), the kernel on grid (tiles, splits, heads) -
     (tiles, splits) when ``heads`` is None - with arguments ``q`` [T*N, D] (rows flattened: a view), ``*args``,
     split length, direct, ``out`` [T*N, Dv], the split partials [splits, T*N(, Dv)] (1-element placeholders when
-    direct), ``*tail``; then the combine when there are several splits. Returns ``out``."""
+    direct), ``*tail``; then the combine when there are several splits. Returns ``out``. ``device_keys``: the key
+    count is read on the device (graph replay), so the kernel gets split length 0 and cuts each block's real list
+    over the planned splits itself (``split_range``: the MLA / tree tiled kernels only)."""
     T, N, D = q.shape
     Dv = out.shape[2]
     rows = T * N
@@ -1016,8 +1034,8 @@ def launch_split(kernel, tiles: int, heads, threads: int, tile: int, q, out, max
     flat = (o_part.reshape(splits, rows, Dv), m_part.reshape(splits, rows), l_part.reshape(splits, rows)) \
         if not direct else (o_part.reshape(1, 1, 1), m_part.reshape(1, 1), l_part.reshape(1, 1))
     grid = (tiles, splits) if heads is None else (tiles, splits, heads)
-    backend.launch(kernel, grid, threads, q.reshape(rows, D), *args, int(split_len), direct, out.reshape(rows, Dv),
-                   *flat, *tail, shared=shared)
+    backend.launch(kernel, grid, threads, q.reshape(rows, D), *args, 0 if device_keys else int(split_len), direct,
+                   out.reshape(rows, Dv), *flat, *tail, shared=shared)
     if not direct:
         _combine(o_part, m_part, l_part, out)
     return out
@@ -1031,7 +1049,7 @@ def launch_v2(kernel, kt, q, cache, start, scale, lkv, out, max_keys, splits, *e
     stage = stage_bytes(kt)
     return launch_split(kernel, -(-(T * N) // MT), None, 32 * v2_warps(lkv), kt, q, out, max_keys, splits,
                         (cache, start0, start_dev, np.float32(scale), N, copy_width(q, cache)), extra + (stage > 0,),
-                        shared=tile_bytes(kt) + stage, wave=tiled_wave())
+                        shared=tile_bytes(kt) + stage, wave=tiled_wave(), device_keys=hasattr(start, "shape"))
 
 
 def mla_attention(q, cache, start, scale: float, lkv: int, out=None, splits: int | None = None,
@@ -1069,4 +1087,5 @@ def mla_attention(q, cache, start, scale: float, lkv: int, out=None, splits: int
         variant = "v2"
     check_tiled_fits(variant)
     keys = cache.reshape(cache.shape[0], 1, cache.shape[1])                        # [C, 1, D]: one kv head
-    return attention_v2(q, keys, None, start0, start_dev, scale, True, out, max_keys, splits, variant)
+    return attention_v2(q, keys, None, start0, start_dev, scale, True, out, max_keys, splits, variant,
+                        device_keys=device_start)

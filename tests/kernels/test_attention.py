@@ -128,6 +128,26 @@ def test_device_side_start_equals_host_int(variant):
     np.testing.assert_allclose(got, tv.tree_attention_ref(qt, cache, start, parents, 0.3, lkv), **TOL)
 
 
+@pytest.mark.parametrize("variant", ["v2", "v3"])
+@pytest.mark.parametrize("splits", [2, 5])
+def test_device_side_start_splits_share_out_the_real_keys(variant, splits):
+    """With a device start the tiled kernels cut each block's real key list over the planned splits themselves
+    (``mla_attention.split_range``), not the cache's capacity: 3 key tiles over 2 splits, or over 5 with splits
+    left empty, in a cache of twice the rows - the same output as the reference."""
+    rng = np.random.default_rng(splits)
+    T, N, D, lkv, start = 2, 3, 12, 8, 38
+    q = rng.standard_normal((T, N, D)).astype(np.float32)
+    cache = rng.standard_normal((2 * (start + T + 4), D)).astype(np.float32)
+    dev = kd.backend.full((1,), start, np.int32)
+    got = H(mla.mla_attention(q, cache, dev, 0.3, lkv, variant=variant, splits=splits))
+    np.testing.assert_allclose(got, mla.mla_attention_ref(q, cache, start, 0.3, lkv), **TOL)
+    parents = np.array([-1, 0, 0, 1])
+    paths, depths = kt.ancestor_paths(parents)
+    qt = rng.standard_normal((4, N, D)).astype(np.float32)
+    got = H(tv.tree_attention(qt, cache, dev, paths, depths, 0.3, lkv, variant=variant, splits=splits))
+    np.testing.assert_allclose(got, tv.tree_attention_ref(qt, cache, start, parents, 0.3, lkv), **TOL)
+
+
 def test_bad_splits_and_shapes_name_the_argument():
     q, cache = np.zeros((2, 3, 8), np.float32), np.zeros((6, 8), np.float32)
     for splits in (0, -1, 1.5):
