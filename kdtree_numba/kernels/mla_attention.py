@@ -33,6 +33,9 @@ dims, the HG heads' running max / sum are updated (online softmax) and every thr
 HG x Lkv accumulators. With one split the block writes the normalised output; with several (decode: few tokens,
 long context) each writes (o, m, l) partials and ``_combine_kernel`` merges them:
     M = max_z m_z;  out = sum_z exp(m_z - M) o_z / sum_z exp(m_z - M) l_z
+(The tiled kernels mark a split that starts past its block's key list - a suffix of the splits - with l = -1, and
+write nothing else: the combine stops at the first such split. A replayed decode step's grid is planned for the
+cache's capacity, so most of its splits are such.)
 Measured on the H200 (issue #14): correct (3.6e-6 vs float64) but 1-3 % of the fp32 roofline; every cache row is
 re-read by T x N / 4 blocks.
 
@@ -519,6 +522,17 @@ def split_range(z, split_len, n_list, kt):
 
 
 @cuda.jit(device=True)
+def past_the_list(r0, n, G, nq, b, z, m_part, l_part):
+    """Mark split z as past the key list of the block's tile rows r0 .. r0 + 31 (< n): l = -1, m = -inf, no o
+    (``_combine_kernel`` stops at the first such split; they are a suffix of the splits: ``split_range``)."""
+    tid = cuda.threadIdx.x
+    if tid < MT and r0 + tid < n:
+        r = _v2_qrow(r0 + tid, n, G, nq, b)
+        m_part[z, r] = float32(NEG_INF)
+        l_part[z, r] = float32(-1.0)
+
+
+@cuda.jit(device=True)
 def _v2_row(kt):
     """This thread's share of the softmax of a tile of kt keys: (query row r, first key j0, keys per thread). The
     block's threads split into MT groups of G = threads / MT consecutive lanes (8 on the GPU), one group per query
@@ -732,6 +746,9 @@ def _tiled_kernel(kt, sp_stride, name):
 
         t_last = (min(r0 + MT, n) - 1) // group if causal else T - 1
         k_lo, k_hi, split_len = split_range(z, split_len, start + t_last + 1, kt)   # list: rows 0 .. start + t_last
+        if k_lo >= k_hi and not direct:
+            past_the_list(r0, n, group, nq, b, z, m_part, l_part)
+            return
         plan = _v2_copy_plan(Dk, width)
         staged = stage and split_len >= STAGE_MIN_KEYS   # short splits read q from global memory
         if staged:
@@ -786,9 +803,12 @@ def _col8(a, z0, Z, r, c):
 
 @cuda.jit(device=True)
 def _term(m, l, o, z, Z, mx):
-    """Split z's (weight x o, weight x l), weight = exp(m - mx); zero past the splits or for an empty split."""
-    w = float32(math.exp(m - mx)) if z < Z and l > 0 else float32(0.0)
-    return w * o, w * l
+    """Split z's (weight x o, weight x l), weight = exp(m - mx); zero past the splits or for an empty split (l = 0:
+    every key masked; l = -1: past the key list, whose o was never written - selected away, not multiplied by 0)."""
+    if z < Z and l > 0:
+        w = float32(math.exp(m - mx))
+        return w * o, w * l
+    return float32(0.0), float32(0.0)
 
 
 @cuda.jit
@@ -796,7 +816,8 @@ def _combine_kernel(o_part, m_part, l_part, out):
     """out[r, c] = sum_z exp(m_z - M) o_z[r, c] / sum_z exp(m_z - M) l_z[r], M = max_z m_z (empty splits: l = 0).
     One thread per output (rows flattened: o_part [Z, rows, Lkv], m_part / l_part [Z, rows], out [rows, Lkv]).
     Eight splits' loads go out together (a decode step has up to a few hundred splits, most of them short:
-    one load at a time made this 10-13 us a call, ncu 2026-12-02)."""
+    one load at a time made this 10-13 us a call, ncu 2026-12-02). The splits end at the first eight whose
+    first is past the row's key list (l = -1: ``past_the_list``; the rest of those eight weigh 0 in ``_term``)."""
     rows = out.shape[0]
     lkv = out.shape[1]
     Z = m_part.shape[0]
@@ -807,6 +828,9 @@ def _combine_kernel(o_part, m_part, l_part, out):
     r = idx // lkv
     mx = float32(NEG_INF)
     for z0 in range(0, Z, 8):                          # clamped repeats of the last split leave the max alone
+        if l_part[z0, r] < 0:                          # past the list: so are the splits after it
+            Z = z0
+            break
         m0, m1, m2, m3, m4, m5, m6, m7 = _row8(m_part, z0, Z, r)
         mx = max(mx, max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7))))
     num = float32(0.0)

@@ -50,7 +50,7 @@ from .mla_attention import (ACC, BK, HG, KPARTS, KT, KT3, MAX_D, MAX_LKV, MAX_SU
                             _v1_begin, _v1_end, _v1_tile, _v2_accumulate, _v2_begin, _v2_copy_plan, _v2_end,
                             _v2_load_keys, _v2_row, _v2_scores, _v2_softmax, _v2_stage_q, check_qkv, check_splits,
                             check_tiled_fits, check_variant, launch_v1, launch_v2, masked_attention_fast,
-                            masked_attention_ref, split_range, stage_bytes)
+                            masked_attention_ref, past_the_list, split_range, stage_bytes)
 
 
 def tree_attention_ref(q, cache, start: int, parents, scale: float, lkv: int):
@@ -157,6 +157,9 @@ def _tiled_tree_kernel(kt, sp_stride, name):
         t_last = (min(r0 + MT, n_rows) - 1) // n_heads
         k_lo, k_hi, split_len = split_range(z, split_len, start + (t_last - t_first + 1) * width,
                                             kt)          # the list: committed rows, then the tile's path slots
+        if k_lo >= k_hi and not direct:
+            past_the_list(r0, n_rows, n_heads, n_heads, 0, z, m_part, l_part)
+            return
         plan = _v2_copy_plan(D, copy_w)
         r, j0, kpt = _v2_row(kt)
         real = r0 + r < n_rows                           # this thread's query row exists (else all masked)

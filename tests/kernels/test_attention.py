@@ -148,6 +148,28 @@ def test_device_side_start_splits_share_out_the_real_keys(variant, splits):
     np.testing.assert_allclose(got, tv.tree_attention_ref(qt, cache, start, parents, 0.3, lkv), **TOL)
 
 
+def test_splits_past_the_key_list_are_never_read(monkeypatch):
+    """A split that starts past its block's key list writes l = -1 and nothing else; the combine stops there and
+    never reads its o (NaN-filled partial buffers: the same output as the reference)."""
+    real = mla._partials
+
+    def poisoned_partials(splits, T, N, lkv):
+        direct, o, m, l = real(splits, T, N, lkv)
+        for a in (o, m, l):
+            a[...] = np.nan
+        return direct, o, m, l
+
+    monkeypatch.setattr(mla, "_partials", poisoned_partials)
+    rng = np.random.default_rng(9)
+    T, N, D, lkv, start = 1, 3, 12, 8, 20
+    q = rng.standard_normal((T, N, D)).astype(np.float32)
+    cache = rng.standard_normal((4 * (start + T), D)).astype(np.float32)
+    dev = kd.backend.full((1,), start, np.int32)
+    for splits in (3, 9):                                   # 2 tiles of 16 keys: 1 or 7 splits past the list
+        got = H(mla.mla_attention(q, cache, dev, 0.3, lkv, variant="v2", splits=splits))
+        np.testing.assert_allclose(got, mla.mla_attention_ref(q, cache, start, 0.3, lkv), **TOL)
+
+
 def test_bad_splits_and_shapes_name_the_argument():
     q, cache = np.zeros((2, 3, 8), np.float32), np.zeros((6, 8), np.float32)
     for splits in (0, -1, 1.5):
