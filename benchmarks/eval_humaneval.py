@@ -49,7 +49,8 @@ Usage::
 
     KDTREE_BACKEND=numpy python benchmarks/eval_humaneval.py --out kdtree_numba/default_model/eval_humaneval.json
     KDTREE_BACKEND=numpy python benchmarks/eval_humaneval.py --prompts 4            # smoke run
-    KDTREE_BACKEND=cuda python3 benchmarks/eval_humaneval.py --skip-tau --speed-subset 8 --out gpu_eval.json
+    KDTREE_BACKEND=cuda python3 benchmarks/eval_humaneval.py --skip-tau --skip-bpb --speed-subset 164 --replay-only \\
+        --repeats 3 --speed-budget 32,64 --out gpu_eval.json                        # the model card's H200 numbers
 
 BLAS threads (``--blas-threads``, default 1) are fixed before NumPy is imported, in this process and the workers:
 on a shared 2-core machine OpenBLAS's default thread pool made the small GEMMs of this 9 M model 4-5x slower.

@@ -228,7 +228,7 @@ def tree_attention(q, cache, start, paths, depths, scale: float, lkv: int, max_d
     q, cache, lkv, out = check_qkv(q, cache, lkv, out)
     splits = check_splits(splits)
     n1, N, D = q.shape
-    if auto and variant == "v3":
+    if auto:                                   # v3 -> v2 below V3_MIN_HEADS heads (tree_variant)
         variant = tree_variant(variant, N, stage_bytes(KT) > 0)
     paths = _checks.array(paths, "paths", dtype=np.int32, ndim=2, shape=(n1, None))
     depths = _checks.array(depths, "depths", dtype=np.int32, shape=(n1,))

@@ -489,7 +489,7 @@ def _evaluation(ev, gpu, val_loss=None, corpus_bpt=None) -> list:
                       f"Bits per byte on the same backend: {gb['bits_per_byte']:.4f}.", ""]
     else:
         lines += ["_Not yet measured. On the GPU machine: `KDTREE_BACKEND=cuda python3 benchmarks/eval_humaneval.py "
-                  "--skip-tau --skip-bpb --speed-subset 8 --replay --repeats 3 --speed-budget 32,64 "
+                  "--skip-tau --skip-bpb --speed-subset 164 --replay-only --repeats 3 --speed-budget 32,64 "
                   f"--out {GPU_EVAL}`; copy it into the model directory and run `python -m kdtree_numba.train.card` "
                   "again._", ""]
     return lines
