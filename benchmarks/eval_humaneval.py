@@ -573,6 +573,10 @@ def main(argv=None) -> int:
         return 2
     workers = a.workers if a.workers is not None else (0 if kd.backend.process_name == "cuda" else 2)
     prompts = load_prompts(a.prompts_file, a.prompts)
+    if not a.skip_speed and a.speed_subset > len(prompts):      # prompts[:K] would quietly time fewer
+        print(f"eval_humaneval.py: error: --speed-subset {a.speed_subset}: only {len(prompts)} prompts are evaluated "
+              f"(--prompts / the prompts file)", file=sys.stderr)
+        return 2
     env = f"KDTREE_BACKEND={os.environ['KDTREE_BACKEND']} " if "KDTREE_BACKEND" in os.environ else ""
     args = sys.argv[1:] if argv is None else list(argv)
     res = {"command": env + "python " + " ".join([os.path.relpath(os.path.abspath(__file__), ROOT)] + args),

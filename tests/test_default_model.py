@@ -149,6 +149,16 @@ def test_eval_speed_passes_interleave_when_programs_stay(pair, prompts, monkeypa
         assert v["tokens_per_second_after_prefill"] >= v["tokens_per_second"]
 
 
+def test_eval_refuses_a_speed_subset_beyond_the_prompts(monkeypatch, capsys):
+    """--speed-subset K with fewer prompts evaluated would time fewer than K quietly: one line, exit 2, no work."""
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(MODEL_DIR), "..", "benchmarks"))
+    import eval_humaneval as ev
+
+    assert ev.main(["--prompts", "3", "--speed-subset", "5", "--skip-tau", "--skip-bpb"]) == 2
+    err = capsys.readouterr().err
+    assert "--speed-subset 5: only 3 prompts" in err and "[speed]" not in err
+
+
 def test_eval_speed_replay_only(pair, prompts, monkeypatch):
     """--replay-only times only the replay=True methods; the speedups are against replayed autoregressive decoding
     and every output is still compared with it."""
