@@ -1082,8 +1082,10 @@ def mla_attention(q, cache, start, scale: float, lkv: int, out=None, splits: int
 
     ``lkv``: the latent width (values are ``cache[:, :lkv]``); ``splits`` asks for that many key splits (tests): the
     launch runs ceil(keys / split_len) of them, split_len rounded up to whole tiles, which can be fewer.
-    ``start``: an int, or a device int32 [1] array the kernel reads (graph replay: decode/replay.py); the grid then
-    covers every cache row and splits past a token's last key contribute nothing.
+    ``start``: an int, or a device int32 [1] array the kernel reads (graph replay: decode/replay.py); the grid's
+    splits are then planned for every cache row, and the tiled kernels (v2, v3) cut each block's real key list over
+    them on the device (``split_range``: the splits past it exit at once, ``past_the_list``); v1 keeps the planned
+    length, its splits past a token's last key contributing nothing.
     ``variant``: "v1" | "v2" | "v3" | None (``default_variant()``, or v2 for launches ``short_splits`` names); the
     numpy backend runs the reference for any.
     """
