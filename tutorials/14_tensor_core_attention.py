@@ -148,6 +148,14 @@ check_true("stride 580: the score B-fragment loads hit 32 different banks (576: 
 #
 #     M = max_z m_z;   out = sum_z exp(m_z - M) o_z / sum_z exp(m_z - M) l_z
 #
+# A **device-side start** (a graph-replayed step or round) is read by the kernel, so the grid is planned for every
+# cache row (`max_keys` = the cache's rows) and the launch passes `L = 0`: each block then cuts *its own* key list
+# of `n_list` keys over the grid's `gridDim.y` splits, `L = ceil(ceil(n_list / 16) / gridDim.y) * 16`
+# (`mla.split_range`). A decode step of the default pair in a 512-row cache at start 120: 32 splits planned, 121
+# keys = 8 tiles, so `L` = 16 and splits 8 .. 31 start past the list; those exit at once after writing `l = -1`
+# (`mla.past_the_list`), and the combine stops at the first such split (they are always a suffix). With the
+# planned length instead, the first splits would each walk a capacity-sized run while the rest sat idle.
+#
 # Below, the module docstring's examples, replayed with the kernel's own first lines (`t_last`, `k_lo`, `k_hi`).
 
 # %%
