@@ -19,6 +19,7 @@ import sys
 import time
 
 from .argtypes import out_dir_problem, real, whole, whole_list
+from .decode.generate import DEFAULT_BUDGET
 
 DEMO_TASK = "HumanEval/18"          # its greedy completion reads as code (a small class), see cmd_demo
 BYTE_PROMPT = "DDTree drafts a whole tree of continuations, then the target checks them all at once. "
@@ -525,14 +526,15 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"held-out HumanEval prompt to complete (default {DEMO_TASK})")
     src.add_argument("--prompt", metavar="TEXT", help="complete this text instead")
     d.add_argument("--max-new-tokens", type=_positive_int, default=128, help="default 128")
-    d.add_argument("--budget", type=_budget, default=64, help="DDTree tree nodes per round, 0..1024 (default 64)")
+    d.add_argument("--budget", type=_budget, default=DEFAULT_BUDGET,
+                   help=f"DDTree tree nodes per round, 0..1024 (default {DEFAULT_BUDGET})")
     d.add_argument("--out", default="kdtree_demo", help="folder for figures, viewer and trace (default kdtree_demo)")
     d.set_defaults(func=cmd_demo)
 
     g = sub.add_parser("generate", help="generate from the default pair or a checkpoint directory")
     _source_args(g, max_new_tokens=64)
     g.add_argument("--budget", type=_budget,
-                   help="tree nodes per round, 0..1024 (default 64; not with --chain or --drafter none)")
+                   help=f"tree nodes per round, 0..1024 (default {DEFAULT_BUDGET}; not with --chain or --drafter none)")
     g.add_argument("--chain", action="store_true", help="draft a single chain (top-1 per depth) instead of a tree")
     g.add_argument("--temperature", type=_temperature, default=0.0, help="0 = greedy (default)")
     g.add_argument("--stop-at-eos", action="store_true", help=f"stop after the tokenizer's {EOS} token")

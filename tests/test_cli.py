@@ -79,7 +79,7 @@ def test_demo_runs_and_writes_its_outputs(tmp_path):
     s = r.stdout
     assert "HumanEval/18, held out from training" in s and "def how_many_times(string: str" in s   # the prompt
     assert "outputs identical to plain decoding:  DFlash chain yes   DDTree yes" in s
-    for row in ("autoregressive", "DFlash chain", "DDTree (budget 64)", "new tokens", "target forwards / token",
+    for row in ("autoregressive", "DFlash chain", "DDTree (budget 32)", "new tokens", "target forwards / token",
                 "acceptance length", "tokens/s, wall clock", "tokens/s, target side", "docs/PERFORMANCE.md"):
         assert row in s, row
     for f in ("rounds.png", "acceptance.png", "viewer.html", "trace.json"):

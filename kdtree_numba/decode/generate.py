@@ -16,7 +16,8 @@ from .replay import autoregressive_replay
 from .trace import Generation
 
 
-DEFAULT_BUDGET = 64
+DEFAULT_BUDGET = 32   # the faster DDTree of the default pair: H200, all 164 held-out prompts, replayed, 5699 tokens/s
+                      # against budget 64's 5563 (docs/PERFORMANCE.md, 2026-12-04); on a CPU too
 
 
 def generate(target, prompt_ids, max_new_tokens: int, drafter: Drafter | None = None, budget: int | None = None,
@@ -25,7 +26,7 @@ def generate(target, prompt_ids, max_new_tokens: int, drafter: Drafter | None = 
     """Generate ``max_new_tokens`` tokens after ``prompt_ids``.
 
     drafter None: autoregressive (one target forward per token). Otherwise DDTree with a tree of ``budget``
-    nodes (0..1024, default DEFAULT_BUDGET = 64; 0 = one token per round) per round. temperature 0: greedy; > 0:
+    nodes (0..1024, default DEFAULT_BUDGET = 32; 0 = one token per round) per round. temperature 0: greedy; > 0:
     sampling, reproducible from ``seed``. Generation stops early after a token in ``stop_tokens``. ``chain=True``
     drafts a single chain instead of a tree (the drafter's top-1 token per depth, DFlash-style: its length is the
     drafter's depth), the baseline a tree is compared with. A ``budget`` where no tree is built (drafter None, or
