@@ -77,6 +77,29 @@ def graph_median_ms(fn, reps: int = 20, warmup: int = 3) -> float:
     return median_ms(lambda: graph.launch(stream), reps, 2)
 
 
+def graph_per_call_us(fn, calls: int = 20, reps: int = 15, warmup: int = 3) -> float:
+    """Device time of one ``fn()`` in us inside a graph of ``calls`` back-to-back calls (median over ``reps``
+    replays / calls): the gaps between kernels of a captured round are in it, the graph's own launch is spread
+    over the calls. Host backends: the host clock of ``calls`` direct calls. Same rules for ``fn`` as
+    ``graph_median_ms``."""
+    for _ in range(warmup):
+        fn()
+    sync()
+    if kd.backend.name != "cuda":
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        return 1e6 * (time.perf_counter() - t) / calls
+    stream = kd.backend.stream
+    stream.begin_capture()
+    try:
+        for _ in range(calls):
+            fn()
+    finally:
+        graph = stream.end_capture()
+    return 1e3 * median_ms(lambda: graph.launch(stream), reps, 2) / calls
+
+
 def set_tf32(on: bool) -> None:
     """Let torch's fp32 matmuls and convolutions use TF32 tensor cores (or not): the new ``fp32_precision`` switch
     where torch has it, ``allow_tf32`` before (torch refuses a mix of the two)."""
