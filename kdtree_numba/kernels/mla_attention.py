@@ -513,8 +513,8 @@ def split_range(z, split_len, n_list, kt):
     grid for the cache's capacity; with a planned length, the splits past the real keys would sit idle while the
     first ones each walk a capacity-sized run (H200, the default pair, a 512-row cache at start 120: a 33-token
     tree verify 27.0 us, 19.6 with the plan sized for its real keys). Example: 150 keys, 16-key tiles, 11 splits:
-    10 tiles -> runs of one tile, splits 10 (one key) .. 10 empty (k_lo >= k_hi: no tile, m = -inf for the
-    combine)."""
+    10 tiles -> runs of one tile; splits 0 .. 9 carry keys (split 9 the last 6), split 10 starts past the list
+    (k_lo = 160 >= k_hi = 150: the kernel marks it with ``past_the_list`` and returns)."""
     if split_len == 0:
         split_len = ((n_list + kt - 1) // kt + cuda.gridDim.y - 1) // cuda.gridDim.y * kt
     k_lo = z * split_len
