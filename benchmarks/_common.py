@@ -63,38 +63,27 @@ def graph_median_ms(fn, reps: int = 20, warmup: int = 3) -> float:
     """Median device time of ``fn()`` replayed from a CUDA graph: launch overhead (numba's ~30 us of host work per
     launch, allocations, argument checks) is left out, so small kernels show their device time. ``fn`` must not
     allocate new pool memory after warm-up or synchronise (its launches are captured on the backend stream)."""
-    if kd.backend.name != "cuda":
-        return median_ms(fn, reps, warmup)
-    for _ in range(warmup):
-        fn()
-    sync()
-    stream = kd.backend.stream
-    stream.begin_capture()
-    try:
-        fn()
-    finally:
-        graph = stream.end_capture()
-    return median_ms(lambda: graph.launch(stream), reps, 2)
+    return graph_per_call_us(fn, 1, reps, warmup) / 1e3
 
 
 def graph_per_call_us(fn, calls: int = 20, reps: int = 15, warmup: int = 3) -> float:
     """Device time of one ``fn()`` in us inside a graph of ``calls`` back-to-back calls (median over ``reps``
     replays / calls): the gaps between kernels of a captured round are in it, the graph's own launch is spread
-    over the calls. Host backends: the host clock of ``calls`` direct calls. Same rules for ``fn`` as
-    ``graph_median_ms``."""
+    over the calls. Host backends: ``calls`` direct calls timed by ``median_ms``. Same rules for ``fn`` as
+    ``graph_median_ms`` (which is this with one call)."""
+    def all_calls():
+        for _ in range(calls):
+            fn()
+
+    if kd.backend.name != "cuda":
+        return 1e3 * median_ms(all_calls, reps, warmup) / calls
     for _ in range(warmup):
         fn()
     sync()
-    if kd.backend.name != "cuda":
-        t = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        return 1e6 * (time.perf_counter() - t) / calls
     stream = kd.backend.stream
     stream.begin_capture()
     try:
-        for _ in range(calls):
-            fn()
+        all_calls()
     finally:
         graph = stream.end_capture()
     return 1e3 * median_ms(lambda: graph.launch(stream), reps, 2) / calls
