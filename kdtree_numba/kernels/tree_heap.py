@@ -14,6 +14,13 @@ HEAP_POPS_PER_LEVEL (6) x ``depth_bound``, an upper bound on the depth read off 
 against depth 1's budget-th log-prob); the level loop otherwise. TreeBuilder modes LEVELS / HEAP force either
 (tests).
 
+Two loops, numbered variants: ``_heap_nodes`` (VARIANT 1, above, measured) and ``_heap_lanes`` (VARIANT 2; TreeBuilder
+mode LANES), which keeps the frontier sorted across the 32 lanes - lane j holds the j-th node in pop order - so a
+pop is lane 0's node and its two pushes land by two ballots and one gather, where the first loop pays a scan of the
+slots, a 5-step butterfly (~5 dependent shuffle round trips) and lane 0's serial slot bookkeeping per pop. Both
+build the reference's tree bit for bit (tests); VARIANT picks the one every build runs, and stays 1 until a GPU
+measurement (bench_tree's second table, ab_replay) says the second pays.
+
 Shapes: the request's log-prob rows ``lp_req`` [L * K] float32 (each row sorted descending), staged into the build
 kernel's shared ``lp_rows`` (ROW_FLOATS floats); the node table (``tree_build._node_table``) receives the popped
 nodes at entries 0 .. n - 1 in pop order. Thread mapping: warp 0 of the build kernel's block; the other warps wait
@@ -26,11 +33,13 @@ from numba import cuda, float64, int32, uint32
 
 from ._intrinsics import SIM
 from .primitives import FULL
-from .tree_order import _tuple_less
+from .tree_order import _leaf_tuple_less, _tuple_less
 
 HEAP_BUDGET = 64          # budgets up to this (K > 1): warp 0 may run the heap itself (``_heap_nodes``)
 HEAP_POPS_PER_LEVEL = 6   # mode 0 runs the heap when budget <= this x depth_bound: a level of the loop costs ~6-7
                           # heap pops (H200: ~0.95 us a pop, ~6-7 us a level; module docstring)
+VARIANT = 1               # the heap loop a build runs: 1 _heap_nodes (a scan and a butterfly a pop; measured),
+                          # 2 _heap_lanes (the frontier sorted across the lanes; TreeBuilder mode LANES forces it)
 ROW_FLOATS = 2048         # the build kernel's staged-row buffer (tree_build's lp_rows: 2 rows of MAX_BUDGET = 1024)
 
 
@@ -96,6 +105,26 @@ def _heap_pays(lp_req, L, K, B, scratch):
 
 if SIM:
     @cuda.jit(device=True)
+    def _lane_read(v, src, buf):
+        """Lane src's v (src may differ by lane): the simulator's stand-in of one shfl through shared ``buf``."""
+        cuda.syncthreads()
+        buf[cuda.threadIdx.x] = v
+        cuda.syncthreads()
+        return buf[src]
+
+    @cuda.jit(device=True)
+    def _lane_mask(pred, buf):
+        """Bit l set where lane l's pred holds: the simulator's stand-in of one ballot through shared ``buf``."""
+        cuda.syncthreads()
+        buf[cuda.threadIdx.x] = int32(1 if pred else 0)
+        cuda.syncthreads()
+        m = uint32(0)
+        for j in range(32):
+            if buf[j] != 0:
+                m |= uint32(1) << uint32(j)
+        return m
+
+    @cuda.jit(device=True)
     def _warp_sync():
         """The warp's lanes meet (the simulator's block is that one warp)."""
         cuda.syncthreads()
@@ -119,6 +148,16 @@ if SIM:
         cuda.syncthreads()
         return bw, be
 else:
+    @cuda.jit(device=True)
+    def _lane_read(v, src, buf):
+        """Lane src's v (src may differ by lane: a gather): one shfl (two for a float64). buf: the simulator's."""
+        return cuda.shfl_sync(FULL, v, src)
+
+    @cuda.jit(device=True)
+    def _lane_mask(pred, buf):
+        """Bit l set where lane l's pred holds: one ballot. buf: the simulator's."""
+        return uint32(cuda.ballot_sync(FULL, pred))
+
     @cuda.jit(device=True)
     def _warp_sync():
         """The warp's lanes meet; their shared and global writes before it are seen after it."""
@@ -145,6 +184,22 @@ def _heap_lp(lp_rows, W, d, r):
     """lp[d][r] from the staged rows (row d at d W of the flat ROW_FLOATS buffer, 2 x 1024 floats)."""
     i = uint32(d * W + r)
     return lp_rows[i >> uint32(10), i & uint32(1023)]
+
+
+@cuda.jit(device=True)
+def _stage_rows(lp_req, lp_rows, L, K, B):
+    """Every thread: the L rows' first W = min(K, B + 1) log-probs into the shared ``lp_rows`` (what a pop reads:
+    a popped node's rank is below B, so a sibling's at most B), then a barrier. Returns W."""
+    tid = uint32(cuda.threadIdx.x)
+    nt = uint32(cuda.blockDim.x)
+    W = min(K, uint32(B + uint32(1)))
+    i = tid
+    while i < uint32(L * W):
+        d = i // W
+        lp_rows[i >> uint32(10), i & uint32(1023)] = lp_req[d * K + (i - d * W)]
+        i = uint32(i + nt)
+    cuda.syncthreads()
+    return W
 
 
 @cuda.jit(device=True)
@@ -178,14 +233,7 @@ def _heap_nodes(lp_req, lp_rows, L, K, B, nodes, fw, fdepth, frank, fparent, fbu
     Example (tree_build's module docstring's, L = 2, K = 2, budget 3): pops (0) -0.1 [frontier: (1) -2.5, (0,0) -0.3],
     (0,0) -0.3 [(1) -2.5, (0,1) -1.9], (0,1) -1.9 -> the same three nodes as the level loop."""
     tid = uint32(cuda.threadIdx.x)
-    nt = uint32(cuda.blockDim.x)
-    W = min(K, uint32(B + uint32(1)))
-    i = tid
-    while i < uint32(L * W):
-        d = i // W
-        lp_rows[i >> uint32(10), i & uint32(1023)] = lp_req[d * K + (i - d * W)]
-        i = uint32(i + nt)
-    cuda.syncthreads()
+    W = _stage_rows(lp_req, lp_rows, L, K, B)
     w, depth, rank, parent, rparent, rdepth = nodes
     if tid < uint32(32):
         lane = tid
@@ -239,6 +287,116 @@ def _heap_nodes(lp_req, lp_rows, L, K, B, nodes, fw, fdepth, frank, fparent, fbu
                 nf = uint32(nf + uint32(1))
             n = uint32(n + uint32(1))
             _warp_sync()
+        if lane == 0:
+            count[0] = n
+    cuda.syncthreads()
+    return uint32(count[0])
+
+
+# ------------------------------------------------------------------------------------------------ v2: sorted lanes
+@cuda.jit(device=True)
+def _pack(d, rk, p):
+    """A frontier node in one int32: depth << 16 | rank << 8 | (tree parent's entry + 1); rank and parent + 1 are at
+    most B <= HEAP_BUDGET < 256. -1: no node. Example: _pack(2, 1, 0) = 0x20101."""
+    return int32((int32(d) << int32(16)) | (int32(rk) << int32(8)) | int32(p + 1))
+
+
+@cuda.jit(device=True)
+def _pops_first(wx, kx, wy, ky, depth, parent, rank):
+    """Frontier node x (weight wx, packed kx) pops before y: heavier, or an equal weight and the smaller rank tuple
+    (``tree_order._leaf_tuple_less``, which walks their popped ancestors in the table)."""
+    if wx != wy:
+        return wx > wy
+    return _leaf_tuple_less(kx >> 16, (kx >> 8) & 255, (kx & 255) - 1, ky >> 16, (ky >> 8) & 255, (ky & 255) - 1,
+                            depth, parent, rank)
+
+
+@cuda.jit(device=True)
+def _heap_lanes(lp_req, lp_rows, L, K, B, nodes, fbuf, ibuf, count):
+    """``_heap_nodes`` with the frontier kept sorted across the warp's lanes: lane j holds the j-th node in pop
+    order (weight ``fw``, ``_pack``ed depth / rank / parent ``fk``), so a pop is lane 0's node - no scan, no
+    butterfly - and its pushes are inserted where they belong: every lane compares its node with the two new ones,
+    two ballots count the nodes ahead of each, and one gather (shfl from lane src) shifts the rest.
+    Why 32 lanes hold every node that matters: after pop n (n + 1 popped) B - n - 1 pops remain, so a node at
+    position >= B - n - 1 never pops (pushes only ever land ahead of it), and the frontier holds at most n + 2
+    nodes; min(n + 2, B - n - 1) <= (B + 1) / 2 <= 32 for B <= HEAP_BUDGET = 64. A node shifted past lane 31 is one
+    of those and is dropped. Ties (equal float64 weights) compare rank tuples through the popped ancestors in the
+    table (lane 0 writes the popped node at entry n, then a __syncwarp, before any lane compares).
+    The same pops as ``build_tree_ref``: the same weights (sibling (w - lp[d-1][r]) + lp[d-1][r+1], child w +
+    lp[d][0], float64 in that order) and the same order. Returns the node count (through the shared ``count``).
+    Example (L = 2, K = 2, budget 3, rows [[-0.1, -2.5], [-0.2, -1.8]]): lanes [(0) -0.1]; pop (0) -> push (1) -2.5
+    and (0,0) -0.3: (0,0) first, (1) behind it -> lanes [(0,0) -0.3, (1) -2.5]; pop (0,0) -> (0,1) -1.9 goes ahead
+    of (1) -> [(0,1), (1)]; pop (0,1): 3 nodes."""
+    W = _stage_rows(lp_req, lp_rows, L, K, B)
+    w, depth, rank, parent, rparent, rdepth = nodes
+    tid = uint32(cuda.threadIdx.x)
+    if tid < uint32(32):
+        lane = int32(tid)
+        fw = -math.inf                                   # this lane's frontier node (fk -1: none)
+        fk = int32(-1)
+        if lane == 0 and B > uint32(0) and L > uint32(0) and _heap_lp(lp_rows, W, 0, 0) > -math.inf:
+            fw = float64(_heap_lp(lp_rows, W, 0, 0))
+            fk = _pack(1, 0, -1)
+        n = uint32(0)                                    # nodes popped
+        while n < B:
+            hw = _lane_read(fw, 0, fbuf)                 # the pop: lane 0's node
+            hk = _lane_read(fk, 0, ibuf)
+            if hk < 0:
+                break
+            d = uint32(hk) >> uint32(16)
+            rk = (uint32(hk) >> uint32(8)) & uint32(255)
+            if lane == 0:
+                w[n] = hw
+                depth[n] = d
+                rank[n] = rk
+                parent[n] = int32(uint32(hk) & uint32(255)) - int32(1)
+                rparent[n] = -1
+                rdepth[n] = 1
+            _warp_sync()                                 # entry n seen by every lane's tie comparisons (a child's
+            sw = -math.inf                               # walk starts there); its next sibling (sk -1: none)
+            sk = int32(-1)
+            if rk + uint32(1) < K:
+                nxt = _heap_lp(lp_rows, W, d - uint32(1), rk + uint32(1))
+                if nxt > -math.inf:
+                    sw = (hw - float64(_heap_lp(lp_rows, W, d - uint32(1), rk))) + float64(nxt)
+                    sk = int32(hk + int32(256))
+            cw = -math.inf                               # its first child (ck -1: none)
+            ck = int32(-1)
+            if d < L:
+                first = _heap_lp(lp_rows, W, d, 0)
+                if first > -math.inf:
+                    cw = hw + float64(first)
+                    ck = _pack(d + uint32(1), 0, n)
+            aw = sw                                      # a: the first of the two in pop order, b: the other
+            ak = sk
+            bw = cw
+            bk = ck
+            if sk < 0 or (ck >= 0 and _pops_first(cw, ck, sw, sk, depth, parent, rank)):
+                aw = cw
+                ak = ck
+                bw = sw
+                bk = sk
+            behind = lane > 0 and fk >= 0                # lanes 1.. hold the nodes left after the pop
+            ma = _lane_mask(behind and ak >= 0 and _pops_first(fw, fk, aw, ak, depth, parent, rank), ibuf)
+            mb = _lane_mask(behind and bk >= 0 and _pops_first(fw, fk, bw, bk, depth, parent, rank), ibuf)
+            pa = int32(cuda.popc(ma)) if ak >= 0 else int32(64)             # a's new lane
+            pb = int32(cuda.popc(mb) + 1) if bk >= 0 else int32(64)         # b's (after a)
+            src = int32(lane + int32(1) - int32(lane > pa) - int32(lane > pb))   # whose node moves to this lane
+            gw = _lane_read(fw, min(src, int32(31)), fbuf)
+            gk = _lane_read(fk, min(src, int32(31)), ibuf)
+            if lane == pa:
+                fw = aw
+                fk = ak
+            elif lane == pb:
+                fw = bw
+                fk = bk
+            elif src > int32(31):
+                fw = -math.inf
+                fk = int32(-1)
+            else:
+                fw = gw
+                fk = gk
+            n = uint32(n + uint32(1))
         if lane == 0:
             count[0] = n
     cuda.syncthreads()

@@ -32,6 +32,32 @@ def _tuple_less(x, y, depth, parent, rank):
 
 
 @cuda.jit(device=True)
+def _leaf_tuple_less(dx, rx, px, dy, ry, py, depth, parent, rank):
+    """Rank tuple of x < that of y, for nodes not in the table: each given by its depth, its rank and its parent's
+    table entry (-1: a depth-1 node), only their ancestors in the table. ``_tuple_less``'s walk, one step up
+    first. Example: x = (0, 1) (depth 2, rank 1, parent entry 0 = node (0,)), y = (1,) (depth 1, rank 1, parent -1):
+    x climbs to (0,), rank 0 < 1 -> True."""
+    ox = dx
+    oy = dy
+    while dx > dy:
+        rx = rank[px]
+        px = parent[px]
+        dx -= 1
+    while dy > dx:
+        ry = rank[py]
+        py = parent[py]
+        dy -= 1
+    if px == py and rx == ry:                # one is the other or its ancestor: the shorter tuple first
+        return ox < oy
+    while px != py:
+        rx = rank[px]
+        px = parent[px]
+        ry = rank[py]
+        py = parent[py]
+    return rx < ry
+
+
+@cuda.jit(device=True)
 def _key_less(x, y, nodes):
     """Heap key of x < key of y: heavier first, equal weights by rank tuple."""
     w, depth, rank, parent, rparent, rdepth = nodes
