@@ -328,7 +328,7 @@ def _heap_lanes(lp_req, lp_rows, L, K, B, nodes, fbuf, ibuf, count):
     and (0,0) -0.3: (0,0) first, (1) behind it -> lanes [(0,0) -0.3, (1) -2.5]; pop (0,0) -> (0,1) -1.9 goes ahead
     of (1) -> [(0,1), (1)]; pop (0,1): 3 nodes."""
     W = _stage_rows(lp_req, lp_rows, L, K, B)
-    w, depth, rank, parent, rparent, rdepth = nodes
+    w, depth, rank, parent, _, _ = nodes
     tid = uint32(cuda.threadIdx.x)
     if tid < uint32(32):
         lane = int32(tid)
@@ -345,13 +345,11 @@ def _heap_lanes(lp_req, lp_rows, L, K, B, nodes, fbuf, ibuf, count):
                 break
             d = uint32(hk) >> uint32(16)
             rk = (uint32(hk) >> uint32(8)) & uint32(255)
-            if lane == 0:
-                w[n] = hw
+            if lane == 0:                                # what _write_outputs and tie walks read (no record
+                w[n] = hw                                # parents: the level loop's)
                 depth[n] = d
                 rank[n] = rk
                 parent[n] = int32(uint32(hk) & uint32(255)) - int32(1)
-                rparent[n] = -1
-                rdepth[n] = 1
             _warp_sync()                                 # entry n seen by every lane's tie comparisons (a child's
             sw = -math.inf                               # walk starts there); its next sibling (sk -1: none)
             sk = int32(-1)
