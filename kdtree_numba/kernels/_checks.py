@@ -84,8 +84,16 @@ def device_int(value, arg: str, lo: int = 0) -> tuple:
 
     An int (>= lo) gives ``(value, zero)``; a backend int32 array of shape [1] gives ``(0, value)``, read by the
     kernel itself - so a CUDA-graph replay sees the value the previous step left there (decode/replay.py), with
-    no host read. The device part is not range-checked (that would be a host read): its producer guarantees it.
-    Example: ``device_int(7, "start") -> (7, [0])``; ``device_int(pos_dev, "start") -> (0, pos_dev)``."""
+    no host read; a pair ``(array, int)`` gives ``(int, array)``: the device value plus a host offset, added by the
+    kernel (no launch to add them first). The device part is not range-checked (that would be a host read): its
+    producer guarantees it.
+    Example: ``device_int(7, "start") -> (7, [0])``; ``device_int(pos_dev, "start") -> (0, pos_dev)``;
+    ``device_int((pos_dev, 16), "n_keys") -> (16, pos_dev)``."""
+    if isinstance(value, tuple):
+        if len(value) != 2 or not hasattr(value[0], "shape"):
+            raise TypeError(f"{arg}: expected an int, a device int32 [1] array or (array, int), got {value!r}")
+        array(value[0], arg, dtype=np.int32, shape=(1,))
+        return integer(value[1], arg), value[0]
     if hasattr(value, "shape"):
         array(value, arg, dtype=np.int32, shape=(1,))
         return 0, value
@@ -97,4 +105,11 @@ def device_int(value, arg: str, lo: int = 0) -> tuple:
 
 def host_int(value) -> int:
     """The value of a ``device_int`` argument on the host (a device read for a device array: references only)."""
+    if isinstance(value, tuple):
+        return host_int(value[0]) + int(value[1])
     return int(backend.to_host(value)[0]) if hasattr(value, "shape") else int(value)
+
+
+def on_device(value) -> bool:
+    """Whether a ``device_int`` argument has a device part (an array, or an (array, int) pair)."""
+    return hasattr(value, "shape") or isinstance(value, tuple)

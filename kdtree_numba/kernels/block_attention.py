@@ -149,7 +149,8 @@ def _block_attention_kernel(q, k, v, n_keys0, n_keys_dev, scale, bk, out):
 def block_attention(q, k, v, n_keys: int, scale: float, out=None, variant: str | None = None):
     """Non-causal GQA attention of ``q [B, Nq, D]`` over rows ``0 .. n_keys - 1`` of ``k, v [S, Nkv, D]``.
 
-    ``n_keys``: an int, or a device int32 [1] array the kernel reads (a captured DDTree round), unchecked.
+    ``n_keys``: an int, or a device int32 [1] array the kernel reads (a captured DDTree round), unchecked, or such
+    an array and an int offset as a pair (the kernel adds them: the draft's ``(start, B)``).
     ``variant``: "v1" | "v2" | None (``default_variant()``); the numpy backend runs the reference for any."""
     if variant is None:
         variant = default_variant()
@@ -181,7 +182,7 @@ def block_attention(q, k, v, n_keys: int, scale: float, out=None, variant: str |
         if B == 0:
             return out
         # every query sees rows 0 .. n_keys - 1 = start + B - 1: start = n_keys - B
-        device_keys = hasattr(n_keys, "shape")
+        device_keys = _checks.on_device(n_keys)
         return attention_v2(q, k, v, n_keys0 - B, n_keys_dev, scale, False, out, S if device_keys else n_keys0, None,
                             device_keys=device_keys)
     if Nq // Nkv > MAX_G or D > MAX_D:

@@ -16,7 +16,9 @@ whole warp). Thread j < D/2 owns the rope pair (j, j + D/2) (``_norm_rope_pair``
 it loads both values, their squares go through a block tree sum (primitives.smem_sum), then it scales and rotates
 them; the cache write stores k and copies the same two columns of v, the query kernel stores q. ``start`` is an
 int or a device int32 [1] (graph replay: the kernel reads it); rows at or past the cache's end are not written.
-Shapes: kv [T, 2 Nkv D] float32 (k heads, then v heads; strided rows allowed), w [D], positions [T] int,
+``positions=None``: token t sits at position start + t (the drafter's rows always do), computed by the kernel -
+a captured round then launches no ``start + arange`` first (an empty positions array tells the kernel so).
+Shapes: kv [T, 2 Nkv D] float32 (k heads, then v heads; strided rows allowed), w [D], positions [T] int or None,
 inv_freq [D/2] float32, k_cache / v_cache [C, Nkv, D] float32 (one layer's rows; written in place);
 y [T, Nq D] (strided rows allowed) -> q [T, Nq, D]. D even, D <= 256.
 Example: Nkv 1, D 2, w [1, 1], eps 0, kv [[3, 4, 5, 6]], position pi/2 (inv_freq [1]), start 0: k = [3, 4] scaled by
@@ -75,6 +77,12 @@ def _norm_rope_pair(x, t, col0, w, eps, position, inv_freq, amp, red):
     return rotate(a * inv * w[j], b * inv * w[j + half], c, s)
 
 
+@cuda.jit(device=True)
+def _position(positions, t, start0, start_dev):
+    """Token t's position: positions[t], or start + t when ``positions`` is empty (``positions=None``)."""
+    return positions[t] if positions.shape[0] else start0 + start_dev[0] + t
+
+
 @cuda.jit
 def _draft_kv_kernel(kv, w, eps, positions, inv_freq, amp, k_cache, v_cache, start0, start_dev):
     t = cuda.blockIdx.x
@@ -84,7 +92,7 @@ def _draft_kv_kernel(kv, w, eps, positions, inv_freq, amp, k_cache, v_cache, sta
     D = 2 * half
     n_kv = k_cache.shape[1]
     red = cuda.shared.array(MAX_HALF, float32)
-    k0, k1 = _norm_rope_pair(kv, t, g * D, w, eps, positions[t], inv_freq, amp, red)
+    k0, k1 = _norm_rope_pair(kv, t, g * D, w, eps, _position(positions, t, start0, start_dev), inv_freq, amp, red)
     row = start0 + start_dev[0] + t
     if j >= half or row >= k_cache.shape[0]:
         return
@@ -95,16 +103,34 @@ def _draft_kv_kernel(kv, w, eps, positions, inv_freq, amp, k_cache, v_cache, sta
 
 
 @cuda.jit
-def _draft_query_kernel(y, w, eps, positions, inv_freq, amp, q):
+def _draft_query_kernel(y, w, eps, positions, inv_freq, amp, q, start0, start_dev):
     t = cuda.blockIdx.x
     h = cuda.blockIdx.y
     j = cuda.threadIdx.x
     half = inv_freq.shape[0]
     red = cuda.shared.array(MAX_HALF, float32)
-    q0, q1 = _norm_rope_pair(y, t, h * 2 * half, w, eps, positions[t], inv_freq, amp, red)
+    q0, q1 = _norm_rope_pair(y, t, h * 2 * half, w, eps, _position(positions, t, start0, start_dev), inv_freq, amp,
+                             red)
     if j < half:
         q[t, h, j] = q0
         q[t, h, j + half] = q1
+
+
+_NO_POSITIONS: dict = {}      # per backend: the empty positions array that means "start + t"
+
+
+def _positions(positions, T: int, start):
+    """(positions for the reference [T] host ints, what the kernel gets): a checked ``positions [T]``, or for None
+    start + t (the kernel: an empty array, it adds start itself)."""
+    if positions is not None:
+        positions = _checks.array(positions, "positions", kinds="iu", shape=(T,))
+        return positions, positions
+    if backend.name not in _NO_POSITIONS:
+        _NO_POSITIONS[backend.name] = backend.zeros((0,), np.int32)
+    host = None
+    if backend.name == "numpy":
+        host = np.arange(T, dtype=np.int64) + _checks.host_int(start)
+    return host, _NO_POSITIONS[backend.name]
 
 
 def _pair_threads(D: int) -> int:
@@ -118,8 +144,8 @@ def _pair_threads(D: int) -> int:
 def write_draft_kv(kv, w, eps: float, positions, inv_freq, amp: float, k_cache, v_cache, start) -> None:
     """Write the k/v rows of ``kv [T, 2 Nkv D]`` (k heads, then v heads: the fused projection) into rows
     ``start .. start + T - 1`` of ``k_cache`` / ``v_cache [C, Nkv, D]``: k per-head RMS-normalised by ``w [D]`` and
-    RoPE'd at ``positions``, v as it is. ``start``: an int (checked against C) or a device int32 [1] array read
-    by the kernel (graph replay; rows past C are dropped there, unchecked)."""
+    RoPE'd at ``positions`` (None: start + t), v as it is. ``start``: an int (checked against C) or a device int32
+    [1] array read by the kernel (graph replay; rows past C are dropped there, unchecked)."""
     k_cache = _checks.array(k_cache, "k_cache", dtype=np.float32, ndim=3)
     C, n_kv, D = k_cache.shape
     v_cache = _checks.array(v_cache, "v_cache", dtype=np.float32, shape=(C, n_kv, D))
@@ -129,17 +155,17 @@ def write_draft_kv(kv, w, eps: float, positions, inv_freq, amp: float, k_cache, 
     T = kv.shape[0]
     w = _checks.array(w, "w", dtype=np.float32, shape=(D,))
     eps = _checks.real(eps, "eps", lo=0.0)
-    positions = _checks.array(positions, "positions", kinds="iu", shape=(T,))
     inv_freq = _checks.array(inv_freq, "inv_freq", dtype=np.float32, shape=(D // 2,))
     amp = _checks.real(amp, "amp", lo=0.0, lo_open=True)
     start0, start_dev = _checks.device_int(start, "start")
     if not hasattr(start, "shape") and start0 + T > C:
         raise ValueError(f"start: rows {start0}..{start0 + T - 1} exceed the cache's {C} rows")
+    host_positions, positions = _positions(positions, T, start)
     if T == 0:
         return
     if backend.name == "numpy":
         s = _checks.host_int(start)
-        k, v = draft_kv_ref(kv, w, eps, positions, inv_freq, amp)                   # [T, Nkv, D] each
+        k, v = draft_kv_ref(kv, w, eps, host_positions, inv_freq, amp)              # [T, Nkv, D] each
         keep = min(T, C - s)
         k_cache[s:s + keep] = k[:keep]
         v_cache[s:s + keep] = v[:keep]
@@ -149,9 +175,10 @@ def write_draft_kv(kv, w, eps: float, positions, inv_freq, amp: float, k_cache, 
                    np.float32(eps), positions, inv_freq, np.float32(amp), k_cache, v_cache, start0, start_dev)
 
 
-def draft_query(y, w, eps: float, positions, inv_freq, amp: float, out=None):
+def draft_query(y, w, eps: float, positions, inv_freq, amp: float, out=None, start=0):
     """The block's query ``q [T, Nq, D]`` from its projection ``y [T, Nq D]`` (a column view of the fused
-    ``[q; k; v]`` product is fine): per-head RMSNorm by ``w [D]`` (``q_norm``), then RoPE at ``positions``."""
+    ``[q; k; v]`` product is fine): per-head RMSNorm by ``w [D]`` (``q_norm``), then RoPE at ``positions``, or for
+    ``positions=None`` at start + t (``start``: an int or a device int32 [1] array the kernel reads)."""
     w = _checks.array(w, "w", dtype=np.float32, ndim=1)
     D = w.shape[0]
     if D % 2 or D // 2 > MAX_HALF:
@@ -161,15 +188,16 @@ def draft_query(y, w, eps: float, positions, inv_freq, amp: float, out=None):
     if cols % D:
         raise ValueError(f"y: expected a multiple of the head dim {D} columns, got shape {tuple(y.shape)}")
     eps = _checks.real(eps, "eps", lo=0.0)
-    positions = _checks.array(positions, "positions", kinds="iu", shape=(T,))
     inv_freq = _checks.array(inv_freq, "inv_freq", dtype=np.float32, shape=(D // 2,))
     amp = _checks.real(amp, "amp", lo=0.0, lo_open=True)
     out = _checks.out_array(out, "out", (T, cols // D, D), np.float32)
+    start0, start_dev = _checks.device_int(start, "start")
+    host_positions, positions = _positions(positions, T, start)
     if backend.name == "numpy":
-        out[...] = draft_query_ref(y, w, eps, positions, inv_freq, amp)
+        out[...] = draft_query_ref(y, w, eps, host_positions, inv_freq, amp)
         return out
     if T and cols:
         threads = _pair_threads(D)
         backend.launch(_draft_query_kernel, (T, cols // D), backend.block_size(max(threads, 32), threads), y, w,
-                       np.float32(eps), positions, inv_freq, np.float32(amp), out)
+                       np.float32(eps), positions, inv_freq, np.float32(amp), out, start0, start_dev)
     return out

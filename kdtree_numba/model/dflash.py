@@ -220,7 +220,6 @@ class DFlashDrafter(Drafter):
             self.inv_freq = dev(inv_freq)
         self._k = self._v = None
         self._block_ids = None               # [B] device: root + MASKs of the captured draft (reserve)
-        self._iota = None                    # [B] device: 0 .. B - 1, a captured round's row offsets (reserve)
         self.length = 0                      # committed context rows in the draft cache
 
     @classmethod
@@ -296,21 +295,14 @@ class DFlashDrafter(Drafter):
             self._reserve(rows)
             if self._block_ids is None:
                 self._block_ids = backend.full((self.config.block_size,), self.config.mask_token_id, np.int32)
-                self._iota = backend.asarray(np.arange(self.config.block_size, dtype=np.int32))
 
-    def _offsets(self, n: int):
-        """``0 .. n - 1`` (device int32): a slice of the one made by ``reserve`` when it is long enough (no launch in
-        a captured round), else a new ``arange``."""
-        if self._iota is not None and n <= self._iota.shape[0]:
-            return self._iota[:n]
-        return backend.xp.arange(n, dtype=np.int32)
-
-    def _kv(self, i: int, L: dict, kv, positions, start) -> None:
+    def _kv(self, i: int, L: dict, kv, start) -> None:
         """Rows ``start .. start + T - 1`` of layer i's cache from the k/v projection ``kv [T, 2 Nkv D]`` (a column
-        view of the fused product is fine): k = RoPE(k_norm(k)), v as it is, one launch (kernels/draft_kv.py).
-        ``start`` may be a device int32 [1] (graph replay: read by the kernel)."""
+        view of the fused product is fine): k = RoPE(k_norm(k)) at the rows' positions, v as it is, one launch
+        (kernels/draft_kv.py). ``start`` may be a device int32 [1] (graph replay: read by the kernel, which also
+        adds it to the row offsets for RoPE - no launch to make positions)."""
         c = self.config
-        draft_kv.write_draft_kv(kv, L["k_norm"], c.rms_norm_eps, positions, self.inv_freq, self.rope_amp,
+        draft_kv.write_draft_kv(kv, L["k_norm"], c.rms_norm_eps, None, self.inv_freq, self.rope_amp,
                                 self._k[i], self._v[i], start)
 
     def observe(self, features, start: int) -> None:
@@ -325,7 +317,7 @@ class DFlashDrafter(Drafter):
             if T == 0:
                 return
             self._reserve(start + T + c.block_size)
-            self._context_rows(feats, start, backend.asarray(np.arange(start, start + T, dtype=np.int32)))
+            self._context_rows(feats, start)
             self.length = start + T
 
     def observe_at(self, features, start) -> None:
@@ -333,15 +325,14 @@ class DFlashDrafter(Drafter):
         ``features [M, n_feat*H]`` are written from start; rows past the accepted ones are overwritten by the next
         round's (the caller keeps the true length). Call ``reserve`` first; ``length`` is not updated."""
         with backend.use(self.target.backend):
-            positions = start + self._offsets(features.shape[0])                           # [M] on the device
-            self._context_rows(features, start, positions)
+            self._context_rows(features, start)
 
-    def _context_rows(self, feats, start, positions) -> None:
+    def _context_rows(self, feats, start) -> None:
         c = self.config
         ctx = rmsnorm.rmsnorm(gemm.linear(feats, self.w["fc.weight"]), self.w["hidden_norm.weight"],
                               c.rms_norm_eps)                                               # [T, H]
         for i, L in enumerate(self.layers):
-            self._kv(i, L, gemm.linear(ctx, L["kv"]), positions, start)                      # [T, 2 Nkv D]
+            self._kv(i, L, gemm.linear(ctx, L["kv"]), start)                                 # [T, 2 Nkv D]
 
     # ------------------------------------------------------------------------------------------ the draft
     def draft(self, context, root: int):
@@ -355,8 +346,7 @@ class DFlashDrafter(Drafter):
             self._reserve(start + B)
             ids = np.full(B, c.mask_token_id, np.int32)
             ids[0] = root
-            positions = backend.asarray(np.arange(start, start + B, dtype=np.int32))
-            return self._block(backend.asarray(ids), positions, start, start + B)
+            return self._block(backend.asarray(ids), start, start + B)
 
     def draft_at(self, root, start):
         """``draft`` with the root token and the context length as device int32 [1] arrays (no host read: a
@@ -364,20 +354,20 @@ class DFlashDrafter(Drafter):
         with backend.use(self.target.backend):
             ids = self._block_ids                                                            # [B] root, MASK..
             ids[:1] = root
-            positions = start + self._offsets(self.config.block_size)                      # [B]
-            return self._block(ids, positions, start, start + self.config.block_size)
+            return self._block(ids, start, (start, self.config.block_size))               # keys: start + B
 
-    def _block(self, ids, positions, start, n_keys):
-        """The block's forward: ids [B] (device) at ``positions`` attending to ``n_keys`` cache rows."""
+    def _block(self, ids, start, n_keys):
+        """The block's forward: ids [B] (device) at positions start .. start + B - 1 attending to ``n_keys`` cache
+        rows (an int, or ``(start, B)`` with a device start: the attention kernel adds them)."""
         c = self.config
         B, Nq, D = c.block_size, c.num_attention_heads, c.head_dim
         h = embedding.embed(self.target.w["embed"], ids, check=False)                        # [B, H]
         for i, L in enumerate(self.layers):
             x = rmsnorm.rmsnorm(h, L["in_norm"], c.rms_norm_eps)
             y = gemm.linear(x, L["qkv"])                                                     # [B, (Nq+2Nkv) D]
-            q = draft_kv.draft_query(y[:, :Nq * D], L["q_norm"], c.rms_norm_eps, positions, self.inv_freq,
-                                     self.rope_amp)                                          # [B, Nq, D]
-            self._kv(i, L, y[:, Nq * D:], positions, start)    # the block's rows, after the context (uncommitted)
+            q = draft_kv.draft_query(y[:, :Nq * D], L["q_norm"], c.rms_norm_eps, None, self.inv_freq,
+                                     self.rope_amp, start=start)                             # [B, Nq, D]
+            self._kv(i, L, y[:, Nq * D:], start)               # the block's rows, after the context (uncommitted)
             o = block_attention.block_attention(q, self._k[i], self._v[i], n_keys, self.scale)
             gemm.linear(o.reshape(B, Nq * D), L["o"], out=h, accumulate=True)                # h += o W_o^T
             y = rmsnorm.rmsnorm(h, L["post_norm"], c.rms_norm_eps)

@@ -36,6 +36,23 @@ def test_matches_reference(variant, B, Nq, Nkv, D, S, n_keys):
                                else 1e-5)
 
 
+@pytest.mark.parametrize("variant", ["v1", "v2"])
+def test_device_keys_with_a_host_offset(variant):
+    """n_keys = (device start, B): the kernel adds the two (the captured draft's start + B, no launch first); the
+    same output as n_keys = start + B, rows past it never read."""
+    rng = np.random.default_rng(3)
+    B, Nq, Nkv, D, start = 16, 4, 2, 8, 21
+    q = rng.standard_normal((B, Nq, D)).astype(np.float32)
+    k = rng.standard_normal((48, Nkv, D)).astype(np.float32)
+    v = rng.standard_normal((48, Nkv, D)).astype(np.float32)
+    k[start + B:] = np.nan
+    v[start + B:] = np.nan
+    out = ba.block_attention(q, k, v, (kd.backend.full((1,), start, np.int32), B), 0.3, variant=variant)
+    np.testing.assert_allclose(H(out), ba.block_attention_ref(q, k, v, start + B, 0.3), rtol=1e-4, atol=1e-4)
+    with pytest.raises(TypeError, match=r"n_keys: expected an int, a device int32 \[1\] array or \(array, int\)"):
+        ba.block_attention(q, k, v, (start, B), 0.3, variant=variant)
+
+
 def test_non_causal_and_grouped():
     """Every query sees every key (the first query too), and heads of one kv group read the same rows."""
     rng = np.random.default_rng(7)

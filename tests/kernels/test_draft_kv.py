@@ -57,6 +57,24 @@ def test_device_start_is_read_by_the_kernel_and_rows_past_the_cache_are_dropped(
     assert np.isnan(H(kc)[:3]).all()
 
 
+@pytest.mark.parametrize("device_start", [False, True])
+def test_no_positions_means_start_plus_t(device_start):
+    """positions=None: token t at position start + t, what the drafter's rows always are - the kernels add start
+    themselves (a captured round launches no start + arange); the same rows and query as the explicit positions."""
+    T, n_kv, D, start = 3, 2, 8, 5
+    kv, w, _, inv = _inputs(T, n_kv, D, seed=11)
+    pos = np.arange(start, start + T, dtype=np.int32)
+    s = kd.backend.full((1,), start, np.int32) if device_start else start
+    kc, vc = poisoned((start + T, n_kv, D)), poisoned((start + T, n_kv, D))
+    draft_kv.write_draft_kv(kv, w, 1e-6, None, inv, 1.3, kc, vc, s)
+    k, v = draft_kv.draft_kv_ref(kv, w, 1e-6, pos, inv, 1.3)
+    np.testing.assert_allclose(H(kc)[start:], k, rtol=2e-6, atol=2e-6)
+    np.testing.assert_array_equal(H(vc)[start:], v)
+    q = draft_kv.draft_query(kv[:, :n_kv * D], w, 1e-6, None, inv, 1.3, start=s)
+    np.testing.assert_allclose(H(q), draft_kv.draft_query_ref(kv[:, :n_kv * D], w, 1e-6, pos, inv, 1.3), rtol=2e-6,
+                               atol=2e-6)
+
+
 @pytest.mark.parametrize("change,msg", [
     (dict(start=4), r"start: rows 4\.\.6"),
     (dict(kv=np.zeros((3, 12), np.float32)), r"kv: expected shape \(\*, 16\)"),

@@ -193,18 +193,21 @@ def test_forward_hiddens_are_the_drafter_features_side_by_side(pair, numpy_backe
         target.hidden_states(PROMPT, (0, n))                    # the same check, naming hidden_states' argument
 
 
-def test_a_reserved_drafter_reuses_its_row_offsets(pair, numpy_backend):
-    """After ``reserve`` a captured round's positions (start + 0 .. B - 1) read one array made then: no arange
-    launch per round; a longer run (a prefill's rows) gets a new one."""
+def test_device_state_drafts_what_host_ints_draft(pair, numpy_backend):
+    """observe_at / draft_at - start and root as int32 [1] arrays, a captured round's way; the kernels add start to
+    the row offsets for RoPE and B to start for the key count, so no launch makes positions first - give observe /
+    draft's logits (draft_logits' path)."""
     target, model, path = pair
+    want = kd.load_drafter(path, target).draft_logits(PROMPT, 13)
     d = kd.load_drafter(path, target)
-    B = d.config.block_size
-    d.reserve(64)
-    for m in (1, B):
-        o = d._offsets(m)
-        assert np.shares_memory(o, d._iota) and o.tolist() == list(range(m))
-    o = d._offsets(B + 3)
-    assert not np.shares_memory(o, d._iota) and o.tolist() == list(range(B + 3))
+    d.reserve(len(PROMPT) + 20)
+    _, hid = target.forward(np.asarray(PROMPT, np.int32), target.new_cache(len(PROMPT)), 0,
+                            hidden_layers=d.feature_layers, check_ids=False)
+    start = np.zeros(1, np.int32)
+    d.observe_at(concat_features(hid, d.feature_layers), start)
+    start[0] = len(PROMPT)
+    got = d.draft_at(np.full(1, 13, np.int32), start)
+    np.testing.assert_array_equal(got, want)
 
 
 def test_load_drafter_needs_the_target_it_reads(numpy_backend):
