@@ -4,7 +4,7 @@ graph and replayed, so a round costs its kernels' device time plus one small hos
 The round's inputs live in three device int32 [1] arrays (the *state*), never in launch arguments:
 
     start  the committed length = the root's position (its cache row)
-    root   the root token (the last bonus token)
+    root   the root token (the last bonus token); it is the verify ids' first slot, so the verify copies no root
     round  the round number, from 1 = the sampler's RNG stream for the accept stage (as ``ddtree.py`` numbers it)
 
     draft    logits = drafter.draft_at(root, start)                               [L, V]  (DFlash: device-side)
@@ -77,7 +77,7 @@ class _RoundProgram(Program):
         drafter.reserve(rows + L + 1)                                       # + the padded path's rows
         self.s = _RoundState(L, K, budget, rows)
         self.start = backend.empty((1,), np.int32)                          # state [1] each
-        self.root = backend.empty((1,), np.int32)
+        self.root = self.s.verify_ids[:1]                                   # the verify's first id: no copy
         self.round = backend.empty((1,), np.int32)
         self.r: dict = {}                                                   # arrays passed from stage to stage
         self.stages = [self._draft, self._topk, self._build, self._verify, self._accept, self._compact]
@@ -142,8 +142,7 @@ class _RoundProgram(Program):
 
     def _verify(self):
         tree, s, B = self.r["tree"], self.s, self.budget
-        s.verify_ids[:1] = self.root
-        s.verify_ids[1:] = tree.tokens[0, :B]
+        s.verify_ids[1:] = tree.tokens[0, :B]                             # [0] is the root (self.root)
         depth = tree.path_depth[0, :B + 1]                                                       # [B + 1]
         self.r["logits"], self.r["hid"] = self.target.forward(
             s.verify_ids, self.cache, self.start, check_ids=False, hidden_layers=self.drafter.feature_layers,
