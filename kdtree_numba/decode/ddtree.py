@@ -57,8 +57,7 @@ def ddtree(target, prompt: np.ndarray, max_new_tokens: int, drafter, budget: int
         stamp(clock, i, 2)
         tree = s.builder.build(lp[None], ids[None]) if budget else s.empty_tree
         stamp(clock, i, 3)
-        s.verify_ids[0] = root                                                                 # 3. verify
-        s.verify_ids[1:] = tree.tokens[0, :budget]
+        s.verify_ids[0] = root                                 # 3. verify (the tokens: the build wrote them there)
         depth = tree.path_depth[0, :budget + 1]
         logits, hid = target.forward(s.verify_ids, cache, start, check_ids=False, hidden_layers=feats,
                                      tree=TreeInput(start + depth, tree.paths[0, :budget + 1], depth, L))
@@ -123,7 +122,7 @@ class _RoundState:
         self.lp, self.ids = e((L, K), np.float32), e((L, K), np.int32)
         self.builder = tree_build.TreeBuilder(1, L, K, budget)
         self.acceptor = tree_accept.Acceptor(L, budget)
-        self.verify_ids = e((budget + 1,), np.int32)
+        self.verify_ids = self.builder.verify_ids(0)           # [budget + 1]: the root's slot, then the tree's tokens
         self.empty_tree = self.builder.out
         if budget == 0:
             o = self.empty_tree

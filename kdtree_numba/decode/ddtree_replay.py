@@ -4,7 +4,8 @@ graph and replayed, so a round costs its kernels' device time plus one small hos
 The round's inputs live in three device int32 [1] arrays (the *state*), never in launch arguments:
 
     start  the committed length = the root's position (its cache row)
-    root   the root token (the last bonus token); it is the verify ids' first slot, so the verify copies no root
+    root   the root token (the last bonus token); the verify ids' first slot, the tree's tokens after it (the
+           build writes them there): the verify's ids are copied from nowhere
     round  the round number, from 1 = the sampler's RNG stream for the accept stage (as ``ddtree.py`` numbers it)
 
     draft    logits = drafter.draft_at(root, start)                               [L, V]  (DFlash: device-side)
@@ -142,7 +143,6 @@ class _RoundProgram(Program):
 
     def _verify(self):
         tree, s, B = self.r["tree"], self.s, self.budget
-        s.verify_ids[1:] = tree.tokens[0, :B]                             # [0] is the root (self.root)
         depth = tree.path_depth[0, :B + 1]                                                       # [B + 1]
         self.r["logits"], self.r["hid"] = self.target.forward(
             s.verify_ids, self.cache, self.start, check_ids=False, hidden_layers=self.drafter.feature_layers,

@@ -990,7 +990,8 @@ class TreeBuilder:
         self.itab = e((2, N_FIELDS, R, tab), np.int32)         # [copy, field (DEPTH ..), request, entry]
         self.scratch = e((2, R, max(tab, sort_cap)), np.int32)  # node map, sort buffer
         B1 = max(budget, 1)
-        self.out_i = e((3, R, B1), np.int32)                   # tokens, depth, parent
+        self._rows = e((3, R, B1 + 1), np.int32)               # tokens, depth, parent: slot 0 the caller's, B1 nodes
+        self.out_i = self._rows[:, :, 1:]                      # what the kernel writes [3, R, B1] (a view)
         self.out = DeviceTrees(self.out_i[0], self.out_i[1], self.out_i[2], e((R, B1), np.float64),
                                e((R, B1 + 1, L + 1), np.int32), e((R, B1 + 1), np.int32), e((R,), np.int32))
         self.stats = backend.zeros((R, 1 + 2 * L), np.int32)       # overflow, candidates per depth, probes per depth
@@ -998,6 +999,12 @@ class TreeBuilder:
         self.candidates = self.stats[:, 1:L + 1]
         self.probes = self.stats[:, L + 1:]
         self._paths_flat = self.out.paths.reshape(R, -1)       # the kernel writes paths as flat rows (a view)
+
+    def verify_ids(self, r: int = 0):
+        """Request r's ``[slot 0, the B nodes' tokens]`` [B + 1] int32 (a view): slot 0 is free for the caller - the
+        decode loop keeps the root there, so the verify's ids ``[root, tree tokens]`` are this row, copied from
+        nowhere. Example: budget 3, root 7 written to slot 0, a build of tokens [4, 9, 2] -> [7, 4, 9, 2]."""
+        return self._rows[0, r, :self.B + 1]
 
     def build(self, lp, ids) -> DeviceTrees:
         """Launch the build for ``lp, ids [R, L, K]`` (no host sync); ``self.overflow`` flags a too-small capacity."""
