@@ -60,7 +60,7 @@ def ddtree(target, prompt: np.ndarray, max_new_tokens: int, drafter, budget: int
         s.verify_ids[0] = root                                 # 3. verify (the tokens: the build wrote them there)
         depth = tree.path_depth[0, :budget + 1]
         logits, hid = target.forward(s.verify_ids, cache, start, check_ids=False, hidden_layers=feats,
-                                     tree=TreeInput(start + depth, tree.paths[0, :budget + 1], depth, L))
+                                     tree=TreeInput(None, tree.paths[0, :budget + 1], depth, L))   # at start + depth
         stamp(clock, i, 4)
         s.acceptor.run(logits, tree.tokens[0], tree.parent[0], tree.n[:1], temperature, seed, i + 1)
         result = backend.to_host(s.acceptor.result)                                           # 4. accept

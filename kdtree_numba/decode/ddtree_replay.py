@@ -146,7 +146,7 @@ class _RoundProgram(Program):
         depth = tree.path_depth[0, :B + 1]                                                       # [B + 1]
         self.r["logits"], self.r["hid"] = self.target.forward(
             s.verify_ids, self.cache, self.start, check_ids=False, hidden_layers=self.drafter.feature_layers,
-            tree=TreeInput(self.start + depth, tree.paths[0, :B + 1], depth, self.L))
+            tree=TreeInput(None, tree.paths[0, :B + 1], depth, self.L))      # rope at start + depth: no add
 
     def _accept(self):
         tree = self.r["tree"]

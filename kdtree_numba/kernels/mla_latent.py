@@ -44,7 +44,7 @@ def latent_rows_ref(ckv, w, eps: float, positions, inv_freq, amp: float = 1.0) -
 
 
 @cuda.jit
-def _latent_kernel(ckv, w, eps, positions, inv_freq, amp, cache, start0, start_dev):
+def _latent_kernel(ckv, w, eps, positions, inv_freq, amp, cache, start0, start_dev, base0, base_dev):
     t = cuda.blockIdx.x
     lkv = w.shape[0]
     half = inv_freq.shape[0]
@@ -57,17 +57,19 @@ def _latent_kernel(ckv, w, eps, positions, inv_freq, amp, cache, start0, start_d
     inv = float32(1.0) / float32(math.sqrt(ssq / float32(lkv) + eps))
     write_scaled_row(ckv, t, buf, w, inv, cache, row, lkv)
     j = cuda.threadIdx.x
+    position = base0 + base_dev[0] + positions[t]
     while j < half:                                  # rope pair j: (j, j + R/2)
-        c, s = cos_sin(positions[t], inv_freq[j], amp)
+        c, s = cos_sin(position, inv_freq[j], amp)
         cache[row, lkv + j], cache[row, lkv + j + half] = rotate(ckv[t, lkv + j], ckv[t, lkv + j + half], c, s)
         j += cuda.blockDim.x
 
 
-def write_latent(ckv, w, eps: float, positions, inv_freq, amp: float, cache, start) -> None:
+def write_latent(ckv, w, eps: float, positions, inv_freq, amp: float, cache, start, base=0) -> None:
     """Write ``[rmsnorm(ckv[:, :Lkv], w) ; rope(ckv[:, Lkv:])]`` into ``cache`` rows ``start .. start + T - 1``
     (``cache [C, Lkv + R]``: one layer's rows, a contiguous view; ``ckv`` may be a strided view, e.g. the kv_a
-    columns of the fused q_a / kv_a projection). ``start``: an int (checked against C) or a
-    device int32 [1] array read by the kernel (graph replay; rows past C are dropped there, unchecked)."""
+    columns of the fused q_a / kv_a projection), RoPE at ``base + positions``. ``start`` / ``base``: ints (start
+    checked against C) or device int32 [1] arrays read by the kernel (graph replay; rows past C are dropped
+    there, unchecked; a tree verify's base is its start, its positions the depths: no add launch)."""
     ckv = _checks.array(ckv, "ckv", dtype=np.float32, ndim=2, strided=True)
     T, width = ckv.shape
     w = _checks.array(w, "w", dtype=np.float32, ndim=1)
@@ -82,15 +84,17 @@ def write_latent(ckv, w, eps: float, positions, inv_freq, amp: float, cache, sta
     amp = _checks.real(amp, "amp", lo=0.0, lo_open=True)
     cache = _checks.array(cache, "cache", dtype=np.float32, shape=(None, width))
     start0, start_dev = _checks.device_int(start, "start")
+    base0, base_dev = _checks.device_int(base, "base")
     if not hasattr(start, "shape") and start0 + T > cache.shape[0]:
         raise ValueError(f"start: rows {start0}..{start0 + T - 1} exceed the cache's {cache.shape[0]} rows")
     if T == 0:
         return
     if backend.name == "numpy":
         s = _checks.host_int(start)
-        rows = latent_rows_ref(ckv, w, eps, positions, inv_freq, amp)               # [T, Lkv + R]
+        rows = latent_rows_ref(ckv, w, eps, np.asarray(positions, np.int64) + _checks.host_int(base), inv_freq,
+                               amp)                                                  # [T, Lkv + R]
         keep = min(T, cache.shape[0] - s)
         cache[s:s + keep] = rows[:keep]
         return
     backend.launch(_latent_kernel, T, backend.block_size(256, 16), ckv, w, np.float32(eps), positions, inv_freq,
-                   np.float32(amp), cache, start0, start_dev)
+                   np.float32(amp), cache, start0, start_dev, base0, base_dev)

@@ -94,14 +94,14 @@ def rotate(a1, a2, c, s):
 
 
 @cuda.jit
-def _rope_kernel(x, positions, inv_freq, amp, out):
+def _rope_kernel(x, positions, inv_freq, amp, out, base0, base_dev):
     t = cuda.blockIdx.x
     half = inv_freq.shape[0]
     n_heads = x.shape[1]
     i = cuda.threadIdx.x % half             # this thread's pair within the rope dims
     h = cuda.threadIdx.x // half            # its first head
     step = cuda.blockDim.x // half
-    c, s = cos_sin(positions[t], inv_freq[i], amp)
+    c, s = cos_sin(base0 + base_dev[0] + positions[t], inv_freq[i], amp)
     while h + step < n_heads:
         a1 = x[t, h, i]
         a2 = x[t, h, i + half]
@@ -116,9 +116,10 @@ def _rope_kernel(x, positions, inv_freq, amp, out):
         out[t, h, i], out[t, h, i + half] = rotate(a1, a2, c, s)
 
 
-def apply_rope(x, positions, inv_freq, amp: float = 1.0, out=None):
-    """NeoX RoPE of ``x [T, N, R]`` at ``positions [T]``; ``out`` may be ``x`` (in place). Both may be strided
-    views (e.g. the rope columns of q, written into the rope columns of the absorbed query: no copies)."""
+def apply_rope(x, positions, inv_freq, amp: float = 1.0, out=None, base=0):
+    """NeoX RoPE of ``x [T, N, R]`` at ``base + positions [T]``; ``out`` may be ``x`` (in place). Both may be
+    strided views (e.g. the rope columns of q, written into the rope columns of the absorbed query: no copies).
+    ``base``: an int or a device int32 [1] array the kernel adds (a tree verify's start + depth: no add launch)."""
     x = _checks.array(x, "x", dtype=np.float32, ndim=3, strided=True)
     T, N, R = x.shape
     if R % 2:
@@ -127,8 +128,9 @@ def apply_rope(x, positions, inv_freq, amp: float = 1.0, out=None):
     inv_freq = _checks.array(inv_freq, "inv_freq", dtype=np.float32, shape=(R // 2,))
     amp = _checks.real(amp, "amp", lo=0.0, lo_open=True)
     out = _checks.out_array(out, "out", x.shape, np.float32, strided=True)
+    base0, base_dev = _checks.device_int(base, "base")
     if backend.name == "numpy":
-        out[...] = rope_ref(x, positions, inv_freq, amp)
+        out[...] = rope_ref(x, np.asarray(positions, np.int64) + _checks.host_int(base), inv_freq, amp)
         return out
     half = R // 2
     if T * N * half == 0:
@@ -136,5 +138,5 @@ def apply_rope(x, positions, inv_freq, amp: float = 1.0, out=None):
     if half > 1024:
         raise ValueError(f"x: rope dim {R} exceeds the kernel's 2048")
     threads = half * max(1, min(N, backend.block_size(256, 32) // half))   # a multiple of R/2
-    backend.launch(_rope_kernel, T, threads, x, positions, inv_freq, np.float32(amp), out)
+    backend.launch(_rope_kernel, T, threads, x, positions, inv_freq, np.float32(amp), out, base0, base_dev)
     return out

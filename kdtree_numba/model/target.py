@@ -64,7 +64,8 @@ def _on_backend(method):
 @dataclasses.dataclass
 class TreeInput:
     """What the verify forward needs besides tokens: per node its rope position (``start + depth``) and its
-    root-to-node path in tree-node indices (``paths [n+1, L+1]``, ``depths [n+1]``; kernels/tree_build.py)."""
+    root-to-node path in tree-node indices (``paths [n+1, L+1]``, ``depths [n+1]``; kernels/tree_build.py).
+    ``positions=None``: start + depths, added by the RoPE kernels themselves (a captured round: no add launch)."""
     positions: object
     paths: object
     depths: object
@@ -196,7 +197,8 @@ class Target:
         decode/ddtree_replay.py).
 
         Causal (prefill chunk or decode step): token t sits at position start + t and sees rows 0 .. start + t.
-        Tree (verify): token i sits at ``tree.positions[i]`` and sees rows 0 .. start - 1 plus its path.
+        Tree (verify): token i sits at ``tree.positions[i]`` (None: start + ``tree.depths[i]``) and sees rows
+        0 .. start - 1 plus its path.
         ``hiddens[k]`` is the residual stream after decoder layer k for k in ``hidden_layers`` (a ``Hiddens``: the
         streams are column blocks of one [T, len(hidden_layers) * H] array, the drafter's features). The cache's
         committed ``length`` is not changed here: the caller commits."""
@@ -211,19 +213,26 @@ class Target:
             if keep:
                 raise ValueError(f"logits_at: give logits_at or logits_to_keep (got {keep}), not both")
             logits_at = _checks.array(logits_at, "logits_at", dtype=np.int32, ndim=1)
-        if hasattr(start, "shape"):              # device-side start [1] (graph replay): nothing read on the host
-            positions = (tree.positions if tree is not None else start if T == 1        # a decode step: no launch
-                         else start + backend.xp.arange(T, dtype=np.int32))
+        base = 0                                 # rope at base + positions (the kernels add base)
+        if tree is not None:
+            positions = tree.positions
+            if positions is None:                # start + depth: no add launch
+                positions, base = tree.depths, start
+            if not hasattr(start, "shape") and start + T > cache.capacity:
+                raise ValueError(f"ids: {T} tokens from position {start} exceed the cache capacity of "
+                                 f"{cache.capacity}")
+        elif hasattr(start, "shape"):            # device-side start [1] (graph replay): nothing read on the host
+            positions = start if T == 1 else start + backend.xp.arange(T, dtype=np.int32)   # a step: no launch
         elif start + T > cache.capacity:
             raise ValueError(f"ids: {T} tokens from position {start} exceed the cache capacity of {cache.capacity}")
         else:                                    # made on the device, not copied from the host: a captured prefill
-            positions = tree.positions if tree is not None else backend.xp.arange(start, start + T, dtype=np.int32)
+            positions = backend.xp.arange(start, start + T, dtype=np.int32)
         x = embedding.embed(self.w["embed"], ids, check=check_ids)                   # [T, H]
         H = cfg.hidden_size
         hiddens = Hiddens(layers, backend.empty((T, len(layers) * H), x.dtype) if layers else None)  # [T, nH]
         for i, L in enumerate(self.layers):                # the residual adds ride on the output GEMMs (beta = 1)
             h = rmsnorm.rmsnorm(x, L["in_norm"], cfg.rms_norm_eps)
-            self._attention(i, L, h, positions, cache, start, tree, out=x)            # x += attention(h)
+            self._attention(i, L, h, positions, base, cache, start, tree, out=x)      # x += attention(h)
             h = rmsnorm.rmsnorm(x, L["post_norm"], cfg.rms_norm_eps)
             if "gate" in L:
                 self._moe(L, h, out=x)                                                # x += moe(h)
@@ -239,8 +248,9 @@ class Target:
         x = rmsnorm.rmsnorm(x, self.w["norm"], cfg.rms_norm_eps)                      # the kept rows [T', H]
         return gemm.linear(x, self.w["lm_head"]), hiddens                            # [T', V]
 
-    def _attention(self, i, L, h, positions, cache, start, tree, out):
-        """The attention output ``[T, H]``, added onto ``out`` (the residual stream) by the o_proj GEMM."""
+    def _attention(self, i, L, h, positions, base, cache, start, tree, out):
+        """The attention output ``[T, H]``, added onto ``out`` (the residual stream) by the o_proj GEMM; RoPE at
+        ``base + positions``."""
         cfg = self.config
         T = h.shape[0]
         N, P, R, Lkv = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
@@ -254,14 +264,14 @@ class Target:
             ckv = y[:, Q:]                                                            # [T, Lkv+R] (a view)
         q = q.reshape(T, N, P + R)                                                    # [T, N, P+R]
         mla_latent.write_latent(ckv, L["kv_a_norm"], QKV_NORM_EPS, positions, self.inv_freq, self.rope_amp,
-                                cache.layer(i), start)                                # cache rows [c ; k_rot]
+                                cache.layer(i), start, base=base)                     # cache rows [c ; k_rot]
         if tree is None and not hasattr(start, "shape") and T >= DECOMPRESSED_PREFILL_TOKENS:
             o = self._decompressed_attention(L, q, positions, cache.layer(i)[:start + T])     # [T, N, Vd]
             return gemm.linear(o.reshape(T, -1), L["o"], out=out, accumulate=True)
 
         q_abs = backend.empty((T, N, Lkv + R), np.float32)                            # [T, N, Lkv+R]
         gemm.bmm(q[:, :, :P].transpose(1, 0, 2), L["w_uk"], out=q_abs[:, :, :Lkv].transpose(1, 0, 2))
-        rope.apply_rope(q[:, :, P:], positions, self.inv_freq, self.rope_amp, out=q_abs[:, :, Lkv:])
+        rope.apply_rope(q[:, :, P:], positions, self.inv_freq, self.rope_amp, out=q_abs[:, :, Lkv:], base=base)
         if tree is None:
             o_lat = mla_attention.mla_attention(q_abs, cache.layer(i), start, self.scale, Lkv)
         else:

@@ -57,6 +57,22 @@ def test_device_start_is_read_by_the_kernel_and_rows_past_the_cache_are_dropped(
     assert np.isnan(got[:4]).all()
 
 
+@pytest.mark.usefixtures("kernel_backend")
+def test_rope_base_is_added_by_the_kernels():
+    """base + positions: a tree verify passes its depths and its (device) start, and the latent write and the
+    query's RoPE add them (no add launch) - the same rows and query as positions start + depth."""
+    ckv, w, _, inv = _inputs(3, 8, 4, seed=9)
+    depths = np.array([0, 1, 1], np.int32)
+    base = kd.backend.full((1,), 40, np.int32)
+    a, b = poisoned((3, 12)), poisoned((3, 12))
+    mla_latent.write_latent(ckv, w, 1e-6, depths, inv, 1.0, a, 0, base=base)
+    mla_latent.write_latent(ckv, w, 1e-6, 40 + depths, inv, 1.0, b, 0)
+    np.testing.assert_array_equal(H(a), H(b))
+    x = np.ascontiguousarray(ckv[:, 8:]).reshape(3, 1, 4)
+    np.testing.assert_array_equal(H(rope.apply_rope(x, depths, inv, base=base)),
+                                  H(rope.apply_rope(x, 40 + depths, inv)))
+
+
 @pytest.mark.parametrize("call,msg", [
     (lambda c, w, p, i, cache: mla_latent.write_latent(c, w, 1e-6, p, i, 1.0, cache, 5), r"start: rows 5\.\.7"),
     (lambda c, w, p, i, cache: mla_latent.write_latent(np.ascontiguousarray(c[:, :-1]), w, 1e-6, p, i, 1.0, cache, 0),

@@ -54,6 +54,23 @@ def test_both_forms_give_the_same_logits(monkeypatch, numpy_backend):
     np.testing.assert_allclose(second, absorbed[12:], rtol=1e-4, atol=1e-4)
 
 
+def test_tree_positions_none_is_start_plus_depth():
+    """TreeInput(positions=None): the verify ropes each node at start + depth, the kernels adding start (a device
+    start in a captured round) - the logits of explicit positions, bit for bit."""
+    target = kd.tiny_target(2)
+    ids = (np.arange(17, dtype=np.int32) * 5) % target.config.vocab_size
+    parents = np.array([-1, 0, 0, 1, 1, 2, 3, 4, 5])
+    paths, depths = kt.ancestor_paths(parents)
+    got = []
+    for positions, start in ((8 + depths, 8), (None, 8), (None, kd.backend.full((1,), 8, np.int32))):
+        cache = target.new_cache(24)
+        target.forward(ids[:8], cache, 0)
+        tree = TreeInput(positions=positions, paths=paths, depths=depths, max_depth=int(depths.max()))
+        got.append(kd.backend.to_host(target.forward(ids[8:], cache, start, tree=tree)[0]))
+    np.testing.assert_array_equal(got[1], got[0])
+    np.testing.assert_array_equal(got[2], got[0])
+
+
 def test_logits_to_keep_computes_the_last_rows_only(numpy_backend, monkeypatch):
     """logits_to_keep = k: the lm_head GEMM sees the last k rows (what generate's prefill samples from) and they
     equal the full forward's last k rows; k >= T keeps all rows; a negative or non-integer k is refused by name."""
