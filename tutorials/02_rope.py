@@ -80,7 +80,9 @@ check("example: R=2, angle pi/2 rotates [1, 0] to [0, 1]",
 # the simulator). Thread j owns the pair `i = j mod (R/2)` - it computes its angle `positions[t] * inv_freq[i]`
 # and its cos/sin once - and the heads `h = j div (R/2)`, `h + step`, `h + 2*step`, ... (`step = threads / (R/2)`),
 # two heads per loop step. For each head it reads its two inputs `x[t, h, i]`, `x[t, h, i + R/2]` before writing
-# its two outputs, so `out` may be `x` itself (the model rotates in place).
+# its two outputs, so `out` may be `x` itself (the model rotates in place). An optional `base` (an int, or a device
+# int32 [1] the kernel reads) is added to every position: a tree verify passes its nodes' depths with base = its
+# start, so no launch computes `start + depth` first.
 # Launch: `apply_rope(x, positions, inv_freq)` -> `_rope_kernel[T, threads]`.
 
 # %%
