@@ -164,6 +164,11 @@ def main() -> int:
             print("ptxas_report: the test run failed (its launches are still reported)", file=sys.stderr)
         if not os.path.exists(records):
             return 1
+        with open(records, "rb") as f:
+            if not pickle.load(f):
+                print(f"ptxas_report: the tests {' '.join(tests)} launched no kernel (on the numpy backend, or "
+                      "deselected?)", file=sys.stderr)
+                return 1
         env["KDTREE_BACKEND"] = "numpy"
         env.pop("NUMBA_ENABLE_CUDASIM", None)          # inherited from a simulator session, it would fake the compile
         code = f"import ptxas_report; ptxas_report.report({records!r}, {cc!r}, {a.sass!r})"

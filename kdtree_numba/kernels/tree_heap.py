@@ -36,6 +36,7 @@ from .primitives import FULL
 from .tree_order import _leaf_tuple_less, _tuple_less
 
 HEAP_BUDGET = 64          # budgets up to this (K > 1): warp 0 may run the heap itself (``_heap_nodes``)
+assert HEAP_BUDGET <= 64  # ``_heap_lanes`` keeps (B + 1) // 2 <= 32 frontier nodes, one a lane (its docstring)
 HEAP_POPS_PER_LEVEL = 6   # mode 0 runs the heap when budget <= this x depth_bound: a level of the loop costs ~6-7
                           # heap pops (H200: ~0.95 us a pop, ~6-7 us a level; module docstring)
 VARIANT = 1               # the heap loop a build runs: 1 _heap_nodes (a scan and a butterfly a pop; measured),
