@@ -11,7 +11,8 @@ hidden features of the committed context. The layers are Qwen3-style, and the ta
                 q = RoPE(q_norm(q_proj(x)))                                         [B, Nq, D]  per-head RMSNorm
                 k = RoPE(k_norm(k_proj([ctx ; x]))),  v = v_proj([ctx ; x])        [C + B, Nkv, D]
                       (the block's q, k, v: one GEMM over the fused [q; k; v] weight, then one launch for q and
-                       one for the k/v cache rows: kernels/draft_kv.py; context rows: the [k; v] rows of it)
+                       one for the k/v cache rows: kernels/draft_kv.py; context rows: every layer's [k; v]
+                       rows stacked, one GEMM for all layers - they read the same ctx)
                 h = h + o_proj(block_attention(q, k, v))                            GQA, NON-causal, scale D^-0.5
                 h = h + down(silu(gate(y)) * up(y)),  y = post_attention_layernorm(h)
     draft_logits = target.lm_head(norm(h)[1:])                                      [B - 1, V]: depths 1 .. L
@@ -201,10 +202,12 @@ class DFlashDrafter(Drafter):
             self.w = {k: dev(np.asarray(state[k], np.float32)) for k in ("fc.weight", "hidden_norm.weight",
                                                                         "norm.weight")}
             self.layers = []
+            ctx_kv = []
             for i in range(config.num_hidden_layers):
                 p = f"layers.{i}."
                 a, m = p + "self_attn.", p + "mlp."
                 f32 = lambda k: np.asarray(state[k], np.float32)                       # noqa: E731
+                ctx_kv += [f32(a + "k_proj.weight"), f32(a + "v_proj.weight")]
                 self.layers.append({
                     "in_norm": dev(f32(p + "input_layernorm.weight")),
                     "post_norm": dev(f32(p + "post_attention_layernorm.weight")),
@@ -217,6 +220,9 @@ class DFlashDrafter(Drafter):
                 L = self.layers[-1]                    # q and [k; v] as row blocks of qkv (views, no copy)
                 nq = config.num_attention_heads * config.head_dim
                 L["q"], L["kv"] = L["qkv"][:nq], L["qkv"][nq:]
+            # every layer's [k; v] rows stacked: the context rows' k/v for all layers in one GEMM (they all read
+            # the same ctx); a second copy of those weights, [layers * 2 Nkv D, H]
+            self.ctx_kv = dev(np.concatenate(ctx_kv))
             self.inv_freq = dev(inv_freq)
         self._k = self._v = None
         self._block_ids = None               # [B] device: root + MASKs of the captured draft (reserve)
@@ -331,8 +337,10 @@ class DFlashDrafter(Drafter):
         c = self.config
         ctx = rmsnorm.rmsnorm(gemm.linear(feats, self.w["fc.weight"]), self.w["hidden_norm.weight"],
                               c.rms_norm_eps)                                               # [T, H]
+        kv = gemm.linear(ctx, self.ctx_kv)                                                  # [T, layers 2 Nkv D]
+        W = 2 * c.num_key_value_heads * c.head_dim
         for i, L in enumerate(self.layers):
-            self._kv(i, L, gemm.linear(ctx, L["kv"]), start)                                 # [T, 2 Nkv D]
+            self._kv(i, L, kv[:, i * W:(i + 1) * W], start)                                 # [T, 2 Nkv D] view
 
     # ------------------------------------------------------------------------------------------ the draft
     def draft(self, context, root: int):
