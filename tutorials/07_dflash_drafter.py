@@ -23,13 +23,14 @@ Run:  KDTREE_BACKEND=sim python tutorials/07_dflash_drafter.py [--size small|lar
 # * **The target's features.** `ctx = hidden_norm(fc(concat(h_1, h_2, h_3)))`, h_k = the target's residual stream
 #   after decoder layer k (`target_layer_ids = (1, 2, 3)` of 5): one `[H]` row per committed position. Each draft
 #   layer turns the context rows into k/v rows (`k_norm(k_proj(ctx))` + RoPE, `v_proj(ctx)`) in a **draft cache**
-#   - they never change, so `observe(features, start)` appends them once. (One GEMM over the fused `[k_proj;
-#   v_proj]` weight, then one launch of `kernels/draft_kv.py` normalises, rotates and writes both rows.)
+#   - they never change, so `observe(features, start)` appends them once. (One GEMM over every layer's `[k_proj;
+#   v_proj]` weights stacked, then one launch of `kernels/draft_kv.py` per layer normalises, rotates and writes
+#   the rows.)
 # * **The layers.** Qwen3-style: `q/k/v` of the block, **block attention** (grouped-query, *non-causal*: every
 #   block slot sees every context row and the whole block), `o_proj`, SwiGLU MLP. The embedding and the LM head
 #   are the target's. (The block's q, k and v come from one GEMM over the fused `[q_proj; k_proj; v_proj]`
-#   weight; `draft_kv.draft_query` normalises and rotates the query in one launch, and the residual adds ride on
-#   the `o_proj` and `down` GEMMs.)
+#   weight; `draft_kv.draft_qkv` normalises and rotates the query and writes the block's k/v rows in one launch,
+#   and the residual adds ride on the `o_proj` and `down` GEMMs.)
 #
 # Because the whole block is drafted in one pass, slot d's distribution cannot depend on what was drafted at slot
 # d - 1 (there is only a MASK there): it is a **marginal** over the branches. That is why DDTree builds a *tree*

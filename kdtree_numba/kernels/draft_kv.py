@@ -1,4 +1,4 @@
-"""The DFlash drafter's per-head norm + RoPE in one launch: the k/v cache write, and the query.
+"""The DFlash drafter's per-head norm + RoPE in one launch: the k/v cache write, the query, or both at once.
 
     k[t, g] = NeoX RoPE over all D of  kv[t, gD : gD + D] / sqrt(mean(kv[t, gD : gD + D]**2) + eps) * w
     v[t, g] = kv[t, Nkv D + gD : Nkv D + gD + D]
@@ -11,16 +11,19 @@ layer, twice a DDTree round (the newly committed context rows, then the block), 
 block's query; on the default pair every launch costs ~2.5 us of device time whatever its work. The block's
 q, k and v come from one GEMM over the fused ``[q; k; v]`` weight, so ``kv`` and ``y`` may be column views of it.
 
-Mapping: grid (token t, head); a block of P threads, P the power of two >= D/2 (on the GPU at least 32: a
-whole warp). Thread j < D/2 owns the rope pair (j, j + D/2) (``_norm_rope_pair``):
+One kernel (``_norm_rope_kernel``) serves ``write_draft_kv`` (the observed context rows: kv heads only),
+``draft_query`` (query heads only) and ``draft_qkv`` (the draft block: its query heads and its kv heads from the
+one fused product, in one launch - the block had a query launch and a cache launch per layer).
+Mapping: grid (token t, head: query heads first, then kv heads); a block of P threads, P the power of two >= D/2
+(on the GPU at least 32: a whole warp). Thread j < D/2 owns the rope pair (j, j + D/2) (``_norm_rope_pair``):
 it loads both values, their squares go through a block tree sum (primitives.smem_sum), then it scales and rotates
-them; the cache write stores k and copies the same two columns of v, the query kernel stores q. ``start`` is an
+them; a kv head's block stores k and copies the same two columns of v, a query head's block stores q. ``start`` is an
 int or a device int32 [1] (graph replay: the kernel reads it); rows at or past the cache's end are not written.
 ``positions=None``: token t sits at position start + t (the drafter's rows always do), computed by the kernel -
 a captured round then launches no ``start + arange`` first (an empty positions array tells the kernel so).
 Shapes: kv [T, 2 Nkv D] float32 (k heads, then v heads; strided rows allowed), w [D], positions [T] int or None,
 inv_freq [D/2] float32, k_cache / v_cache [C, Nkv, D] float32 (one layer's rows; written in place);
-y [T, Nq D] (strided rows allowed) -> q [T, Nq, D]. D even, D <= 256.
+y [T, Nq D] (strided rows allowed) -> q [T, Nq, D]; draft_qkv's y [T, (Nq + 2 Nkv) D]. D even, D <= 256.
 Example: Nkv 1, D 2, w [1, 1], eps 0, kv [[3, 4, 5, 6]], position pi/2 (inv_freq [1]), start 0: k = [3, 4] scaled by
 1 / sqrt(12.5) = [0.8485, 1.1314], turned by 90 degrees -> k_cache[0, 0] = [-1.1314, 0.8485]; v_cache[0, 0] = [5, 6].
 (The query of y = [[3, 4]] with the same w and position is the same [-1.1314, 0.8485].)
@@ -84,36 +87,34 @@ def _position(positions, t, start0, start_dev):
 
 
 @cuda.jit
-def _draft_kv_kernel(kv, w, eps, positions, inv_freq, amp, k_cache, v_cache, start0, start_dev):
+def _norm_rope_kernel(y, q_w, k_w, eps, positions, inv_freq, amp, q, k_cache, v_cache, n_q, start0, start_dev):
+    """Block (t, h): h < n_q - query head h of y -> q[t, h] (``q_w``); else kv head g = h - n_q: k -> k_cache[row,
+    g] (``k_w``), its v columns -> v_cache[row, g], row = start + t. y's columns: n_q query heads, then the kv
+    heads' k, then their v (the fused product; n_q = 0: a [k; v] view)."""
     t = cuda.blockIdx.x
-    g = cuda.blockIdx.y
+    h = cuda.blockIdx.y
     j = cuda.threadIdx.x
     half = inv_freq.shape[0]
     D = 2 * half
-    n_kv = k_cache.shape[1]
     red = cuda.shared.array(MAX_HALF, float32)
-    k0, k1 = _norm_rope_pair(kv, t, g * D, w, eps, _position(positions, t, start0, start_dev), inv_freq, amp, red)
+    position = _position(positions, t, start0, start_dev)
+    if h < n_q:                                      # the branch is the block's: _norm_rope_pair's barriers agree
+        q0, q1 = _norm_rope_pair(y, t, h * D, q_w, eps, position, inv_freq, amp, red)
+        if j < half:
+            q[t, h, j] = q0
+            q[t, h, j + half] = q1
+        return
+    g = h - n_q
+    n_kv = k_cache.shape[1]
+    k0, k1 = _norm_rope_pair(y, t, (n_q + g) * D, k_w, eps, position, inv_freq, amp, red)
     row = start0 + start_dev[0] + t
     if j >= half or row >= k_cache.shape[0]:
         return
     k_cache[row, g, j] = k0
     k_cache[row, g, j + half] = k1
-    v_cache[row, g, j] = kv[t, (n_kv + g) * D + j]
-    v_cache[row, g, j + half] = kv[t, (n_kv + g) * D + j + half]
-
-
-@cuda.jit
-def _draft_query_kernel(y, w, eps, positions, inv_freq, amp, q, start0, start_dev):
-    t = cuda.blockIdx.x
-    h = cuda.blockIdx.y
-    j = cuda.threadIdx.x
-    half = inv_freq.shape[0]
-    red = cuda.shared.array(MAX_HALF, float32)
-    q0, q1 = _norm_rope_pair(y, t, h * 2 * half, w, eps, _position(positions, t, start0, start_dev), inv_freq, amp,
-                             red)
-    if j < half:
-        q[t, h, j] = q0
-        q[t, h, j + half] = q1
+    vc = (n_q + n_kv + g) * D
+    v_cache[row, g, j] = y[t, vc + j]
+    v_cache[row, g, j + half] = y[t, vc + j + half]
 
 
 _NO_POSITIONS: dict = {}      # per backend: the empty positions array that means "start + t"
@@ -133,12 +134,62 @@ def _positions(positions, T: int, start):
     return host, _NO_POSITIONS[backend.name]
 
 
-def _pair_threads(D: int) -> int:
-    """Threads per (token, head) block: the power of two >= D/2."""
+_UNUSED: dict = {}            # per backend: a [1, 1, 2] float32 stand-in for the outputs a launch does not write
+
+
+def _unused():
+    if backend.name not in _UNUSED:
+        _UNUSED[backend.name] = backend.zeros((1, 1, 2), np.float32)
+    return _UNUSED[backend.name]
+
+
+def _launch(y, q_w, k_w, eps, positions, inv_freq, amp, q, k_cache, v_cache, n_q, n_kv, start0, start_dev):
+    """One ``_norm_rope_kernel`` launch over T x (n_q + n_kv) blocks of P threads, P the power of two >= D/2."""
+    T, half = y.shape[0], inv_freq.shape[0]
+    if T == 0 or n_q + n_kv == 0:
+        return
     threads = 1
-    while threads < D // 2:
+    while threads < half:
         threads *= 2
-    return threads
+    backend.launch(_norm_rope_kernel, (T, n_q + n_kv), backend.block_size(max(threads, 32), threads), y, q_w, k_w,
+                   np.float32(eps), positions, inv_freq, np.float32(amp), q, k_cache, v_cache, n_q, start0, start_dev)
+
+
+def _head_args(w, eps, inv_freq, amp, D=None, arg="w"):
+    """The per-head norm weight [D] (D even, <= 2 MAX_HALF), eps, inv_freq [D/2], amp, checked."""
+    w = _checks.array(w, arg, dtype=np.float32, ndim=1, shape=None if D is None else (D,))
+    D = w.shape[0]
+    if D % 2 or D // 2 > MAX_HALF:
+        raise ValueError(f"{arg}: head dim {D}; expected an even number <= {2 * MAX_HALF}")
+    return (w, _checks.real(eps, "eps", lo=0.0), _checks.array(inv_freq, "inv_freq", dtype=np.float32,
+            shape=(D // 2,)), _checks.real(amp, "amp", lo=0.0, lo_open=True))
+
+
+def _cache_args(k_cache, v_cache):
+    """(k_cache, v_cache [C, Nkv, D]) checked: float32, the same shape, D even and <= 2 MAX_HALF."""
+    k_cache = _checks.array(k_cache, "k_cache", dtype=np.float32, ndim=3)
+    C, n_kv, D = k_cache.shape
+    v_cache = _checks.array(v_cache, "v_cache", dtype=np.float32, shape=(C, n_kv, D))
+    if D % 2 or D // 2 > MAX_HALF:
+        raise ValueError(f"k_cache: head dim {D}; expected an even number <= {2 * MAX_HALF}")
+    return k_cache, v_cache
+
+
+def _rows_start(start, T: int, C: int) -> tuple:
+    """device_int(start), a host start checked: rows start .. start + T - 1 within the C cache rows."""
+    start0, start_dev = _checks.device_int(start, "start")
+    if not hasattr(start, "shape") and start0 + T > C:
+        raise ValueError(f"start: rows {start0}..{start0 + T - 1} exceed the cache's {C} rows")
+    return start0, start_dev
+
+
+def _write_kv_ref(kv, w, eps, host_positions, inv_freq, amp, k_cache, v_cache, start) -> None:
+    """The NumPy backend's cache write (rows past the cache dropped, as the kernel drops them)."""
+    s, C = _checks.host_int(start), k_cache.shape[0]
+    k, v = draft_kv_ref(kv, w, eps, host_positions, inv_freq, amp)                  # [T, Nkv, D] each
+    keep = min(kv.shape[0], C - s)
+    k_cache[s:s + keep] = k[:keep]
+    v_cache[s:s + keep] = v[:keep]
 
 
 def write_draft_kv(kv, w, eps: float, positions, inv_freq, amp: float, k_cache, v_cache, start) -> None:
@@ -146,58 +197,61 @@ def write_draft_kv(kv, w, eps: float, positions, inv_freq, amp: float, k_cache, 
     ``start .. start + T - 1`` of ``k_cache`` / ``v_cache [C, Nkv, D]``: k per-head RMS-normalised by ``w [D]`` and
     RoPE'd at ``positions`` (None: start + t), v as it is. ``start``: an int (checked against C) or a device int32
     [1] array read by the kernel (graph replay; rows past C are dropped there, unchecked)."""
-    k_cache = _checks.array(k_cache, "k_cache", dtype=np.float32, ndim=3)
+    k_cache, v_cache = _cache_args(k_cache, v_cache)
     C, n_kv, D = k_cache.shape
-    v_cache = _checks.array(v_cache, "v_cache", dtype=np.float32, shape=(C, n_kv, D))
-    if D % 2 or D // 2 > MAX_HALF:
-        raise ValueError(f"k_cache: head dim {D}; expected an even number <= {2 * MAX_HALF}")
     kv = _checks.array(kv, "kv", dtype=np.float32, ndim=2, shape=(None, 2 * n_kv * D), strided=True)
     T = kv.shape[0]
-    w = _checks.array(w, "w", dtype=np.float32, shape=(D,))
-    eps = _checks.real(eps, "eps", lo=0.0)
-    inv_freq = _checks.array(inv_freq, "inv_freq", dtype=np.float32, shape=(D // 2,))
-    amp = _checks.real(amp, "amp", lo=0.0, lo_open=True)
-    start0, start_dev = _checks.device_int(start, "start")
-    if not hasattr(start, "shape") and start0 + T > C:
-        raise ValueError(f"start: rows {start0}..{start0 + T - 1} exceed the cache's {C} rows")
+    w, eps, inv_freq, amp = _head_args(w, eps, inv_freq, amp, D)
+    start0, start_dev = _rows_start(start, T, C)
     host_positions, positions = _positions(positions, T, start)
-    if T == 0:
+    if T and backend.name == "numpy":
+        _write_kv_ref(kv, w, eps, host_positions, inv_freq, amp, k_cache, v_cache, start)
         return
-    if backend.name == "numpy":
-        s = _checks.host_int(start)
-        k, v = draft_kv_ref(kv, w, eps, host_positions, inv_freq, amp)              # [T, Nkv, D] each
-        keep = min(T, C - s)
-        k_cache[s:s + keep] = k[:keep]
-        v_cache[s:s + keep] = v[:keep]
-        return
-    threads = _pair_threads(D)
-    backend.launch(_draft_kv_kernel, (T, n_kv), backend.block_size(max(threads, 32), threads), kv, w,
-                   np.float32(eps), positions, inv_freq, np.float32(amp), k_cache, v_cache, start0, start_dev)
+    _launch(kv, w, w, eps, positions, inv_freq, amp, _unused(), k_cache, v_cache, 0, n_kv, start0, start_dev)
 
 
 def draft_query(y, w, eps: float, positions, inv_freq, amp: float, out=None, start=0):
     """The block's query ``q [T, Nq, D]`` from its projection ``y [T, Nq D]`` (a column view of the fused
     ``[q; k; v]`` product is fine): per-head RMSNorm by ``w [D]`` (``q_norm``), then RoPE at ``positions``, or for
     ``positions=None`` at start + t (``start``: an int or a device int32 [1] array the kernel reads)."""
-    w = _checks.array(w, "w", dtype=np.float32, ndim=1)
+    w, eps, inv_freq, amp = _head_args(w, eps, inv_freq, amp)
     D = w.shape[0]
-    if D % 2 or D // 2 > MAX_HALF:
-        raise ValueError(f"w: head dim {D}; expected an even number <= {2 * MAX_HALF}")
     y = _checks.array(y, "y", dtype=np.float32, ndim=2, strided=True)
     T, cols = y.shape
     if cols % D:
         raise ValueError(f"y: expected a multiple of the head dim {D} columns, got shape {tuple(y.shape)}")
-    eps = _checks.real(eps, "eps", lo=0.0)
-    inv_freq = _checks.array(inv_freq, "inv_freq", dtype=np.float32, shape=(D // 2,))
-    amp = _checks.real(amp, "amp", lo=0.0, lo_open=True)
     out = _checks.out_array(out, "out", (T, cols // D, D), np.float32)
     start0, start_dev = _checks.device_int(start, "start")
     host_positions, positions = _positions(positions, T, start)
     if backend.name == "numpy":
         out[...] = draft_query_ref(y, w, eps, host_positions, inv_freq, amp)
         return out
-    if T and cols:
-        threads = _pair_threads(D)
-        backend.launch(_draft_query_kernel, (T, cols // D), backend.block_size(max(threads, 32), threads), y, w,
-                       np.float32(eps), positions, inv_freq, np.float32(amp), out, start0, start_dev)
+    _launch(y, w, w, eps, positions, inv_freq, amp, out, _unused(), _unused(), cols // D, 0, start0, start_dev)
+    return out
+
+
+def draft_qkv(y, q_w, k_w, eps: float, positions, inv_freq, amp: float, k_cache, v_cache, start, out=None):
+    """``draft_query`` and ``write_draft_kv`` of one fused product in one launch: ``y [T, (Nq + 2 Nkv) D]`` (query
+    heads, then the kv heads' k, then their v), Nkv = k_cache's heads; q by ``q_w``, k by ``k_w``, both RoPE'd at
+    ``positions`` (None: start + t); the k/v rows into ``start ..`` of the caches. Returns q [T, Nq, D].
+    Example: the default drafter's block, y [16, 512] (8 query heads + 2 x 4 kv heads of 32): 16 x 12 blocks."""
+    k_cache, v_cache = _cache_args(k_cache, v_cache)
+    C, n_kv, D = k_cache.shape
+    q_w, eps, inv_freq, amp = _head_args(q_w, eps, inv_freq, amp, D, "q_w")
+    k_w = _head_args(k_w, eps, inv_freq, amp, D, "k_w")[0]
+    y = _checks.array(y, "y", dtype=np.float32, ndim=2, strided=True)
+    T, cols = y.shape
+    n_q = cols // D - 2 * n_kv
+    if cols % D or n_q < 1:
+        raise ValueError(f"y: expected (Nq + {2 * n_kv}) x {D} columns (query heads, then k and v of the cache's "
+                         f"{n_kv} heads), got shape {tuple(y.shape)}")
+    out = _checks.out_array(out, "out", (T, n_q, D), np.float32)
+    start0, start_dev = _rows_start(start, T, C)
+    host_positions, positions = _positions(positions, T, start)
+    if backend.name == "numpy":
+        out[...] = draft_query_ref(y[:, :n_q * D], q_w, eps, host_positions, inv_freq, amp)
+        if T:
+            _write_kv_ref(y[:, n_q * D:], k_w, eps, host_positions, inv_freq, amp, k_cache, v_cache, start)
+        return out
+    _launch(y, q_w, k_w, eps, positions, inv_freq, amp, out, k_cache, v_cache, n_q, n_kv, start0, start_dev)
     return out

@@ -11,7 +11,7 @@ hidden features of the committed context. The layers are Qwen3-style, and the ta
                 q = RoPE(q_norm(q_proj(x)))                                         [B, Nq, D]  per-head RMSNorm
                 k = RoPE(k_norm(k_proj([ctx ; x]))),  v = v_proj([ctx ; x])        [C + B, Nkv, D]
                       (the block's q, k, v: one GEMM over the fused [q; k; v] weight, then one launch for q and
-                       one for the k/v cache rows: kernels/draft_kv.py; context rows: every layer's [k; v]
+                       the k/v cache rows: kernels/draft_kv.py; context rows: every layer's [k; v]
                        rows stacked, one GEMM for all layers - they read the same ctx)
                 h = h + o_proj(block_attention(q, k, v))                            GQA, NON-causal, scale D^-0.5
                 h = h + down(silu(gate(y)) * up(y)),  y = post_attention_layernorm(h)
@@ -373,9 +373,9 @@ class DFlashDrafter(Drafter):
         for i, L in enumerate(self.layers):
             x = rmsnorm.rmsnorm(h, L["in_norm"], c.rms_norm_eps)
             y = gemm.linear(x, L["qkv"])                                                     # [B, (Nq+2Nkv) D]
-            q = draft_kv.draft_query(y[:, :Nq * D], L["q_norm"], c.rms_norm_eps, None, self.inv_freq,
-                                     self.rope_amp, start=start)                             # [B, Nq, D]
-            self._kv(i, L, y[:, Nq * D:], start)               # the block's rows, after the context (uncommitted)
+            q = draft_kv.draft_qkv(y, L["q_norm"], L["k_norm"], c.rms_norm_eps, None, self.inv_freq, self.rope_amp,
+                                   self._k[i], self._v[i], start)   # [B, Nq, D]; the block's k/v rows after the
+                                                                    # context (uncommitted): one launch
             o = block_attention.block_attention(q, self._k[i], self._v[i], n_keys, self.scale)
             gemm.linear(o.reshape(B, Nq * D), L["o"], out=h, accumulate=True)                # h += o W_o^T
             y = rmsnorm.rmsnorm(h, L["post_norm"], c.rms_norm_eps)
