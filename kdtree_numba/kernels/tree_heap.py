@@ -351,8 +351,9 @@ def _heap_lanes(lp_req, lp_rows, L, K, B, nodes, fbuf, ibuf, count):
                 depth[n] = d
                 rank[n] = rk
                 parent[n] = int32(uint32(hk) & uint32(255)) - int32(1)
-            _warp_sync()                                 # entry n seen by every lane's tie comparisons (a child's
-            sw = -math.inf                               # walk starts there); its next sibling (sk -1: none)
+            # entry n seen by every lane's tie comparisons below (a child's walk starts at its parent, entry n)
+            _warp_sync()
+            sw = -math.inf                               # its next sibling (sk -1: none)
             sk = int32(-1)
             if rk + uint32(1) < K:
                 nxt = _heap_lp(lp_rows, W, d - uint32(1), rk + uint32(1))
