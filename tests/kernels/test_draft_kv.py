@@ -126,10 +126,10 @@ def test_query_kernel_reads_a_column_view_of_the_fused_product(T, n_q, D):
 
 @pytest.mark.usefixtures("kernel_backend")
 @pytest.mark.parametrize("device_start", [False, True])
-def test_qkv_is_the_query_and_the_cache_write_in_one_launch(device_start):
+@pytest.mark.parametrize("T,n_q,n_kv,D,start", [(3, 4, 2, 8, 2), (1, 3, 1, 6, 0)])
+def test_qkv_is_the_query_and_the_cache_write_in_one_launch(device_start, T, n_q, n_kv, D, start):
     """draft_qkv on the fused product y [T, (Nq + 2 Nkv) D]: the query of its first Nq heads (q_w) and the cache
     rows of its k / v heads (k_w), both at start + t - what draft_query and write_draft_kv give separately."""
-    T, n_q, n_kv, D, start = 3, 4, 2, 8, 2
     rng = np.random.default_rng(5)
     y = (rng.standard_normal((T, (n_q + 2 * n_kv) * D)) * 2).astype(np.float32)
     q_w, k_w = (1 + 0.3 * rng.standard_normal((2, D))).astype(np.float32)
@@ -144,8 +144,8 @@ def test_qkv_is_the_query_and_the_cache_write_in_one_launch(device_start):
     np.testing.assert_allclose(H(kc)[start:start + T], k, rtol=2e-6, atol=2e-6)
     np.testing.assert_array_equal(H(vc)[start:start + T], v)
     assert np.isnan(H(kc)[:start]).all() and np.isnan(H(kc)[start + T:]).all()
-    with pytest.raises(ValueError, match=r"y: expected \(Nq \+ 4\) x 8 columns"):
-        draft_kv.draft_qkv(y[:, :4 * D], q_w, k_w, 1e-6, None, inv, 1.2, kc, vc, 0)   # no query head left
+    with pytest.raises(ValueError, match=rf"y: expected \(Nq \+ {2 * n_kv}\) x {D} columns"):
+        draft_kv.draft_qkv(y[:, :2 * n_kv * D], q_w, k_w, 1e-6, None, inv, 1.2, kc, vc, 0)   # no query head left
 
 
 @pytest.mark.parametrize("change,msg", [
