@@ -5,9 +5,9 @@ have: ptxas's own report, for sessions without a device (and a quick check with 
     PYTHONPATH=$PWD python3 benchmarks/ptxas_report.py --sass /tmp/sass -- tests/kernels/test_tree_build.py -k deep
 
 Two steps. (1) The given pytest arguments (default ``tests/kernels``) run on numba's CUDA simulator with
-``backend.launch`` recording each kernel and its argument types (``numba.typeof`` of what the simulator got: arrays
-are C-contiguous copies there, where a GPU launch may pass a strided view - the same code but for the index
-arithmetic). (2) A second process (no simulator) compiles each distinct (kernel, types) to PTX for ``--cc``
+``backend.launch`` recording each kernel and its argument types (``numba.typeof`` of the arguments as passed,
+before the simulator's contiguous copies: a strided view is typed with layout A, as a GPU launch compiles it).
+(2) A second process (no simulator) compiles each distinct (kernel, types) to PTX for ``--cc``
 with the kernel's own jit options (launch bounds, fastmath, lineinfo; ``max_registers`` becomes ptxas's
 ``-maxrregcount``) and runs ``ptxas -v``; ``--sass DIR`` also writes each kernel's SASS there (nvdisasm).
 
