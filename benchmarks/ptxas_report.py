@@ -20,6 +20,12 @@ those two can take them from PyPI's wheels without installing anything:
 Without a GPU, numba-cuda's device query is replaced by ``--cc`` for the compile (the one patch; nothing runs).
 Output: one row per (kernel, types): registers, spill stores / loads (bytes), stack frame, static shared memory.
 Example row: ``tree_build._build_kernel | f32[2d], i32[3d], int64, .. | 80 | 0 / 0 | 0 | 46216``.
+
+``--loops`` (needs nvdisasm) adds a second table from the SASS: every loop (a backward branch) that issues
+tensor-core MMAs or asynchronous copies, with its instructions per pass and how many are HMMA, LDS and LDGSTS - the
+instruction budget of a kernel's inner loops, readable without a GPU (the twenty-second session found a key-tile
+copy loop of 52 instructions a 16-byte copy this way). Example row: ``tree_verify._tree_attention_v3_kernel |
+0xeea0-0xf260 | 61 | 12 | 12 | 0 | IMAD 6, IADD3 2, ISETP 2``: one k8 step of the scores.
 """
 import glob
 import os
@@ -75,6 +81,52 @@ def _ptxas_lines(text: str) -> dict:
     return num
 
 
+_SASS_LINE = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+_LABEL = re.compile(r"^\s*\.(L_x_\d+):")
+
+
+def sass_loops(text: str) -> list:
+    """The loops of one kernel's SASS (nvdisasm -c): for each backward branch, its body from the target label to
+    the branch, as {"start", "end" (addresses), "instructions", "ops" (opcode without suffixes -> count)}, in
+    address order. A predicated instruction counts under its opcode (``@!P1 BRA`` is a BRA)."""
+    ins, labels, pending = [], {}, []
+    for line in text.splitlines():
+        m = _LABEL.match(line)
+        if m:
+            pending.append(m.group(1))
+            continue
+        m = _SASS_LINE.match(line)
+        if m:
+            body = re.sub(r"^@!?U?P[0-9T]\s+", "", m.group(2).strip())
+            for name in pending:
+                labels[name] = len(ins)
+            pending = []
+            ins.append((int(m.group(1), 16), body.split()[0].split(".")[0], body))
+    loops = []
+    for i, (addr, op, body) in enumerate(ins):
+        m = re.search(r"\(\.(L_x_\d+)\)", body) if op == "BRA" else None
+        if m and labels.get(m.group(1), i + 1) <= i:
+            first = labels[m.group(1)]
+            ops = {}
+            for _, o, _ in ins[first:i + 1]:
+                ops[o] = ops.get(o, 0) + 1
+            loops.append({"start": ins[first][0], "end": addr, "instructions": i + 1 - first, "ops": ops})
+    return sorted(loops, key=lambda lp: lp["start"])
+
+
+def loop_rows(label: str, text: str) -> list:
+    """``--loops``' table rows of one kernel: its loops with HMMA or LDGSTS instructions."""
+    rows = []
+    for lp in sass_loops(text):
+        ops = lp["ops"]
+        if not (ops.get("HMMA") or ops.get("LDGSTS")):
+            continue
+        rest = sorted(((n, o) for o, n in ops.items() if o not in ("HMMA", "LDS", "LDGSTS")), reverse=True)[:3]
+        rows.append([label, f"{lp['start']:#x}-{lp['end']:#x}", lp["instructions"], ops.get("HMMA", 0),
+                     ops.get("LDS", 0), ops.get("LDGSTS", 0), ", ".join(f"{o} {n}" for n, o in rest)])
+    return rows
+
+
 def compile_all(records: str, cc: tuple, sass_dir: str | None) -> list:
     """Step 2 (no simulator): PTX per record, ptxas -v, optionally SASS. Returns table rows."""
     import importlib
@@ -123,13 +175,21 @@ def compile_all(records: str, cc: tuple, sass_dir: str | None) -> list:
 
 
 
-def report(records: str, cc: tuple, sass_dir: str | None) -> None:
-    """Step 2's table (and bench_results/ptxas_report.json, as every benchmark writes)."""
+def report(records: str, cc: tuple, sass_dir: str | None, loops: bool = False) -> None:
+    """Step 2's table, with ``loops`` the loop table from the SASS in ``sass_dir`` (and
+    bench_results/ptxas_report.json, as every benchmark writes)."""
     from _common import save, table
 
     rows = compile_all(records, cc, sass_dir)
     table(f"Kernels compiled for sm_{cc[0]}{cc[1]} (ptxas -v)", ["kernel", "argument types", "registers",
           "spill stores / loads (bytes)", "stack (bytes)", "static shared (bytes)"], rows)
+    if loops:
+        found = []
+        for path in sorted(glob.glob(os.path.join(sass_dir, "*.sass"))):
+            with open(path) as f:
+                found += loop_rows(os.path.basename(path).rsplit(".", 2)[0], f.read())
+        table("Loops with tensor-core MMAs or asynchronous copies (SASS; instructions per pass)",
+              ["kernel", "loop", "instructions", "HMMA", "LDS", "LDGSTS", "most of the rest"], found)
     save("ptxas_report")
 
 
@@ -149,6 +209,8 @@ def main() -> int:
     p = OneLineParser(description=__doc__.split("\n\n")[0])                 # a bad value: one line, exit 2
     p.add_argument("--cc", default="9.0", help="compute capability to compile for (default 9.0, the H200)")
     p.add_argument("--sass", metavar="DIR", help="also write each kernel's SASS into DIR (needs nvdisasm)")
+    p.add_argument("--loops", action="store_true", help="also list each kernel's loops with MMAs or async copies "
+                   "(their instructions per pass, from the SASS; needs nvdisasm)")
     p.add_argument("pytest_args", nargs="*", help="pytest arguments after -- (default: tests/kernels)")
     a = p.parse_args()
     m = re.fullmatch(r"(\d+)\.(\d)", a.cc)
@@ -157,6 +219,7 @@ def main() -> int:
     cc = (int(m.group(1)), int(m.group(2)))
     with tempfile.TemporaryDirectory() as tmp:
         records = os.path.join(tmp, "launches.pkl")
+        sass = a.sass or (os.path.join(tmp, "sass") if a.loops else None)
         env = dict(os.environ, KDTREE_BACKEND="sim", PYTHONPATH=os.pathsep.join([ROOT, HERE]))
         tests = a.pytest_args or ["tests/kernels", "-q"]
         code = f"import sys, ptxas_report; sys.exit(ptxas_report.capture({records!r}, {tests!r}))"
@@ -171,7 +234,7 @@ def main() -> int:
                 return 1
         env["KDTREE_BACKEND"] = "numpy"
         env.pop("NUMBA_ENABLE_CUDASIM", None)          # inherited from a simulator session, it would fake the compile
-        code = f"import ptxas_report; ptxas_report.report({records!r}, {cc!r}, {a.sass!r})"
+        code = f"import ptxas_report; ptxas_report.report({records!r}, {cc!r}, {sass!r}, {a.loops!r})"
         return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env).returncode
 
 if __name__ == "__main__":

@@ -74,3 +74,29 @@ def test_compile_step_reports_the_build_kernel(tmp_path):
     if isinstance(row[2], str) and ("NotFound" in row[2] or "Support" in row[2] or "ptxas failed" in row[2]):
         pytest.skip(f"no CUDA toolkit to compile with here: {row[2]}")
     assert row[0] == "tree_build._build_kernel" and 32 <= row[2] <= 255 and row[3] == "0 / 0", row
+
+
+SASS = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_3:
+        /*0010*/                   LDS R4, [R2] ;
+        /*0020*/                   HMMA.1688.F32.TF32 R8, R4, R6, R8 ;
+        /*0030*/              @!PT LDS RZ, [RZ] ;
+        /*0040*/                   LDGSTS.E.BYPASS.128 [R3], desc[UR8][R10.64], P1 ;
+.L_x_4:
+        /*0050*/                   IADD3 R2, R2, 0x4, RZ ;
+        /*0060*/               @P0 BRA `(.L_x_4) ;
+        /*0070*/               @P1 BRA `(.L_x_3) ;
+        /*0080*/                   BRA `(.L_x_5) ;
+.L_x_5:
+        /*0090*/                   EXIT ;
+"""
+
+
+def test_sass_loops_are_the_backward_branches():
+    """Two loops (the inner one nested in the outer), a forward branch that is none; predicated instructions count
+    under their opcode; --loops' rows keep the loops with HMMA or LDGSTS only."""
+    loops = ptxas_report.sass_loops(SASS)
+    assert [(lp["start"], lp["end"], lp["instructions"]) for lp in loops] == [(0x10, 0x70, 7), (0x50, 0x60, 2)]
+    assert loops[0]["ops"] == {"LDS": 2, "HMMA": 1, "LDGSTS": 1, "IADD3": 1, "BRA": 2}
+    assert ptxas_report.loop_rows("k", SASS) == [["k", "0x10-0x70", 7, 1, 2, 1, "BRA 2, IADD3 1"]]
