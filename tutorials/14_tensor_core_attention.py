@@ -13,7 +13,7 @@ Run:  KDTREE_BACKEND=sim python tutorials/14_tensor_core_attention.py [--size sm
 #
 # 1. what one block does, and which block reads which (query row, key) - a picture;
 # 2. the tensor-core instruction `mma.sync.m16n8k8` (TF32), its fragment layout, and 3xTF32 (`kernels/mma.py`);
-# 3. the key tile: asynchronous copies (`cp.async`) with an add-only copy plan (`_v2_copy_plan`, `_v2_load_keys`);
+# 3. the key tile: asynchronous copies (`cp.async`), a group of threads per row (`row_share`, `_v2_load_keys`);
 # 4. the online softmax on 8 lanes per query row (`_v2_row`, `_v2_softmax`);
 # 5. the whole kernel against `mla_attention_ref` and `tree_attention_ref`, outputs poisoned with NaN;
 # 6. what each change bought on an H200, quoted from docs/PERFORMANCE.md;
@@ -492,7 +492,7 @@ print(f"lo of the truncating split is not a TF32 number: lo(-pi) = {lo_f[3]:.6g}
       f"reads) {tf32_trunc(lo_f[3]):.6g}: kept to 2^-10 of itself, ~3e-6 per product instead of ~7e-7")
 
 # %% [markdown]
-# ## 3. The key tile: `cp.async` and an add-only copy plan
+# ## 3. The key tile: `cp.async`, a group of threads per row
 #
 # `copy_async(dst, dst_off, src, src_off, width, keep)` (`kernels/_intrinsics.py`) is one `cp.async` instruction:
 # `width` floats (4 = 16 bytes, or 1) go from global memory (via L2) straight into shared memory, with no register
@@ -502,78 +502,74 @@ print(f"lo of the truncating split is not a TF32 number: lo(-pi) = {lo_f[3]:.6g}
 # per copy instead of numba's per-axis index arithmetic. Width 4 needs 16-byte aligned addresses, so `copy_width`
 # picks 4 only when D % 4 == 0 and the cache's first row is 16-byte aligned.
 #
-# **The copy plan.** A tile is KT rows of `dq = D / width` copies; the natural numbering is copy `p = u * threads +
-# tid`, row `p // dq`, column unit `p % dq` - a 64-bit division and modulo per copy (what the first v2 did, per
-# element: ~50 instructions per MMA, docs/PERFORMANCE.md). `_v2_copy_plan` divides once per block:
+# **Who copies what.** A tile is KT rows of `dq = D / width` copies. `row_share` splits the block's threads into
+# groups of `tpr = threads / KT` consecutive threads, one group per row (16 on the GPU for KT = 16, 8 for v3's 32
+# rows); thread `tid` takes row `tid // tpr` and, with `u = tid % tpr`, the units `u, u + tpr, u + 2 tpr, ..`
+# (`copy_row`):
 #
-#     j = tid // dq,  c = tid - j dq,    dj = threads // dq,  dc = threads - dj dq        (dc < dq)
-#     per copy:  j += dj;  c += dc;  if c >= dq: c -= dq; j += 1
+#     per row:   d = j ROW_T + col,  s = rows[j] * stride + base       (one product)
+#     per copy:  cp.async(d + c, s + c);  c += tpr * width             (a 32-bit count)
 #
-# The host replay below is checked against the division form for every thread, then against the device function
-# itself, then the package's `_v2_load_keys` fills a NaN-poisoned tile on this backend.
+# Consecutive threads copy consecutive 16 bytes of one row, so a quarter warp writes 128 contiguous bytes of shared
+# memory (no bank conflict) and reads 128 contiguous bytes of the cache row. History (docs/PERFORMANCE.md): the
+# first v2 numbered the copies `p = u * threads + tid` with a 64-bit division per copy (~50 instructions per MMA);
+# its successor stepped a (row, column) pair by adds, still in 64 bits and with both copy widths in one loop body -
+# 52 instructions per 16-byte copy in the v3 tree kernel's SASS (`benchmarks/ptxas_report.py --loops`, no GPU
+# needed); this mapping takes ~8.
+#
+# The host replay below is checked for coverage (every (row, unit) of the tile exactly once), then against the device
+# function itself, then the package's `_v2_load_keys` fills a NaN-poisoned tile on this backend.
 
 # %%
-section("the copy plan, replayed on the host")
-show_kernel(mla._v2_copy_plan)
+section("who copies what, replayed on the host")
+show_kernel(mla.row_share)
 show_kernel(mla._v2_load_keys)
 
 
-def copy_plan(tid, D, width, threads):
-    """_v2_copy_plan on the host: (dq, row, column unit, row step, column-unit step)."""
-    dq = D // width
-    j = tid // dq
-    dj = threads // dq
-    return dq, j, tid - j * dq, dj, threads - dj * dq
+def row_share(tid, rows, threads):
+    """mla.row_share on the host: (first row, row step, u, threads a row)."""
+    tpr = max(threads // rows, 1)
+    return tid // tpr, threads // tpr, tid % tpr, tpr
 
 
 def copies(tid, D, width, threads):
-    """_v2_load_keys's loop: this thread's (row, column unit) sequence."""
-    dq, j, c, dj, dc = copy_plan(tid, D, width, threads)
-    seq = []
-    while j < KT:
-        seq.append((j, c))
-        j += dj
-        c += dc
-        if c >= dq:
-            c -= dq
-            j += 1
-    return seq
+    """_v2_load_keys's loops: this thread's (row, column unit) sequence."""
+    j0, dj, u, tpr = row_share(tid, KT, threads)
+    return [(j, c) for j in range(j0, KT, dj) for c in range(u, D // width, tpr)]
 
 
 plan_rows = []
 all_ok = True
-for D_, w_, nt in ((576, 4, 256), (576, 1, 256), (112, 4, 256), (112, 4, 64), (24, 4, 64), (13, 1, 64)):
+for D_, w_, nt in ((576, 4, 256), (576, 1, 256), (112, 4, 256), (112, 4, 64), (24, 4, 64), (13, 1, 8)):
     dq = D_ // w_
     visits = np.zeros((KT, dq), int)                                           # [KT, dq]
-    same = True
     for tid in range(nt):
-        seq = copies(tid, D_, w_, nt)
-        for j, c in seq:
+        for j, c in copies(tid, D_, w_, nt):
             visits[j, c] += 1
-        same &= seq == [divmod(p, dq) for p in range(tid, KT * dq, nt)]        # the division form
-    ok = same and np.all(visits == 1)
+    ok = np.all(visits == 1)
     all_ok &= ok
-    p0 = copy_plan(0, D_, w_, nt)
-    plan_rows.append((D_, w_, nt, dq, f"{p0[3]}, {p0[4]}", len(copies(0, D_, w_, nt)),
-                      len(copies(nt - 1, D_, w_, nt)), " ".join(f"({j},{c})" for j, c in copies(0, D_, w_, nt)[:5])))
-table(plan_rows, ("D", "width", "threads", "dq", "dj, dc", "copies t0", "copies t_last", "thread 0: (row, unit) .."))
-check_true("add-only plan == (p // dq, p % dq) for every thread; every (row, unit) of the tile exactly once",
-           all_ok, "6 configurations")
+    counts = [len(copies(tid, D_, w_, nt)) for tid in range(nt)]
+    plan_rows.append((D_, w_, nt, dq, row_share(0, KT, nt)[3], min(counts), max(counts),
+                      " ".join(f"({j},{c})" for j, c in copies(0, D_, w_, nt)[:5])))
+table(plan_rows, ("D", "width", "threads", "dq", "threads a row", "fewest copies", "most copies",
+                  "thread 0: (row, unit) .."))
+check_true("every (row, unit) of the tile copied exactly once, with as few as 8 threads for 16 rows", all_ok,
+           "6 configurations")
 
 owner_c = np.full((KT, 112 // 4), -1)                                          # [16, 28] thread per 16-byte unit
 for tid in range(256):
     for j, c in copies(tid, 112, 4, 256):
         owner_c[j, c] = tid
 fig = draw_owners(owner_c, "the key tile at D = 112 (the shipped pair), width 4, 256 threads: the thread whose "
-                  "cp.async fills each 16-byte unit\n(thread 0: row 0 unit 0, then +9 rows +4 units = row 9 unit 4)",
-                  "column unit (4 floats)", "key row j of the tile")
+                  "cp.async fills each 16-byte unit\n(16 threads a row: thread 0 takes row 0 units 0 and 16, "
+                  "thread 17 row 1 units 1 and 17)", "column unit (4 floats)", "key row j of the tile")
 save_figure(fig, args, "14_copy_plan.png")
 
 
 @cuda.jit
 def key_tile_kernel(cache, rows_in, width, plan_out, tile_out):
-    """The package's _v2_copy_plan + _v2_load_keys into a NaN-poisoned (KT, ROW_T) shared tile; each thread's plan
-    -> plan_out [threads, 5], the tile's first D columns -> tile_out [KT, D]."""
+    """The package's row_share + _v2_load_keys into a NaN-poisoned (KT, ROW_T) shared tile; each thread's share
+    -> plan_out [threads, 4], the tile's first D columns -> tile_out [KT, D]."""
     ks = cuda.shared.array((KT, ROW_T), float32, alignment=TILE_ALIGN)
     rows = cuda.shared.array(KT, int32)
     tid = cuda.threadIdx.x
@@ -583,17 +579,16 @@ def key_tile_kernel(cache, rows_in, width, plan_out, tile_out):
     if tid < KT:
         rows[tid] = rows_in[tid]
     cuda.syncthreads()
-    plan = mla._v2_copy_plan(D, width)
-    dq, j, c, dj, dc = plan
-    plan_out[tid, 0], plan_out[tid, 1], plan_out[tid, 2], plan_out[tid, 3], plan_out[tid, 4] = dq, j, c, dj, dc
-    mla._v2_load_keys(cache, rows, ks, D, width, plan, D, 0, 0, KT)  # copy_async per copy: row r from r * D + 0,
-    copy_async_wait()                                            # to tile column 0; then wait for them
+    j0, dj, u, tpr = mla.row_share(KT, cuda.blockDim.x)
+    plan_out[tid, 0], plan_out[tid, 1], plan_out[tid, 2], plan_out[tid, 3] = j0, dj, u, tpr
+    mla._v2_load_keys(cache, rows, ks, D, width, D, 0, 0, KT)   # copy_async per copy: row r from r * D + 0,
+    copy_async_wait()                                        # to tile column 0; then wait for them
     cuda.syncthreads()
     for i in range(tid, KT * D, cuda.blockDim.x):
         tile_out[i // D, i % D] = ks[i // D, i % D]
 
 
-section("the package's _v2_load_keys on this backend (256 threads: the GPU's plan)")
+section("the package's _v2_load_keys on this backend (256 threads: the GPU's block)")
 rows_tile = np.array([7, 2, -1, 0, 9, 9, 1, -1, 3, 4, 5, 6, 8, -1, -1, -1], np.int32)   # [KT]; -1: zero fill
 for D_ in (576, 112, 13):
     cache_t = kd.backend.asarray(R.standard_normal((10, D_)).astype(np.float32))        # [10, D]
@@ -602,12 +597,12 @@ for D_ in (576, 112, 13):
     if not KERNELS:
         print(f"D {D_}: copy_width {w_} (kernel not launched on the numpy backend)")
         continue
-    plan_t = kd.backend.full((256, 5), -7, np.int32)                                    # [256, 5]
+    plan_t = kd.backend.full((256, 4), -7, np.int32)                                    # [256, 4]
     tile_t = kd.backend.full((KT, D_), np.nan, np.float32)                              # [KT, D] poisoned
     with stopwatch() as sw:
         kd.backend.launch(key_tile_kernel, 1, 256, cache_t, kd.backend.asarray(rows_tile), w_, plan_t, tile_t)
-    check(f"D {D_}, width {w_}: device _v2_copy_plan == host copy_plan, all 256 threads", plan_t,
-          np.array([copy_plan(tid, D_, w_, 256) for tid in range(256)], np.int32))
+    check(f"D {D_}, width {w_}: device row_share == host row_share, all 256 threads", plan_t,
+          np.array([row_share(tid, KT, 256) for tid in range(256)], np.int32))
     check(f"D {D_}, width {w_}: tile == cache rows, zeros for rows -1 ({sw.ms:.0f} ms)", tile_t, want_t, exact=True)
 aligned = kd.backend.asarray(np.zeros((10, 576), np.float32))                  # [10, 576]
 shifted = kd.backend.zeros((10 * 576 + 1,), np.float32)[1:].reshape(10, 576)   # [10, 576], 4 bytes off
@@ -896,8 +891,9 @@ table(timing, ("case", f"{kd.backend.name} ms"))
 # `PYTHONPATH=$PWD KDTREE_BACKEND=cuda python3 benchmarks/bench_verify.py`; device time of CUDA-graph replays),
 # **not measured by this tutorial**. Columns: tree verify at context / nodes / heads, causal prefill at tokens /
 # start / heads, all with D 576, Lkv 512. The first v2 spent ~50 instructions per MMA (ncu); the rebuild is what
-# sections 3 and 4 show (the copy plan, cp.async, the 8-lane softmax) plus the truncating split of section 2 and
-# separate accumulators for the scores' three products.
+# sections 3 and 4 show (cp.async key tiles - then with an add-only copy plan, since replaced by a group of
+# threads per row -, the 8-lane softmax) plus the truncating split of section 2 and separate accumulators for the
+# scores' three products.
 
 # %%
 section("quoted from docs/PERFORMANCE.md (H200, 2026-12-03) - not measured here")

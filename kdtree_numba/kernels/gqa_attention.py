@@ -57,10 +57,10 @@ from numba import cuda, float32, uint64
 
 from .. import backend
 from . import _checks
-from ._intrinsics import copy_async, copy_async_wait, ex2, fmax
-from .mla_attention import (MAX_D, MAX_LKV, NEG_INF, TILE_ALIGN, _v2_copy_next, _v2_copy_plan, _v2_pv_frags,
+from ._intrinsics import copy_async_wait, ex2, fmax
+from .mla_attention import (MAX_D, MAX_LKV, NEG_INF, TILE_ALIGN, _v2_pv_frags,
                             _v2_pv_tile, _v2_qrow, _v2_rescale, _v2_score_step, _v2_stage_q, _v2_store, attention_v2,
-                            check_splits, copy_width, launch_split)
+                            check_splits, copy_row, copy_width, launch_split, row_share)
 from .mma import SCRATCH_SHAPE, SIM, mma_m16n8k8_3xtf32, split_tf32_fast
 from .primitives import GROUP_BUF, group_max, group_sum
 
@@ -119,16 +119,16 @@ def _v3_warps():
 
 
 @cuda.jit(device=True)
-def _v3_load(src, k0, k_hi, tile, D, width, plan, stride, base, tile_stride):
+def _v3_load(src, k0, k_hi, tile, D, width, stride, base, tile_stride):
     """Issue the copies of rows k0 .. k0 + R - 1 (those < k_hi; zeros for the rest) of ``src`` into ``tile`` (R =
     its rows: KT3 for v3, KT4 for v4): tile[j, :D] = the D floats at flat offset (k0 + j) * stride + base
-    (``_v2_load_keys`` over a row range instead of a row table). ``plan``: _v2_copy_plan(D, width)'s."""
-    dq, j, c, dj, dc = plan
-    while j < tile.shape[0]:
+    (``_v2_load_keys`` over a row range instead of a row table: a group of threads per row)."""
+    R = tile.shape[0]
+    j0, dj, u, tpr = row_share(R, 32 * _v3_warps())
+    for j in range(j0, R, dj):
         ok = k0 + j < k_hi
-        copy_async(tile, uint64(j * tile_stride + c * width), src,
-                   uint64((k0 + j if ok else 0) * stride + base + c * width), width, ok)
-        j, c = _v2_copy_next(j, c, dq, dj, dc)
+        copy_row(tile, uint64(j * tile_stride), src, uint64(k0 + j if ok else 0) * uint64(stride) + uint64(base),
+                 D, width, u, tpr, ok)
 
 
 @cuda.jit(device=True)
@@ -234,16 +234,14 @@ def _gqa_v3_kernel(q, k, v, start0, start_dev, scale, group, causal, width, spli
 
     ta, tb, ra, rb, lim_a, lim_b, k_lo, k_hi = _v3_lane_rows(r0, rows, n, group, nq, b, T, start, causal, z,
                                                               split_len)
-    kplan = _v2_copy_plan(Dk, width)
-    vplan = _v2_copy_plan(Dv, width)
     ksteps = (Dk + 7) // 8
     frags = (Dv + 7) // 8
     _v3_clear(ks, acc, Dk, ksteps)
     m_a = m_b = float32(NEG_INF)
     l_a = l_b = float32(0.0)
     for k0 in range(k_lo, k_hi, KT3):
-        _v3_load(k, k0, k_hi, ks, Dk, width, kplan, B * Dk, b * Dk, K_STRIDE)
-        _v3_load(v, k0, k_hi, vs, Dv, width, vplan, B * Dv, b * Dv, V_STRIDE)
+        _v3_load(k, k0, k_hi, ks, Dk, width, B * Dk, b * Dk, K_STRIDE)
+        _v3_load(v, k0, k_hi, vs, Dv, width, B * Dv, b * Dv, V_STRIDE)
         copy_async_wait()
         cuda.syncthreads()
         for i in range(24):
@@ -389,8 +387,6 @@ def _gqa_v4_kernel(q, k, v, start0, start_dev, scale, group, causal, width, spli
 
     ta, tb, ra, rb, lim_a, lim_b, k_lo, k_hi = _v3_lane_rows(r0, rows, n, group, nq, b, T, start, causal, z,
                                                               split_len)
-    kplan = _v2_copy_plan(Dk, width)
-    vplan = _v2_copy_plan(Dv, width)
     ksteps = (Dk + 7) // 8
     frags = (Dv + 7) // 8
     _v3_clear(ks, acc, Dk, ksteps)
@@ -401,8 +397,8 @@ def _gqa_v4_kernel(q, k, v, start0, start_dev, scale, group, causal, width, spli
     m_a = m_b = float32(NEG_INF)
     l_a = l_b = float32(0.0)
     for k0 in range(k_lo, k_hi, KT4):
-        _v3_load(k, k0, k_hi, ks, Dk, width, kplan, B * Dk, b * Dk, K_STRIDE4)
-        _v3_load(v, k0, k_hi, vs, Dv, width, vplan, B * Dv, b * Dv, V_STRIDE4)
+        _v3_load(k, k0, k_hi, ks, Dk, width, B * Dk, b * Dk, K_STRIDE4)
+        _v3_load(v, k0, k_hi, vs, Dv, width, B * Dv, b * Dv, V_STRIDE4)
         copy_async_wait()
         cuda.syncthreads()
         for i in range(16):

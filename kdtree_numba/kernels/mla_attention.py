@@ -47,8 +47,8 @@ lists (causal: rows 0 .. start + t_last, row k visible to row (t, h) iff k <= st
 tile, needed only in the last key tile or two). Per key tile of KT = 16 cache rows:
   1. rows -> shared ``ks [16, 580]`` (D = 576 padded: stride 580 = 4 mod 32, so the score B-fragment loads
      ks[key g, dim t] of a warp hit 32 different banks) by asynchronous 16-byte copies (cp.async, L2 -> shared
-     with no register staging; 4-byte copies when rows are not 16-byte aligned); columns D..575 hold zeros, as do
-     rows past the list
+     with no register staging; 4-byte copies when rows are not 16-byte aligned), 256 / 16 = 16 consecutive
+     threads a row (``row_share``, ``copy_row``); columns D..575 hold zeros, as do rows past the list
   2. scores S [32, 16] = Q K^T: warp w takes m16 block w // 4 and k-part w % 4 (144 of the 576 dims: 18 k8
      steps x 2 n8 blocks; A fragments from the block's 32 query rows, copied once into dynamic shared memory
      ``qs [32, 580]`` when a split has at least 3 key tiles - else straight from global q -, B from ks;
@@ -72,7 +72,12 @@ tile, needed only in the last key tile or two). Per key tile of KT = 16 cache ro
   64-bit division per element and ran ~50 instructions per MMA (ncu: 2.7 G instructions for 54 M MMAs at
   4096 x 64 x 64); the copy plan advances by adds, indices are unsigned, the softmax runs on every lane, the
   block's splits are constants, and the PV loop has no per-fragment guard when all 16 fragments are in use (a
-  guard put each fragment's three dependent MMAs in their own basic block). A second key tile in flight
+  guard put each fragment's three dependent MMAs in their own basic block). Read from the SASS without a GPU
+  (2026-12-05, ``benchmarks/ptxas_report.py --loops``; not yet timed): a 16-byte tile copy took 52 instructions
+  (a (row, column) pair stepped in 64 bits, both copy widths in one body), 18 of them a thread a v3 tile, more
+  issue slots than the P V step; it is ~8 now (a group of threads per row, 32-bit counts); the P V fragments'
+  column index was signed (a negative-index test and select per fragment: 257 -> 165 instructions a k8 step);
+  the tree and causal masks looped over all 32 keys of a tile for the 4 a thread owns. A second key tile in flight
   (cp.async groups, 74 KB of dynamic shared memory) measured 10-15 % slower and was dropped.
   On the simulator (a thread per CUDA thread) the block is 2 warps (4 or 8 when Lkv > 128 / 256): warp w takes
   m16 block w // (warps / 2) with warps / 2 k-parts and column groups - the same code.
@@ -346,44 +351,61 @@ def _v2_begin(acc, ks, m_run, l_run, D, kt):
 
 
 @cuda.jit(device=True)
-def _v2_copy_plan(D, width):
-    """This thread's first copy of a key tile and its stride, computed once per block: the tile is KT rows of
-    dq = D / width copies of ``width`` floats; copy p = u * threads + tid is row p // dq, column (p % dq) * width.
-    Returns (dq, row, column unit, row step, column-unit step)."""
-    tid = cuda.threadIdx.x
-    nt = 32 * _v2_warps()
-    dq = D // width
-    j = tid // dq
-    dj = nt // dq
-    return dq, j, tid - j * dq, dj, nt - dj * dq
+def copy_row(dst, d, src, s, D, width, u, step, keep):
+    """Issue one row's asynchronous copies: dst[d + c .. d + c + width - 1] = src[s + c ..] for c = u width,
+    (u + step) width, .. < D (zeros where not ``keep``): ``step`` threads share the row, this one taking every
+    step-th copy of ``width`` floats. The row's offsets d and s come in once; each copy adds a 32-bit column, so a
+    copy is the cp.async and a few adds (with a (row, column) pair advanced per copy in 64 bits and both copy
+    widths in one loop body, ptxas gave the tree kernel 52 instructions a copy, 18 copies a thread a tile: more
+    issue slots than its P V MMAs took). Example: D 576, width 4, step 8, u 3 -> columns 12, 44, .., 556 (18
+    copies of 16 bytes)."""
+    if width == 4:
+        _copy_run(dst, d, src, s, int32(D) >> 2, 4, u, step, keep)
+    else:
+        _copy_run(dst, d, src, s, int32(D), 1, u, step, keep)
 
 
 @cuda.jit(device=True)
-def _v2_load_keys(src, rows, ks, D, width, plan, stride, base, col, kt):
+def _copy_run(dst, d, src, s, dq, w, u, step, keep):
+    """``copy_row``'s loop for one copy width w (a literal at each call, so each loop has one kind of cp.async): copies
+    u, u + step, .. < dq of w floats, int32 counts (no 64-bit division by a runtime width per row) and a while
+    loop (numba's range keeps a 64-bit count with a sign test per step)."""
+    n = (dq - int32(u) + int32(step) - int32(1)) // int32(step)   # this thread's copies (0 when u >= dq)
+    inc = uint64(step * w)
+    d += uint64(u * w)
+    s += uint64(u * w)
+    i = int32(0)
+    while i < n:
+        copy_async(dst, d, src, s, w, keep)
+        d += inc
+        s += inc
+        i += int32(1)
+
+
+@cuda.jit(device=True)
+def row_share(kt, nt):
+    """(first row, row step, u, threads a row) of this thread in a tile of kt rows copied by the block's ``nt``
+    threads: groups of tpr = nt / kt consecutive threads (at least 1), one row per group and pass; u = this
+    thread's place in its group (``copy_row``'s). On the GPU kt and nt are constants (tpr 8 for 32-row tiles of
+    256 threads, 16 for 16-row tiles), so the splits are shifts."""
+    tid = cuda.threadIdx.x
+    tpr = max(nt // kt, 1)
+    return tid // tpr, nt // tpr, tid % tpr, tpr
+
+
+@cuda.jit(device=True)
+def _v2_load_keys(src, rows, ks, D, width, stride, base, col, kt):
     """Issue the copies of the key tile's kt rows: ks[j, col .. col + D - 1] = the D floats at flat offset
     rows[j] * stride + base of ``src`` (C-contiguous; a cache [C, D]: stride D, base 0; a kv head b of k [S, B, D]:
     stride B D, base b D), zeros where rows[j] < 0 (past the list, or a skipped slot), as asynchronous copies of
-    ``width`` floats (kernels/_intrinsics.copy_async: L2 -> shared with no register staging). The caller waits for them
-    (copy_async_wait) and its barrier publishes them. ``plan``: _v2_copy_plan(D, width)'s. The (row, column) of
-    successive copies advance by adds, not by a division per copy."""
-    dq, j, c, dj, dc = plan
-    while j < kt:
+    ``width`` floats (kernels/_intrinsics.copy_async: L2 -> shared with no register staging), a group of
+    consecutive threads per row (``row_share``, ``copy_row``). The caller waits for them (copy_async_wait) and its
+    barrier publishes them."""
+    j0, dj, u, tpr = row_share(kt, 32 * _v2_warps())
+    for j in range(j0, kt, dj):
         row = rows[j]
-        copy_async(ks, uint64(j * ROW_T + col + c * width), src, uint64(max(row, 0) * stride + base + c * width),
-                   width, row >= 0)
-        j, c = _v2_copy_next(j, c, dq, dj, dc)
-
-
-@cuda.jit(device=True)
-def _v2_copy_next(j, c, dq, dj, dc):
-    """The (row, column unit) of a thread's next copy in a tile of rows of dq units: ``threads`` units on, by adds
-    (dj rows and dc units, carrying into the row when c passes dq)."""
-    j += dj
-    c += dc
-    if c >= dq:
-        c -= dq
-        j += 1
-    return j, c
+        copy_row(ks, uint64(j * ROW_T + col), src, uint64(max(row, 0)) * uint64(stride) + uint64(base), D, width,
+                 u, tpr, row >= 0)
 
 
 @cuda.jit(device=True)
@@ -447,11 +469,9 @@ def _v2_stage_q(q, qs, r0, rows, stride, n, G, nq, b, D, width):
     pad = (D + 7) // 8 * 8 - D
     for i in range(tid, rows * pad, nt):
         qs[(i // pad) * stride + D + i % pad] = float32(0.0)
-    dq = D // width
-    for u in range(tid, rows * dq, nt):
-        j = u // dq
-        c = (u - j * dq) * width
-        copy_async(qs, uint64(j * stride + c), q, uint64(_v2_qrow(r0 + j, n, G, nq, b) * D + c), width, True)
+    j0, dj, u, tpr = row_share(rows, nt)
+    for j in range(j0, rows, dj):
+        copy_row(qs, uint64(j * stride), q, _v2_qrow(r0 + j, n, G, nq, b) * uint64(D), D, width, u, tpr, True)
 
 
 @cuda.jit(device=True)
@@ -484,13 +504,16 @@ def _v2_scores(q, qs, staged, ks, sp, r0, n, G, nq, b, D, scratch, kt):
     if staged:
         qa = uint64((mb * 16 + g) * Q_STRIDE2 + t)       # this lane's A-fragment rows g, g + 8 in qs (column t)
         qb = qa + uint64(8 * Q_STRIDE2)
-        for kk in range(kp * steps, min(kp * steps + steps, ksteps)):
+        kk = int32(kp * steps)
+        k_end = int32(min(kp * steps + steps, ksteps))
+        while kk < k_end:                                # (numba's range: a 64-bit count, a sign test a step)
             o = uint64(kk * 8)
             ah0, al0 = split_tf32_fast(qs[qa + o])
             ah1, al1 = split_tf32_fast(qs[qb + o])
             ah2, al2 = split_tf32_fast(qs[qa + o + uint64(4)])
             ah3, al3 = split_tf32_fast(qs[qb + o + uint64(4)])
             _v2_score_mma(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ks, kk * 8 + t, g, s, scratch, nbs)
+            kk += int32(1)
     else:
         ra = _v2_qrow(r0 + mb * 16 + g, n, G, nq, b)
         rb = _v2_qrow(r0 + mb * 16 + g + 8, n, G, nq, b)
@@ -585,8 +608,9 @@ def _v2_softmax(sp, vis, scale, m_run, l_run, alpha, buf, kt):
 @cuda.jit(device=True)
 def _v2_pv(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ks, ka, kb, c, acc, f, scratch):
     """acc fragment f += P V for one k8 step: B = V [keys ka, kb; column c + 8 f] from the key tile."""
-    bh0, bl0 = split_tf32_fast(ks[ka, c + f * 8])
-    bh1, bl1 = split_tf32_fast(ks[kb, c + f * 8])
+    col = c + uint64(f * 8)                              # unsigned: no negative-index test per fragment
+    bh0, bl0 = split_tf32_fast(ks[ka, col])
+    bh1, bl1 = split_tf32_fast(ks[kb, col])
     acc[4 * f], acc[4 * f + 1], acc[4 * f + 2], acc[4 * f + 3] = mma_m16n8k8_3xtf32(
         ah0, ah1, ah2, ah3, al0, al1, al2, al3, bh0, bh1, bl0, bl1,
         acc[4 * f], acc[4 * f + 1], acc[4 * f + 2], acc[4 * f + 3], scratch)
@@ -749,7 +773,6 @@ def _tiled_kernel(kt, sp_stride, name):
         if k_lo >= k_hi and not direct:
             past_the_list(r0, n, group, nq, b, z, m_part, l_part)
             return
-        plan = _v2_copy_plan(Dk, width)
         staged = stage and split_len >= STAGE_MIN_KEYS   # short splits read q from global memory
         if staged:
             _v2_stage_q(q, qs, r0, MT, Q_STRIDE2, n, group, nq, b, Dk, width)
@@ -760,19 +783,18 @@ def _tiled_kernel(kt, sp_stride, name):
             if tid < kt:
                 rows[tid] = k0 + tid if k0 + tid < k_hi else -1
             cuda.syncthreads()
-            _v2_load_keys(k, rows, ks, Dk, width, plan, B * Dk, b * Dk, 0, kt)
-            if v.ndim == 3:                              # separate values (their plan: a few integer ops a tile)
-                _v2_load_keys(v, rows, ks, Dv, width, _v2_copy_plan(Dv, width), B * Dv, b * Dv, vo, kt)
+            _v2_load_keys(k, rows, ks, Dk, width, B * Dk, b * Dk, 0, kt)
+            if v.ndim == 3:                              # separate values, after the keys' columns
+                _v2_load_keys(v, rows, ks, Dv, width, B * Dv, b * Dv, vo, kt)
             copy_async_wait()
             cuda.syncthreads()
             _v2_scores(q, qs, staged, ks, sp, r0, n, group, nq, b, Dk, scratch, kt)
             cuda.syncthreads()
             vis = 0                                      # causal mask of this thread's keys
-            for jj in range(kt):
-                if jj < kpt:
-                    row = rows[j0 + jj]
-                    if row >= 0 and row <= last_key:
-                        vis |= 1 << jj
+            for jj in range(kpt):                        # (kpt: a constant on the GPU, so this unrolls)
+                row = rows[j0 + jj]
+                if row >= 0 and row <= last_key:
+                    vis |= 1 << jj
             _v2_softmax(sp, vis, scale, m_run, l_run, alpha, buf, kt)
             cuda.syncthreads()
             _v2_accumulate(sp, ks, acc, alpha, Dv, vo, scratch, kt)

@@ -47,7 +47,7 @@ from .primitives import GROUP_BUF
 from ._intrinsics import view2d
 from .mla_attention import (ACC, BK, HG, KPARTS, KT, KT3, MAX_D, MAX_LKV, MAX_SUBS, MT, PAIRS, Q_STRIDE2, ROW, ROW_T,
                             SCRATCH_SHAPE, SP_STRIDE3, STAGE_MIN_KEYS, TILE_ALIGN, TILE_ROWS, _named_kernel,
-                            _v1_begin, _v1_end, _v1_tile, _v2_accumulate, _v2_begin, _v2_copy_plan, _v2_end,
+                            _v1_begin, _v1_end, _v1_tile, _v2_accumulate, _v2_begin, _v2_end,
                             _v2_load_keys, _v2_row, _v2_scores, _v2_softmax, _v2_stage_q, check_qkv, check_splits,
                             check_tiled_fits, check_variant, launch_v1, launch_v2, masked_attention_fast,
                             masked_attention_ref, past_the_list, split_range, stage_bytes)
@@ -160,7 +160,6 @@ def _tiled_tree_kernel(kt, sp_stride, name):
         if k_lo >= k_hi and not direct:
             past_the_list(r0, n_rows, n_heads, n_heads, 0, z, m_part, l_part)
             return
-        plan = _v2_copy_plan(D, copy_w)
         r, j0, kpt = _v2_row(kt)
         real = r0 + r < n_rows                           # this thread's query row exists (else all masked)
         i = min(r0 + r, n_rows - 1) // n_heads           # ... and is tree token i
@@ -173,18 +172,17 @@ def _tiled_tree_kernel(kt, sp_stride, name):
             if tid < kt:
                 _tree_key(paths, depths, start, t_first, width, k0 + tid, k_hi, tid, rows, kdep, knode)
             cuda.syncthreads()
-            _v2_load_keys(cache, rows, ks, D, copy_w, plan, D, 0, 0, kt)
+            _v2_load_keys(cache, rows, ks, D, copy_w, D, 0, 0, kt)
             copy_async_wait()
             cuda.syncthreads()
             _v2_scores(q, qs, staged, ks, sp, r0, n_rows, n_heads, n_heads, 0, D, scratch, kt)
             cuda.syncthreads()
             vis = 0                                      # tree mask: a committed row is seen by every token, a
-            for jj in range(kt):                         # tree key by the tokens on whose path its node lies
-                if jj < kpt:
-                    j = j0 + jj
-                    d = kdep[j]
-                    if real and rows[j] >= 0 and (d < 0 or (depth_i >= d and paths[i, d] == knode[j])):
-                        vis |= 1 << jj
+            for jj in range(kpt):                        # tree key by the tokens on whose path its node lies
+                j = j0 + jj                              # (kpt: a constant on the GPU, so this unrolls)
+                d = kdep[j]
+                if real and rows[j] >= 0 and (d < 0 or (depth_i >= d and paths[i, d] == knode[j])):
+                    vis |= 1 << jj
             _v2_softmax(sp, vis, scale, m_run, l_run, alpha, buf, kt)
             cuda.syncthreads()
             _v2_accumulate(sp, ks, acc, alpha, out.shape[1], 0, scratch, kt)

@@ -4,9 +4,11 @@ of 16 / 32 rows). Simulator cases
 are tiny (a few blocks); ``gpu`` cases run Kimi-sized shapes on a real GPU."""
 import numpy as np
 import pytest
+from numba import cuda, float32
 
 import kdtree_numba as kd
 from kdtree_numba.kernels import mla_attention as mla, tree as kt, tree_verify as tv
+from kdtree_numba.kernels._intrinsics import copy_async_wait, view2d
 
 from ..helpers import poisoned
 
@@ -279,6 +281,40 @@ def _compiled_tiled_kernels() -> dict:
         mla.mla_attention(q, cache, 200, 0.1, 512, variant=variant)
     return {mla._attention_v2_kernel: mla.KT, mla._attention_v3_kernel: mla.KT3,
             tv._tree_attention_v2_kernel: mla.KT, tv._tree_attention_v3_kernel: mla.KT3}
+
+
+ALIGN, ROW_T = mla.TILE_ALIGN, mla.ROW_T     # module constants: numba wants the alignment as a literal
+
+
+@cuda.jit
+def _load_keys_kernel(src, rows, width, col, out):
+    """The tiled kernels' key-tile load on its own: rows[j] of src -> tile row j from column ``col`` -> out."""
+    dyn = cuda.shared.array(0, float32, alignment=ALIGN)
+    kt_rows, D = rows.shape[0], src.shape[1]
+    ks = view2d(dyn, 0, kt_rows, ROW_T)
+    for i in range(cuda.threadIdx.x, kt_rows * ROW_T, cuda.blockDim.x):
+        ks[i // ROW_T, i % ROW_T] = float32(-7.0)                 # poison: every copied float overwrites it
+    cuda.syncthreads()
+    mla._v2_load_keys(src, rows, ks, D, width, D, 0, col, kt_rows)
+    copy_async_wait()
+    cuda.syncthreads()
+    for i in range(cuda.threadIdx.x, kt_rows * D, cuda.blockDim.x):
+        out[i // D, i % D] = ks[i // D, col + i % D]
+
+
+@pytest.mark.parametrize("kt_rows,D,width,col", [(32, 20, 4, 0), (16, 13, 1, 3), (4, 576, 4, 4), (32, 8, 4, 4)])
+def test_key_tile_load_every_row_share(kt_rows, D, width, col, rng=np.random.default_rng(9)):
+    """``_v2_load_keys`` (a group of 256 / kt threads per tile row, ``copy_row``'s strided copies): each row lands
+    whole, a row of -1 as zeros, whatever the group size (8, 16, 64 threads a row) and the copy width - including
+    rows of fewer copies than the group has threads (D 20 / 4 = 5 copies for 8 threads)."""
+    src = rng.standard_normal((40, D)).astype(np.float32)
+    rows = rng.integers(-1, 40, kt_rows).astype(np.int32)
+    rows[0] = -1
+    out = poisoned((kt_rows, D))
+    kd.backend.launch(_load_keys_kernel, 1, 32 * mla.WARPS, kd.backend.asarray(src), kd.backend.asarray(rows),
+                      width, col, out, shared=4 * kt_rows * mla.ROW_T)
+    want = np.where(rows[:, None] >= 0, src[np.maximum(rows, 0)], 0)
+    np.testing.assert_array_equal(H(out), want)
 
 
 @pytest.mark.gpu
