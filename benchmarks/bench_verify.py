@@ -1,6 +1,7 @@
 """Tree-verify attention (absorbed MLA over the latent cache, ancestor-only) and causal MLA (prefill, decode): the
-kernel variants v1 (per token x 4 heads, CUDA cores) and v2 (tiles of 32 query rows, tensor cores, 3xTF32) against
-PyTorch's scaled_dot_product_attention, in fp32 and with TF32 allowed, plus % of the H200 rooflines.
+kernel variants v1 (per token x 4 heads, CUDA cores) and v2 / v3 / v4 (tiles of 32 query rows, tensor cores,
+3xTF32; mla_attention's docstring says how they differ) against PyTorch's scaled_dot_product_attention, in fp32
+and with TF32 allowed, plus % of the H200 rooflines.
 
 Per tree shape: context S committed rows, n tree nodes (+ root), N heads, cache rows of 512 + 64 floats.
     FLOPs  = 2 * (n+1) * N * (S + depth + 1) * (576 + 512)      (scores + weighted values; useful work only)
@@ -29,6 +30,7 @@ few microseconds to SDPA: the small cells compared launchers, not kernels.)
 
     PYTHONPATH=$PWD python3 benchmarks/bench_verify.py            # the GPU (KDTREE_BACKEND=cuda)
     PYTHONPATH=$PWD python3 benchmarks/bench_verify.py --tables prefill,block   # only those tables
+    PYTHONPATH=$PWD python3 benchmarks/bench_verify.py --tables tree --fast v4  # v4's ratios to SDPA
     KDTREE_BACKEND=sim python3 benchmarks/bench_verify.py --quick # a smoke run on the simulator (tiny shapes,
                                                                   # no torch rows; the numbers mean nothing)
 """
@@ -39,8 +41,16 @@ import numpy as np
 from _common import args, graph_median_ms, kd, save, set_tf32, table, torch_graph_median_ms
 
 TABLES = ("tree", "causal", "prefill", "block")
-a = args(__doc__, lambda p: p.add_argument("--tables", default=",".join(TABLES),
-                                           help=f"comma-separated subset of {', '.join(TABLES)} (default: all)"))
+
+
+def _options(p):
+    p.add_argument("--tables", default=",".join(TABLES),
+                   help=f"comma-separated subset of {', '.join(TABLES)} (default: all)")
+    p.add_argument("--fast", metavar="VARIANT", help="the absorbed-MLA variant whose speedups and roofline shares "
+                   "the tree and causal tables report (default: the GPU's default variant; v2 elsewhere)")
+
+
+a = args(__doc__, _options)
 only = [t.strip() for t in a.tables.split(",") if t.strip()]
 if not only or any(t not in TABLES for t in only):
     print(f"bench_verify.py: --tables expects a comma-separated subset of {', '.join(TABLES)}, got {a.tables!r}",
@@ -48,6 +58,11 @@ if not only or any(t not in TABLES for t in only):
     sys.exit(2)
 xp = kd.backend.xp
 from kdtree_numba.kernels import block_attention, gemm, gqa_attention, mla_attention, tree, tree_verify  # noqa: E402
+
+if a.fast is not None and a.fast not in mla_attention.VARIANTS:
+    print(f"bench_verify.py: --fast expects one of {', '.join(mla_attention.VARIANTS)}, got {a.fast!r}",
+          file=sys.stderr)
+    sys.exit(2)
 
 try:
     import torch
@@ -60,7 +75,8 @@ D, LKV = (576, 512) if GPU else (24, 16)           # the simulator runs a narrow
 FP32_FLOPS, TF32_FLOPS, BW = 51e12, 495e12, 4.25e12
 SCALE = 0.13
 VARIANTS = mla_attention.VARIANTS
-FAST = mla_attention.default_variant() if GPU else "v2"   # the variant the speedups and roofline shares are of
+FAST = a.fast or (mla_attention.default_variant() if GPU else "v2")   # the variant the speedups and roofline
+                                                                     # shares are of
 H = kd.backend.to_host
 if GPU and not a.quick:
     contexts, nodes, heads = [512, 4096, 32768], [16, 64, 256], [16, 64]
