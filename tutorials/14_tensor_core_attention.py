@@ -717,7 +717,7 @@ def softmax_kernel(sp_in, vis_in, scale, p_out, state_out):
             if jj < kpt:
                 if vis_in[tile, r, j0 + jj] != 0:
                     vis |= 1 << jj
-        mla._v2_softmax(sp, vis, scale, m_run, l_run, alpha, buf, KT)
+        mla._v2_softmax(sp, vis, scale, m_run, l_run, alpha, buf, KT, mla._v2_warps() // MB)
         cuda.syncthreads()
         for i in range(tid, MT * KT, cuda.blockDim.x):
             p_out[tile, i // KT, i % KT] = sp[0, i // KT, i % KT]
@@ -959,7 +959,7 @@ section("v3: budget, bank conflicts and MMAs per key")
 budget = []
 for v in ("v2", "v3"):
     kt_v = mla.TILE_ROWS[v]
-    st, tile, stage = mla.STATIC_BYTES[kt_v], mla.tile_bytes(kt_v), mla.Q_BYTES2
+    st, tile, stage = mla.STATIC_BYTES[v], mla.tile_bytes(kt_v), mla.Q_BYTES2
     budget.append((v, kt_v, st, tile, stage, st + tile + stage))
 table(budget, ("variant", "keys per tile", "static bytes", "key tile", "staged rows", "bytes per block"))
 check_true("v2 = 8,768 + 37,120 + 74,240 bytes; v3 fits the H200's 232,448 bytes per block, and 99 KB without its "

@@ -25,6 +25,13 @@ it.
       it lives in dynamic shared memory (``_intrinsics.view2d``), before the staged query rows (167 KB in all).
       H200: tree 4096 / 256 / 64 5.34 -> 4.97 ms, 32768 / 256 / 64 43.7 -> 38.5, decode 1 / 4096 / 64 0.083 ->
       0.079; slower only on a decode over a short context (few blocks: ``short_splits``).
+  v4  v3 with every warp on both m16 blocks of the tile (``_tiled_kernel(.., wide=True)``): warp w takes k-part
+      w of the scores (72 of 576 dims, ``_v4_scores``) and Lkv columns 64 w .. 64 w + 63 of P V
+      (``_v4_accumulate``), so each key and value fragment is loaded and split once for both blocks' MMAs; the
+      scores' small 3xTF32 products chain into one accumulator set (two sets, not three: three spilled).
+      From the sm_90 SASS (2026-12-05, no GPU): a score k8 step 85 instructions for 24 MMAs (v3: 61 for 12), a
+      P V k8 step ~136 for 48 (v3: ~165); 254 registers (tree), 37 KB of static shared memory (8 k-parts of
+      partial scores). **Not yet timed**: ``variant="v4"`` only; ``variant=None`` runs v3.
 
 v1 mapping: grid (token t, head group of HG heads, key split z). A block walks its split of t's key list in tiles
 of BK rows: the tile is loaded into shared memory (row stride padded to an odd length so column reads do not
@@ -103,7 +110,7 @@ from ._intrinsics import copy_async, copy_async_wait, view2d
 from .primitives import GROUP_BUF, group_max, group_sum, online_softmax_row
 from .mma import SCRATCH_SHAPE, SIM, mma_m16n8k8_3xtf32, mma_m16n8k8_tf32, split_tf32_fast
 
-VARIANTS = ("v1", "v2", "v3")
+VARIANTS = ("v1", "v2", "v3", "v4")
 NEG_INF = -math.inf
 MAX_D = 576       # widest cache row the kernels support (Kimi / DeepSeek: 512 + 64)
 MAX_LKV = 512
@@ -132,13 +139,19 @@ SCORE_ACC = 48    # 3 products x KT3 / 8 n8 blocks x 4: a warp's score accumulat
 SP_STRIDE3 = 36   # v3's partial-score row stride: 36 = 4 mod 32, P's A-fragment loads hit 32 banks
 # The kernels' static shared memory (ptxas, sm_90), the largest of the causal and tree kernels': the launchers
 # check it + the dynamic part (key tile, staged query rows) against the device's per-block limit.
-STATIC_BYTES = {KT: 8768, KT3: 19200}
+STATIC_BYTES = {"v2": 8768, "v3": 19200, "v4": 37632}
 KPARTS = 4        # most k-parts of the score (warps per m16 block): sp [KPARTS, MT, KT]
 FRAGS = 16        # most n8 output fragments per warp: 16 x 8 = 128 of the Lkv columns
 ACC = 64          # FRAGS * 4 accumulators per thread
 WARPS = 8         # warps per block on the GPU (MB * KPARTS)
 assert MT == 16 * MB and ACC == 4 * FRAGS and WARPS == MB * KPARTS and KT == 16 and ROW_T >= MAX_D
 assert KT3 == 32 and SP_STRIDE3 >= KT3 and SCORE_ACC == 3 * KT3 // 2
+# v4: v3's tiles with every warp on both m16 blocks: warp w takes k-part w of the scores (so a key's B fragment,
+# loaded and split once, feeds both blocks' MMAs) and Lkv column group w of P V (so a value fragment does too)
+KPARTS4 = 8       # k-parts of the score, one per warp: sp [KPARTS4, MT, SP_STRIDE3]
+FRAGS4 = 8        # n8 output fragments per warp and m16 block: 8 x 8 = 64 of the Lkv columns (ACC = 2 x 8 x 4)
+SCORE_ACC4 = 64   # 2 accumulator sets x 2 m16 blocks x KT3 / 8 n8 blocks x 4 (``_v4_score_mma``)
+assert KPARTS4 == WARPS and ACC == MB * 4 * FRAGS4 and SCORE_ACC4 == 2 * MB * KT3 // 2
 TILE_ALIGN = None if SIM else 16  # the key tile's byte alignment: copy_async's 16-byte copies (the simulator
                                   # takes no alignment argument; its arrays are numpy's). Rows: ROW_T * 4 = 16 * 145.
 SPLIT_TARGET = 264  # blocks v1's (and gqa_attention's) key splits aim for: two per SM of the H200's 132; the MLA
@@ -164,7 +177,7 @@ def tiled_default() -> str:
     """v3 (32-key tiles) where it can stage its query rows (sm_90: 168 KB a block), else v2 where v2 can (sm_80:
     120 KB; on the H200 staging measured 1.2-1.36x, the longer tiles 1.03-1.13x), else v3 without them where it
     fits (sm_86 / sm_89: 91 KB), else v2 (sm_75: 64 KB)."""
-    if stage_bytes(KT3) or (not stage_bytes(KT) and tiled_fits("v3")):
+    if stage_bytes("v3") or (not stage_bytes("v2") and tiled_fits("v3")):
         return "v3"
     return "v2"
 
@@ -566,23 +579,23 @@ def _v2_row(kt):
 
 
 @cuda.jit(device=True)
-def _v2_softmax(sp, vis, scale, m_run, l_run, alpha, buf, kt):
+def _v2_softmax(sp, vis, scale, m_run, l_run, alpha, buf, kt, parts):
     """The tile's scores and online softmax, every thread of the block (``_v2_row``'s mapping): this lane's keys'
-    scores s_j = scale * sum of the k-parts (or -inf where bit j - j0 of ``vis`` is clear: the kernel's mask), the
+    scores s_j = scale * the sum of the ``parts`` k-parts (warps / MB; v4: warps) (or -inf where bit j - j0 of
+    ``vis`` is clear: the kernel's mask), the
     row's m = max(m, max_j s_j) and sum over its G lanes (group_max / group_sum: shuffles), alpha = exp(m_old - m),
     sp[0, r, j] = P = exp(s_j - m), l = alpha l + sum_j P. A row whose keys are all hidden so far keeps m = -inf,
     l = 0 and gets alpha = 1, P = 0 (a split past a token's last key, a tree slot of another token).
     ``buf``: primitives.GROUP_BUF floats of shared scratch (the simulator's)."""
     r, j0, kpt = _v2_row(kt)
     G = 32 * _v2_warps() // MT
-    parts = _v2_warps() // MB
     s = cuda.local.array(KT3, float32)                   # this lane's scores (registers: kpt <= KT3, unrolled)
     m_old = m_run[r]
     mx = m_old
     for jj in range(KT3):
         if jj < kpt:
             v = float32(0.0)
-            for p in range(KPARTS):
+            for p in range(KPARTS4):
                 if p < parts:
                     v += sp[p, r, j0 + jj]
             v = v * scale if (vis >> jj) & 1 else float32(NEG_INF)
@@ -684,31 +697,56 @@ def _v2_end(acc, m_run, l_run, r0, n, G, nq, b, z, direct, out, o_part, m_part, 
     of ``out`` (one split), or this split's (O, m, l) for ``_combine_kernel``. Same warp -> (m16 block, columns)
     mapping as ``_v2_accumulate``."""
     tid = cuda.threadIdx.x
-    lane = tid % 32
+    groups = _v2_warps() // MB
+    frags = (out.shape[1] + 8 * groups - 1) // (8 * groups)
+    _v2_end_block(acc, 0, FRAGS, frags, tid // 32 % groups * frags * 8, tid // 32 // groups, l_run, r0, n, G, nq, b,
+                  z, direct, out, o_part)
+    _v2_end_stats(m_run, l_run, r0, n, G, nq, b, z, direct, m_part, l_part)
+
+
+@cuda.jit(device=True)
+def _v2_end_block(acc, base, nf, frags, col0, mb, l_run, r0, n, G, nq, b, z, direct, out, o_part):
+    """One m16 block's share of ``_v2_end``: this lane's ``frags`` fragments (of at most ``nf``, a constant: the
+    accumulators' loop must unroll to constant indices or ptxas moves ``acc`` to local memory) at acc[base ..],
+    output columns col0 + 8 f + 2 t (+ 1), rows g and g + 8 of block mb."""
+    lane = cuda.threadIdx.x % 32
     g = lane // 4
     t = lane % 4
-    lkv = out.shape[1]
-    groups = _v2_warps() // MB
-    mb = tid // 32 // groups
-    frags = (lkv + 8 * groups - 1) // (8 * groups)
-    col0 = tid // 32 % groups * frags * 8
     ta = r0 + mb * 16 + g                                # this lane's tile rows: g and g + 8 of its m16 block
     tb = ta + 8
     ra = _v2_qrow(ta, n, G, nq, b)
     rb = _v2_qrow(tb, n, G, nq, b)
     ia = float32(1.0) / l_run[mb * 16 + g] if direct and ta < n else float32(1.0)
     ib = float32(1.0) / l_run[mb * 16 + g + 8] if direct and tb < n else float32(1.0)
-    for f in range(FRAGS):
+    for f in range(nf):
         c = col0 + f * 8 + 2 * t                         # this lane's columns: c and c + 1
+        i = base + 4 * f
         if f < frags:
             if ta < n:
-                _v2_store(out, o_part, z, direct, ra, c, acc[4 * f] * ia, acc[4 * f + 1] * ia)
+                _v2_store(out, o_part, z, direct, ra, c, acc[i] * ia, acc[i + 1] * ia)
             if tb < n:
-                _v2_store(out, o_part, z, direct, rb, c, acc[4 * f + 2] * ib, acc[4 * f + 3] * ib)
+                _v2_store(out, o_part, z, direct, rb, c, acc[i + 2] * ib, acc[i + 3] * ib)
+
+
+@cuda.jit(device=True)
+def _v2_end_stats(m_run, l_run, r0, n, G, nq, b, z, direct, m_part, l_part):
+    """A split's (m, l) of the tile's rows for ``_combine_kernel`` (nothing when the block writes ``out`` directly)."""
+    tid = cuda.threadIdx.x
     if not direct and tid < MT and r0 + tid < n:
         r = _v2_qrow(r0 + tid, n, G, nq, b)
         m_part[z, r] = m_run[tid]
         l_part[z, r] = l_run[tid]
+
+
+@cuda.jit(device=True)
+def _v4_end(acc, m_run, l_run, r0, n, G, nq, b, z, direct, out, o_part, m_part, l_part):
+    """``_v2_end`` for ``_v4_accumulate``'s mapping: warp w's columns of both m16 blocks (acc[4 FRAGS4 m ..])."""
+    groups = _v2_warps()
+    frags = (out.shape[1] + 8 * groups - 1) // (8 * groups)
+    col0 = cuda.threadIdx.x // 32 * frags * 8
+    for mb in range(MB):
+        _v2_end_block(acc, 4 * FRAGS4 * mb, FRAGS4, frags, col0, mb, l_run, r0, n, G, nq, b, z, direct, out, o_part)
+    _v2_end_stats(m_run, l_run, r0, n, G, nq, b, z, direct, m_part, l_part)
 
 
 @cuda.jit(device=True)
@@ -722,16 +760,195 @@ def _v2_store(out, o_part, z, direct, r, c, v0, v1):
                 o_part[z, r, c + e] = v0 if e == 0 else v1
 
 
+# ------------------------------------------------------------------------------------------------ v4 (wide warps)
+@cuda.jit(device=True)
+def _v4_score_mma(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ch0, ch1, ch2, ch3, cl0, cl1, cl2, cl3, ks, d, g, s,
+                  scratch, nbs):
+    """``_v2_score_mma`` for both m16 blocks of the tile: A fragments of block 0 (ah*, al*) and block 1 (ch*, cl*),
+    each key's B fragment loaded and split once for both blocks. Two accumulator sets, not three: the small
+    products lo.hi and hi.lo chain into one, hi.hi has its own (what keeps 3xTF32 fp32-grade is that the small
+    terms are not added into the large sum one MMA at a time; with three sets of 2 x nbs x 4 the kernel took 255
+    registers and spilled). ``s`` [set][block][n8 block][c0..c3] (16 nbs floats); per n8 block and block one
+    chain of two MMAs and one of one - 16 independent chains a warp at nbs = 4."""
+    ps = 8 * nbs                                         # one set's accumulators, both blocks
+    for nb in range(nbs):
+        bh0, bl0 = split_tf32_fast(ks[uint64(nb * 8 + g), uint64(d)])
+        bh1, bl1 = split_tf32_fast(ks[uint64(nb * 8 + g), uint64(d + 4)])
+        i = 4 * nb                                       # block 0
+        s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+            al0, al1, al2, al3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+        s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+            ah0, ah1, ah2, ah3, bl0, bl1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+        i = ps + 4 * nb
+        s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+            ah0, ah1, ah2, ah3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+        i = 4 * nbs + 4 * nb                             # block 1
+        s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+            cl0, cl1, cl2, cl3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+        s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+            ch0, ch1, ch2, ch3, bl0, bl1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+        i = ps + 4 * nbs + 4 * nb
+        s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+            ch0, ch1, ch2, ch3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+
+
+@cuda.jit(device=True)
+def _v4_staged_a(qs, o):
+    """One m16 block's A fragments, split for 3xTF32, from the staged rows (flat ``qs``): rows at o and
+    o + 8 Q_STRIDE2, dims o and o + 4 (o: the lane's row g and dim t of this k8 step). Returns (h0, h1, h2, h3,
+    l0, l1, l2, l3)."""
+    h0, l0 = split_tf32_fast(qs[o])
+    h1, l1 = split_tf32_fast(qs[o + uint64(8 * Q_STRIDE2)])
+    h2, l2 = split_tf32_fast(qs[o + uint64(4)])
+    h3, l3 = split_tf32_fast(qs[o + uint64(8 * Q_STRIDE2 + 4)])
+    return h0, h1, h2, h3, l0, l1, l2, l3
+
+
+@cuda.jit(device=True)
+def _v4_a_frags(src, ra, rb, da, db):
+    """One m16 block's A fragments, split for 3xTF32, from a 2-D array (global q; P in shared memory): rows ra /
+    rb (g, g + 8), columns da / db (t, t + 4). Returns (h0, h1, h2, h3, l0, l1, l2, l3)."""
+    h0, l0 = split_tf32_fast(src[ra, da])
+    h1, l1 = split_tf32_fast(src[rb, da])
+    h2, l2 = split_tf32_fast(src[ra, db])
+    h3, l3 = split_tf32_fast(src[rb, db])
+    return h0, h1, h2, h3, l0, l1, l2, l3
+
+
+@cuda.jit(device=True)
+def _v4_scores(q, qs, staged, ks, sp, r0, n, G, nq, b, D, scratch, kt):
+    """``_v2_scores`` with warp w on k-part w of both m16 blocks: sp[w, 0..31, 0..kt-1] = Q[rows, dims of w] @
+    ks[0..kt-1, dims of w]^T (unscaled, 3xTF32, two accumulator sets). Per k8 step a warp loads and splits 8 A
+    and 8 B values for 24 MMAs, where v2 / v3's warps (one block each) take 4 A and 8 B for 12: the B side is
+    split once for both blocks. A fragments from the staged rows when ``staged``, else from global q."""
+    tid = cuda.threadIdx.x
+    lane = tid % 32
+    g = lane // 4
+    t = lane % 4
+    kparts = _v2_warps()
+    kp = tid // 32
+    ksteps = (D + 7) // 8
+    steps = (ksteps + kparts - 1) // kparts
+    nbs = kt // 8
+    ps = 8 * nbs
+    s = cuda.local.array(SCORE_ACC4, float32)            # [set][block][n8 block][c0..c3] (registers)
+    for i in range(SCORE_ACC4):
+        s[i] = float32(0.0)
+    kk = int32(kp * steps)
+    k_end = int32(min(kp * steps + steps, ksteps))
+    if staged:
+        qa = uint64(g * Q_STRIDE2 + t)                   # block 0's rows g, g + 8; block 1's 16 + g, 24 + g
+        while kk < k_end:
+            o = qa + uint64(kk * 8)
+            ah0, ah1, ah2, ah3, al0, al1, al2, al3 = _v4_staged_a(qs, o)
+            ch0, ch1, ch2, ch3, cl0, cl1, cl2, cl3 = _v4_staged_a(qs, o + uint64(16 * Q_STRIDE2))
+            _v4_score_mma(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ch0, ch1, ch2, ch3, cl0, cl1, cl2, cl3, ks,
+                          kk * 8 + t, g, s, scratch, nbs)
+            kk += int32(1)
+    else:
+        ra = _v2_qrow(r0 + g, n, G, nq, b)
+        rb = _v2_qrow(r0 + g + 8, n, G, nq, b)
+        rc = _v2_qrow(r0 + g + 16, n, G, nq, b)
+        rd = _v2_qrow(r0 + g + 24, n, G, nq, b)
+        while kk < k_end:
+            d = kk * 8 + t
+            da = uint64(min(d, D - 1))                   # past D the key tile holds zeros: any finite q will do
+            db = uint64(min(d + 4, D - 1))
+            ah0, ah1, ah2, ah3, al0, al1, al2, al3 = _v4_a_frags(q, ra, rb, da, db)
+            ch0, ch1, ch2, ch3, cl0, cl1, cl2, cl3 = _v4_a_frags(q, rc, rd, da, db)
+            _v4_score_mma(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ch0, ch1, ch2, ch3, cl0, cl1, cl2, cl3, ks, d, g,
+                          s, scratch, nbs)
+            kk += int32(1)
+    if SIM:                                              # the simulator's MMA is a block barrier: every warp makes
+        z = float32(0.0)                                 # as many calls (zero A: adds nothing), or a warp of fewer
+        while kk < kp * steps + steps:                   # steps would run ahead into the softmax
+            _v4_score_mma(z, z, z, z, z, z, z, z, z, z, z, z, z, z, z, z, ks, t, g, s, scratch, nbs)
+            kk += int32(1)
+    for m in range(MB):
+        for nb in range(KT3 // 8):
+            if nb < nbs:
+                i = 4 * nbs * m + 4 * nb
+                r = m * 16 + g
+                sp[kp, r, nb * 8 + 2 * t] = s[i] + s[ps + i]
+                sp[kp, r, nb * 8 + 2 * t + 1] = s[i + 1] + s[ps + i + 1]
+                sp[kp, r + 8, nb * 8 + 2 * t] = s[i + 2] + s[ps + i + 2]
+                sp[kp, r + 8, nb * 8 + 2 * t + 1] = s[i + 3] + s[ps + i + 3]
+
+
+@cuda.jit(device=True)
+def _v4_pv(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ch0, ch1, ch2, ch3, cl0, cl1, cl2, cl3, vs, ka, kb, col, acc, f,
+           scratch):
+    """One k8 step of fragment f of both m16 blocks: B = V [keys ka, kb; column col] split once, then block 0's
+    acc[4 f ..] += P0 V and block 1's acc[4 FRAGS4 + 4 f ..] += P1 V (3xTF32 each)."""
+    bh0, bl0 = split_tf32_fast(vs[ka, col])
+    bh1, bl1 = split_tf32_fast(vs[kb, col])
+    i = 4 * f
+    acc[i], acc[i + 1], acc[i + 2], acc[i + 3] = mma_m16n8k8_3xtf32(
+        ah0, ah1, ah2, ah3, al0, al1, al2, al3, bh0, bh1, bl0, bl1, acc[i], acc[i + 1], acc[i + 2], acc[i + 3],
+        scratch)
+    i = 4 * FRAGS4 + 4 * f
+    acc[i], acc[i + 1], acc[i + 2], acc[i + 3] = mma_m16n8k8_3xtf32(
+        ch0, ch1, ch2, ch3, cl0, cl1, cl2, cl3, bh0, bh1, bl0, bl1, acc[i], acc[i + 1], acc[i + 2], acc[i + 3],
+        scratch)
+
+
+@cuda.jit(device=True)
+def _v4_accumulate(sp, ks, acc, alpha, lkv, vo, scratch, kt):
+    """O = alpha O + P V with warp w on Lkv column group w of both m16 blocks: frags = ceil(Lkv / (8 warps)) n8
+    fragments from column 8 frags w (8 at Lkv 512); acc[4 FRAGS4 m + 4 f + i] holds d_i of block m's fragment f.
+    P from sp[0] (A fragments of both blocks, split per k8 step), V from the key tile ks[:, vo ..]: a value's
+    B fragment is loaded and split once for both blocks' MMAs, where ``_v2_accumulate``'s warps (one block each,
+    twice the columns) split every value twice over the block. Same registers: 2 x 8 x 4 accumulators."""
+    tid = cuda.threadIdx.x
+    lane = tid % 32
+    g = lane // 4
+    t = lane % 4
+    groups = _v2_warps()
+    frags = (lkv + 8 * groups - 1) // (8 * groups)
+    c = uint64(tid // 32 * frags * 8 + g + vo)           # this lane's B column: fragment f at c + 8 f
+    p = sp[0]
+    xa, xb, xc, xd = alpha[g], alpha[g + 8], alpha[g + 16], alpha[g + 24]
+    for f in range(FRAGS4):                              # unused fragments stay 0 whatever the factor
+        i = 4 * f
+        acc[i] *= xa
+        acc[i + 1] *= xa
+        acc[i + 2] *= xb
+        acc[i + 3] *= xb
+        i += 4 * FRAGS4
+        acc[i] *= xc
+        acc[i + 1] *= xc
+        acc[i + 2] *= xd
+        acc[i + 3] *= xd
+    ra, rb, rc, rd = uint64(g), uint64(g + 8), uint64(g + 16), uint64(g + 24)
+    for kk in range(kt // 8):
+        ka = uint64(kk * 8 + t)
+        kb = ka + uint64(4)
+        ah0, ah1, ah2, ah3, al0, al1, al2, al3 = _v4_a_frags(p, ra, rb, ka, kb)
+        ch0, ch1, ch2, ch3, cl0, cl1, cl2, cl3 = _v4_a_frags(p, rc, rd, ka, kb)
+        if frags == FRAGS4:                              # no guard: see _v2_accumulate
+            for f in range(FRAGS4):
+                _v4_pv(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ch0, ch1, ch2, ch3, cl0, cl1, cl2, cl3, ks, ka, kb,
+                       c + uint64(8 * f), acc, f, scratch)
+        else:
+            for f in range(FRAGS4):
+                if f < frags:
+                    _v4_pv(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ch0, ch1, ch2, ch3, cl0, cl1, cl2, cl3, ks, ka,
+                           kb, c + uint64(8 * f), acc, f, scratch)
+
+
 def _named_kernel(fn, name):
     """``fn`` compiled as a v2-family kernel under ``name`` (the name profiles and tutorials show)."""
     fn.__name__ = fn.__qualname__ = name
     return cuda.jit(**V2_JIT)(fn)
 
 
-def _tiled_kernel(kt, sp_stride, name):
-    """The tiled kernel over kv heads with key tiles of ``kt`` rows (v2: 16, v3: 32) and partial scores at row
-    stride ``sp_stride``; both are compile-time constants of the kernel it returns (closure variables are frozen
-    when numba compiles, so every loop over the tile unrolls as if it were written with a literal)."""
+def _tiled_kernel(kt, sp_stride, name, wide=False):
+    """The tiled kernel over kv heads with key tiles of ``kt`` rows (v2: 16, v3 / v4: 32) and partial scores at row
+    stride ``sp_stride``; ``wide`` (v4): every warp on both m16 blocks (``_v4_scores``, ``_v4_accumulate``). All
+    three are compile-time constants of the kernel it returns (closure variables are frozen when numba compiles, so
+    every loop over the tile unrolls as if it were written with a literal, and the other mapping's code is not
+    compiled in)."""
+    kparts = KPARTS4 if wide else KPARTS
     def kernel(q, k, v, start0, start_dev, scale, group, causal, width, split_len, direct, out, o_part, m_part,
                l_part, stage):
         """Grid z = kv head b: q [T*Nq, Dk] (rows token-major), k [S, B, Dk] C-contiguous, B kv heads of ``group``
@@ -744,7 +961,7 @@ def _tiled_kernel(kt, sp_stride, name):
         ``width``: floats per asynchronous copy of a row (4 when q's, k's and v's rows are 16-byte aligned, else
         1); ``stage``: the launch gave the block Q_BYTES2 of dynamic shared memory after the key tile for its query
         rows (``stage_bytes``)."""
-        sp = cuda.shared.array((KPARTS, MT, sp_stride), float32)   # partial scores per k-part; sp[0]: then P
+        sp = cuda.shared.array((kparts, MT, sp_stride), float32)   # partial scores per k-part; sp[0]: then P
         m_run = cuda.shared.array(MT, float32)
         l_run = cuda.shared.array(MT, float32)
         alpha = cuda.shared.array(MT, float32)
@@ -788,23 +1005,34 @@ def _tiled_kernel(kt, sp_stride, name):
                 _v2_load_keys(v, rows, ks, Dv, width, B * Dv, b * Dv, vo, kt)
             copy_async_wait()
             cuda.syncthreads()
-            _v2_scores(q, qs, staged, ks, sp, r0, n, group, nq, b, Dk, scratch, kt)
+            if wide:
+                _v4_scores(q, qs, staged, ks, sp, r0, n, group, nq, b, Dk, scratch, kt)
+            else:
+                _v2_scores(q, qs, staged, ks, sp, r0, n, group, nq, b, Dk, scratch, kt)
             cuda.syncthreads()
             vis = 0                                      # causal mask of this thread's keys
             for jj in range(kpt):                        # (kpt: a constant on the GPU, so this unrolls)
                 row = rows[j0 + jj]
                 if row >= 0 and row <= last_key:
                     vis |= 1 << jj
-            _v2_softmax(sp, vis, scale, m_run, l_run, alpha, buf, kt)
+            _v2_softmax(sp, vis, scale, m_run, l_run, alpha, buf, kt, _v2_warps() if wide else _v2_warps() // MB)
             cuda.syncthreads()
-            _v2_accumulate(sp, ks, acc, alpha, Dv, vo, scratch, kt)
+            if wide:
+                _v4_accumulate(sp, ks, acc, alpha, Dv, vo, scratch, kt)
+            else:
+                _v2_accumulate(sp, ks, acc, alpha, Dv, vo, scratch, kt)
             cuda.syncthreads()
-        _v2_end(acc, m_run, l_run, r0, n, group, nq, b, z, direct, out, o_part, m_part, l_part)
+        if wide:
+            _v4_end(acc, m_run, l_run, r0, n, group, nq, b, z, direct, out, o_part, m_part, l_part)
+        else:
+            _v2_end(acc, m_run, l_run, r0, n, group, nq, b, z, direct, out, o_part, m_part, l_part)
     return _named_kernel(kernel, name)
 
 
 _attention_v2_kernel = _tiled_kernel(KT, KT, "_attention_v2_kernel")
 _attention_v3_kernel = _tiled_kernel(KT3, SP_STRIDE3, "_attention_v3_kernel")
+_attention_v4_kernel = _tiled_kernel(KT3, SP_STRIDE3, "_attention_v4_kernel", wide=True)
+TILED_KERNELS = {"v2": _attention_v2_kernel, "v3": _attention_v3_kernel, "v4": _attention_v4_kernel}
 
 
 # ------------------------------------------------------------------------------------------------ combine
@@ -995,7 +1223,7 @@ def copy_width(*arrays) -> int:
     return 4
 
 
-TILE_ROWS = {"v2": KT, "v3": KT3}   # key rows per tile of the tiled variants
+TILE_ROWS = {"v2": KT, "v3": KT3, "v4": KT3}   # key rows per tile of the tiled variants
 
 
 def tile_bytes(kt: int) -> int:
@@ -1003,26 +1231,26 @@ def tile_bytes(kt: int) -> int:
     return 4 * kt * ROW_T
 
 
-def tiled_bytes(kt: int) -> int:
-    """A tiled kernel's shared memory without the staged query rows: STATIC_BYTES + the key tile."""
-    return STATIC_BYTES[kt] + tile_bytes(kt)
+def tiled_bytes(variant: str) -> int:
+    """A tiled variant's shared memory without the staged query rows: STATIC_BYTES + the key tile."""
+    return STATIC_BYTES[variant] + tile_bytes(TILE_ROWS[variant])
 
 
-def stage_bytes(kt: int) -> int:
+def stage_bytes(variant: str) -> int:
     """The dynamic shared memory after the key tile for the staged query rows: Q_BYTES2 where the device lets a
     block have tiled_bytes + Q_BYTES2 (v2 ~120 KB, v3 ~168 KB: both on sm_90, v2 on sm_80), else 0 - the kernel
     then reads the query rows from global memory in every block (sm_86 / sm_89 allow 99 KB)."""
-    return Q_BYTES2 if backend.shared_optin() >= tiled_bytes(kt) + Q_BYTES2 else 0
+    return Q_BYTES2 if backend.shared_optin() >= tiled_bytes(variant) + Q_BYTES2 else 0
 
 
 def tiled_fits(variant: str) -> bool:
     """Whether this device gives a block the tiled ``variant``'s shared memory without the staged rows."""
-    return backend.shared_optin() >= tiled_bytes(TILE_ROWS[variant])
+    return backend.shared_optin() >= tiled_bytes(variant)
 
 
 def check_tiled_fits(variant: str) -> None:
     if not tiled_fits(variant):
-        raise ValueError(f"variant: {variant} needs {tiled_bytes(TILE_ROWS[variant])} bytes of shared memory per "
+        raise ValueError(f"variant: {variant} needs {tiled_bytes(variant)} bytes of shared memory per "
                          f"block, this GPU gives {backend.shared_optin()}; use 'v2'")
 
 
@@ -1056,8 +1284,8 @@ def attention_v2(q, k, v, start0: int, start_dev, scale: float, causal: bool, ou
     width = copy_width(q, k) if v is None else copy_width(q, k, v)
     v = _placeholder() if v is None else v
     kt = TILE_ROWS[variant]
-    kernel = _attention_v3_kernel if variant == "v3" else _attention_v2_kernel
-    stage = stage_bytes(kt)
+    kernel = TILED_KERNELS[variant]
+    stage = stage_bytes(variant)
     return launch_split(kernel, -(-(T * (Nq // B)) // MT), B, 32 * v2_warps(out.shape[2]), kt, q, out,
                         max_keys, splits, (k, v, start0, start_dev, np.float32(scale), Nq // B, bool(causal), width),
                         (stage > 0,), shared=tile_bytes(kt) + stage, wave=tiled_wave(), device_keys=device_keys)
@@ -1087,12 +1315,13 @@ def launch_split(kernel, tiles: int, heads, threads: int, tile: int, q, out, max
     return out
 
 
-def launch_v2(kernel, kt, q, cache, start, scale, lkv, out, max_keys, splits, *extra):
-    """Launch a tree_verify tiled kernel with key tiles of ``kt`` rows on grid (ceil(T N / MT), splits) with the
-    rows flattened (views, no copies), then the combine when there are several splits."""
+def launch_v2(kernel, variant, q, cache, start, scale, lkv, out, max_keys, splits, *extra):
+    """Launch a tree_verify tiled kernel of ``variant`` on grid (ceil(T N / MT), splits) with the rows flattened
+    (views, no copies), then the combine when there are several splits."""
     start0, start_dev = _checks.device_int(start, "start")
     T, N, _ = q.shape
-    stage = stage_bytes(kt)
+    kt = TILE_ROWS[variant]
+    stage = stage_bytes(variant)
     return launch_split(kernel, -(-(T * N) // MT), None, 32 * v2_warps(lkv), kt, q, out, max_keys, splits,
                         (cache, start0, start_dev, np.float32(scale), N, copy_width(q, cache)), extra + (stage > 0,),
                         shared=tile_bytes(kt) + stage, wave=tiled_wave(), device_keys=hasattr(start, "shape"))
@@ -1108,8 +1337,8 @@ def mla_attention(q, cache, start, scale: float, lkv: int, out=None, splits: int
     splits are then planned for every cache row, and the tiled kernels (v2, v3) cut each block's real key list over
     them on the device (``split_range``: the splits past it exit at once, ``past_the_list``); v1 keeps the planned
     length, its splits past a token's last key contributing nothing.
-    ``variant``: "v1" | "v2" | "v3" | None (``default_variant()``, or v2 for launches ``short_splits`` names); the
-    numpy backend runs the reference for any.
+    ``variant``: "v1" | "v2" | "v3" | "v4" | None (``default_variant()``, or v2 for launches ``short_splits``
+    names); the numpy backend runs the reference for any.
     """
     auto = variant is None
     variant = check_variant(variant)

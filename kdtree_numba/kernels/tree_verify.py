@@ -28,6 +28,9 @@ This module owns the tree-mode kernels; ``mla_attention.py`` holds the machinery
      see mla_attention's v3). The default on a GPU: every tree cell of bench_verify ran as fast or faster (H200:
      4096 / 256 / 64 5.34 -> 4.97 ms; the default pair's 65-node verify 0.036 -> 0.029) - except below 16 heads
      (``tree_variant``): the default pair's 8-head verify, measured again in the round, runs faster on v2.
+  v4 ``_tree_attention_v4_kernel``: v3 with every warp on both m16 blocks (mla_attention's v4: a key or value
+     fragment split once for both blocks' MMAs; ``_tiled_tree_kernel(.., wide=True)``). Not yet timed: staged as
+     ``variant="v4"`` for the next device session (bench_verify ``--fast v4``); the default stays v3.
 Shapes: q [n+1, N, D] float32, cache [C, D] float32, paths [n+1, >= L+1] int32, depths [n+1] int32
 -> out [n+1, N, Lkv] float32.
 Example: start 2, parents [-1, 0, 0, 1]: node 3 (depth 2) sees rows 0, 1 (committed), 2 (root), 3 (node 1), 5
@@ -45,10 +48,11 @@ from . import _checks
 from ._intrinsics import copy_async_wait
 from .primitives import GROUP_BUF
 from ._intrinsics import view2d
-from .mla_attention import (ACC, BK, HG, KPARTS, KT, KT3, MAX_D, MAX_LKV, MAX_SUBS, MT, PAIRS, Q_STRIDE2, ROW, ROW_T,
-                            SCRATCH_SHAPE, SP_STRIDE3, STAGE_MIN_KEYS, TILE_ALIGN, TILE_ROWS, _named_kernel,
-                            _v1_begin, _v1_end, _v1_tile, _v2_accumulate, _v2_begin, _v2_end,
-                            _v2_load_keys, _v2_row, _v2_scores, _v2_softmax, _v2_stage_q, check_qkv, check_splits,
+from .mla_attention import (ACC, BK, HG, KPARTS, KPARTS4, KT, KT3, MAX_D, MAX_LKV, MAX_SUBS, MB, MT, PAIRS, Q_STRIDE2,
+                            ROW, ROW_T, SCRATCH_SHAPE, SP_STRIDE3, STAGE_MIN_KEYS, TILE_ALIGN,
+                            _named_kernel, _v1_begin, _v1_end, _v1_tile, _v2_accumulate, _v2_begin, _v2_end,
+                            _v2_load_keys, _v2_row, _v2_scores, _v2_softmax, _v2_stage_q, _v2_warps, _v4_accumulate,
+                            _v4_end, _v4_scores, check_qkv, check_splits,
                             check_tiled_fits, check_variant, launch_v1, launch_v2, masked_attention_fast,
                             masked_attention_ref, past_the_list, split_range, stage_bytes)
 
@@ -126,14 +130,15 @@ def _tree_key(paths, depths, start, t_first, width, k, k_hi, j, rows, kdep, knod
     knode[j] = node
 
 
-def _tiled_tree_kernel(kt, sp_stride, name):
-    """The tiled tree kernel with key tiles of ``kt`` rows (v2: 16, v3: 32), partial scores at row stride
-    ``sp_stride`` (compile-time constants, as ``mla_attention._tiled_kernel``'s)."""
+def _tiled_tree_kernel(kt, sp_stride, name, wide=False):
+    """The tiled tree kernel with key tiles of ``kt`` rows (v2: 16, v3 / v4: 32), partial scores at row stride
+    ``sp_stride``, ``wide`` warps (v4) - compile-time constants, as ``mla_attention._tiled_kernel``'s."""
+    kparts = KPARTS4 if wide else KPARTS
     def kernel(q, cache, start0, start_dev, scale, n_heads, copy_w, split_len, direct, out, o_part, m_part, l_part,
                paths, depths, width, stage):
         """q [(n+1)*N, D] (rows token-major), out [(n+1)*N, Lkv], partials, ``copy_w`` and ``stage`` as
         ``mla_attention``'s tiled kernel; ``width`` path slots per token (max_depth + 1)."""
-        sp = cuda.shared.array((KPARTS, MT, sp_stride), float32)   # partial scores; sp[0]: scores, then P
+        sp = cuda.shared.array((kparts, MT, sp_stride), float32)   # partial scores; sp[0]: scores, then P
         m_run = cuda.shared.array(MT, float32)
         l_run = cuda.shared.array(MT, float32)
         alpha = cuda.shared.array(MT, float32)
@@ -175,7 +180,10 @@ def _tiled_tree_kernel(kt, sp_stride, name):
             _v2_load_keys(cache, rows, ks, D, copy_w, D, 0, 0, kt)
             copy_async_wait()
             cuda.syncthreads()
-            _v2_scores(q, qs, staged, ks, sp, r0, n_rows, n_heads, n_heads, 0, D, scratch, kt)
+            if wide:
+                _v4_scores(q, qs, staged, ks, sp, r0, n_rows, n_heads, n_heads, 0, D, scratch, kt)
+            else:
+                _v2_scores(q, qs, staged, ks, sp, r0, n_rows, n_heads, n_heads, 0, D, scratch, kt)
             cuda.syncthreads()
             vis = 0                                      # tree mask: a committed row is seen by every token, a
             for jj in range(kpt):                        # tree key by the tokens on whose path its node lies
@@ -183,16 +191,24 @@ def _tiled_tree_kernel(kt, sp_stride, name):
                 d = kdep[j]
                 if real and rows[j] >= 0 and (d < 0 or (depth_i >= d and paths[i, d] == knode[j])):
                     vis |= 1 << jj
-            _v2_softmax(sp, vis, scale, m_run, l_run, alpha, buf, kt)
+            _v2_softmax(sp, vis, scale, m_run, l_run, alpha, buf, kt, _v2_warps() if wide else _v2_warps() // MB)
             cuda.syncthreads()
-            _v2_accumulate(sp, ks, acc, alpha, out.shape[1], 0, scratch, kt)
+            if wide:
+                _v4_accumulate(sp, ks, acc, alpha, out.shape[1], 0, scratch, kt)
+            else:
+                _v2_accumulate(sp, ks, acc, alpha, out.shape[1], 0, scratch, kt)
             cuda.syncthreads()
-        _v2_end(acc, m_run, l_run, r0, n_rows, n_heads, n_heads, 0, z, direct, out, o_part, m_part, l_part)
+        if wide:
+            _v4_end(acc, m_run, l_run, r0, n_rows, n_heads, n_heads, 0, z, direct, out, o_part, m_part, l_part)
+        else:
+            _v2_end(acc, m_run, l_run, r0, n_rows, n_heads, n_heads, 0, z, direct, out, o_part, m_part, l_part)
     return _named_kernel(kernel, name)
 
 
 _tree_attention_v2_kernel = _tiled_tree_kernel(KT, KT, "_tree_attention_v2_kernel")
 _tree_attention_v3_kernel = _tiled_tree_kernel(KT3, SP_STRIDE3, "_tree_attention_v3_kernel")
+_tree_attention_v4_kernel = _tiled_tree_kernel(KT3, SP_STRIDE3, "_tree_attention_v4_kernel", wide=True)
+TREE_KERNELS = {"v2": _tree_attention_v2_kernel, "v3": _tree_attention_v3_kernel, "v4": _tree_attention_v4_kernel}
 
 
 # ------------------------------------------------------------------------------------------------ launcher
@@ -220,14 +236,14 @@ def tree_attention(q, cache, start, paths, depths, scale: float, lkv: int, max_d
     is read on the host, the grid covers ``start <= C - (n+1)``). ``paths [n+1, >= L+1]`` / ``depths [n+1]``: each
     node's root-to-node path (``tree.ancestor_paths``, or the device tree build's); ``max_depth``: L
     (default: the paths' width - 1). ``splits`` forces the key splits (tests); ``variant`` as in
-    ``mla_attention`` ("v1" | "v2" | "v3" | None: ``tree_variant(default_variant(), N, ..)``)."""
+    ``mla_attention`` ("v1" | "v2" | "v3" | "v4" | None: ``tree_variant(default_variant(), N, ..)``)."""
     auto = variant is None
     variant = check_variant(variant)
     q, cache, lkv, out = check_qkv(q, cache, lkv, out)
     splits = check_splits(splits)
     n1, N, D = q.shape
     if auto:                                   # v3 -> v2 below V3_MIN_HEADS heads (tree_variant)
-        variant = tree_variant(variant, N, stage_bytes(KT) > 0)
+        variant = tree_variant(variant, N, stage_bytes("v2") > 0)
     paths = _checks.array(paths, "paths", dtype=np.int32, ndim=2, shape=(n1, None))
     depths = _checks.array(depths, "depths", dtype=np.int32, shape=(n1,))
     start0, _ = _checks.device_int(start, "start")          # a device int32 [1]: read by the kernel, unchecked
@@ -253,6 +269,6 @@ def tree_attention(q, cache, start, paths, depths, scale: float, lkv: int, max_d
     check_tiled_fits(variant)
     r0 = np.arange(0, n1 * N, MT)                                                  # each tile's first row
     tokens = int(((np.minimum(r0 + MT, n1 * N) - 1) // N - r0 // N).max()) + 1    # most tokens in a tile
-    kernel = _tree_attention_v3_kernel if variant == "v3" else _tree_attention_v2_kernel
-    return launch_v2(kernel, TILE_ROWS[variant], q, cache, start, scale, lkv, out,
+    kernel = TREE_KERNELS[variant]
+    return launch_v2(kernel, variant, q, cache, start, scale, lkv, out,
                      most_start + tokens * (max_depth + 1), splits, paths, depths, max_depth + 1)

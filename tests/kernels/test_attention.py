@@ -34,7 +34,7 @@ def test_causal_matches_reference(T, N, D, lkv, start, splits, variant):
     np.testing.assert_allclose(H(out), mla.mla_attention_ref(q, cache, start, 0.37, lkv), **TOL)
 
 
-TILED = ("v2", "v3")
+TILED = ("v2", "v3", "v4")
 
 
 @pytest.mark.parametrize("variant", TILED)
@@ -113,6 +113,20 @@ def test_tiled_tree_random_trees(n, N, start, splits, seed, variant):
     np.testing.assert_array_equal(got[last], H(out)[last])
 
 
+@pytest.mark.parametrize("variant", ("v3", "v4"))
+def test_tiled_tree_at_kimi_row_width_on_eight_warps(variant, rng=np.random.default_rng(1)):
+    """D 576, Lkv 512: the simulator launches 8 warps, as the GPU does, so every k-part and column group is in use
+    and P V takes its unguarded path (all FRAGS / FRAGS4 fragments) - the one the small cases above never reach.
+    Two tree tokens x 16 heads over 20 committed rows: one tile of query rows, one of keys (~15 s a variant)."""
+    parents = np.array([-1, 0], np.int64)
+    paths, depths = kt.ancestor_paths(parents)
+    q = (rng.standard_normal((2, 16, 576)) * 0.5).astype(np.float32)
+    cache = rng.standard_normal((40, 576)).astype(np.float32)
+    out = tv.tree_attention(q, cache, 20, paths, depths, 0.05, 512, variant=variant, splits=1)
+    want = tv.tree_attention_ref(q.astype(np.float64), cache.astype(np.float64), 20, parents, 0.05, 512)
+    np.testing.assert_allclose(H(out), want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("variant", mla.VARIANTS)
 def test_device_side_start_equals_host_int(variant):
     """start as a device int32 [1] (graph replay reads it in the kernel; the grid covers the whole cache)."""
@@ -184,8 +198,8 @@ def test_bad_splits_and_shapes_name_the_argument():
 def test_variant_selection():
     assert mla.default_variant() == ("v3" if kd.backend.name == "cuda" else "v1")
     assert mla.check_variant(None) == mla.default_variant()
-    with pytest.raises(ValueError, match="variant: expected one of 'v1', 'v2', 'v3' or None, got 'v4'"):
-        mla.mla_attention(np.zeros((1, 1, 4), np.float32), np.zeros((2, 4), np.float32), 0, 1.0, 3, variant="v4")
+    with pytest.raises(ValueError, match="variant: expected one of 'v1', 'v2', 'v3', 'v4' or None, got 'v5'"):
+        mla.mla_attention(np.zeros((1, 1, 4), np.float32), np.zeros((2, 4), np.float32), 0, 1.0, 3, variant="v5")
 
 
 def test_tree_variant_takes_v2_below_16_heads_where_the_default_is_v3():
@@ -270,7 +284,7 @@ def test_gpu_tree_kimi_shapes(n, N, start, variant):
 
 
 def _compiled_tiled_kernels() -> dict:
-    """{kernel: key-tile rows} of the causal and tree tiled kernels, each compiled by a launch at Kimi's widths."""
+    """{kernel: variant} of the causal and tree tiled kernels, each compiled by a launch at Kimi's widths."""
     rng = np.random.default_rng(3)
     parents = random_parents(20, rng)
     paths, depths = kt.ancestor_paths(parents)
@@ -279,8 +293,7 @@ def _compiled_tiled_kernels() -> dict:
     for variant in TILED:
         tv.tree_attention(q, cache, 200, paths, depths, 0.1, 512, variant=variant)
         mla.mla_attention(q, cache, 200, 0.1, 512, variant=variant)
-    return {mla._attention_v2_kernel: mla.KT, mla._attention_v3_kernel: mla.KT3,
-            tv._tree_attention_v2_kernel: mla.KT, tv._tree_attention_v3_kernel: mla.KT3}
+    return {**{k: v for v, k in mla.TILED_KERNELS.items()}, **{k: v for v, k in tv.TREE_KERNELS.items()}}
 
 
 ALIGN, ROW_T = mla.TILE_ALIGN, mla.ROW_T     # module constants: numba wants the alignment as a literal
@@ -321,9 +334,9 @@ def test_key_tile_load_every_row_share(kt_rows, D, width, col, rng=np.random.def
 def test_static_shared_memory_within_the_launchers_budget():
     """The launchers check STATIC_BYTES (copied from ptxas) + the dynamic part against the device's per-block limit:
     every compiled tiled kernel's static shared memory must be within it (a kernel that grew would under-count)."""
-    for kernel, kt_rows in _compiled_tiled_kernels().items():
+    for kernel, variant in _compiled_tiled_kernels().items():
         sizes = kernel.get_shared_mem_per_block()
-        assert sizes and max(sizes.values()) <= mla.STATIC_BYTES[kt_rows], (kernel, sizes)
+        assert sizes and max(sizes.values()) <= mla.STATIC_BYTES[variant], (kernel, sizes)
 
 
 @pytest.mark.gpu
@@ -341,7 +354,7 @@ def test_tiled_key_splits_count_one_block_per_sm():
         assert mla.plan_splits(17, 512, mla.KT3, mla.KT3, None, target) == (6, 96)
 
 
-@pytest.mark.parametrize("variant", TILED)
+@pytest.mark.parametrize("variant", ("v2", "v3"))        # v4's 109 KB without the staged rows exceed 99 KB
 def test_tiled_without_room_for_staged_query_rows(monkeypatch, variant):
     """A GPU that gives a block less than a tiled kernel's static arrays + key tile + 74 KB of staged query rows
     (sm_86 / sm_89: 99 KB) gets launches with the key tile only and query rows read from global memory: the same
@@ -353,15 +366,14 @@ def test_tiled_without_room_for_staged_query_rows(monkeypatch, variant):
     cache = rng.standard_normal((56, 12)).astype(np.float32)
     qc = rng.standard_normal((3, 3, 12)).astype(np.float32)
     start = mla.STAGE_MIN_KEYS                                 # both launches below have splits that stage
-    kt_rows = mla.TILE_ROWS[variant]
 
     def run():                                                 # one split each: a GPU would cut 16-key ones
         return (H(tv.tree_attention(q, cache, start, paths, depths, 0.4, 8, variant=variant, splits=1)),
                 H(mla.mla_attention(qc, cache, start, 0.4, 8, variant=variant, splits=1)))
-    assert mla.stage_bytes(kt_rows) == mla.Q_BYTES2
+    assert mla.stage_bytes(variant) == mla.Q_BYTES2
     staged = run()
     monkeypatch.setattr(kd.backend, "shared_optin", lambda: 101376)
-    assert mla.stage_bytes(kt_rows) == 0 and mla.tiled_fits(variant)
+    assert mla.stage_bytes(variant) == 0 and mla.tiled_fits(variant)
     plain = run()
     np.testing.assert_allclose(plain[0], tv.tree_attention_ref(q, cache, start, parents, 0.4, 8), **TOL)
     np.testing.assert_allclose(plain[1], mla.mla_attention_ref(qc, cache, start, 0.4, 8), **TOL)
