@@ -17,7 +17,8 @@ Run:  KDTREE_BACKEND=sim python tutorials/14_tensor_core_attention.py [--size sm
 # 4. the online softmax on 8 lanes per query row (`_v2_row`, `_v2_softmax`);
 # 5. the whole kernel against `mla_attention_ref` and `tree_attention_ref`, outputs poisoned with NaN;
 # 6. what each change bought on an H200, quoted from docs/PERFORMANCE.md;
-# 7. v3: the same kernel with key tiles of 32 rows (dynamic shared memory, `view2d`, the default on a GPU).
+# 7. v3: the same kernel with key tiles of 32 rows (dynamic shared memory, `view2d`, the default on a GPU);
+# 8. v4: every warp on both m16 blocks - the same MMAs, half the fragment splitting (staged, not yet timed).
 #
 # The functions are called by their names in the package; the constants (MT, KT, ...) are read from it, and the
 # kernels are printed from it (`show_kernel`), so the page cannot drift from the code.
@@ -1027,6 +1028,43 @@ check_true("quoted ratios consistent: the decode cell is the one v3 loses (hence
            V3[3][2] > V3[3][1] and all(v < b for _, b, v, _, _ in V3[:3]))
 print("Same section: bench_verify's tree cells at or above SDPA fp32: 17 of 18 (was 16); the 4096 / 256 / 64 cell "
       "0.95x (bench_verify's own v3 run: 4.992 ms); errors vs float64 unchanged (9.1e-5 on 4096 / 256 / 64).")
+
+# %% [markdown]
+# ## 8. v4: the same MMAs, half the splitting (staged, not yet timed)
+#
+# In v2 / v3 a warp owns one m16 block of the tile: in the scores the two warps of a k-part (one per block) each
+# load and split the same key fragments, and in P V the two warps of a column group each split the same value
+# fragments. v4 (`_tiled_kernel(.., wide=True)`, `_v4_scores`, `_v4_accumulate`) gives every warp both m16 blocks:
+# warp w takes k-part w of the scores (8 k-parts of 72 dims on the GPU) and the Lkv columns 64 w .. 64 w + 63 of
+# P V, so a key or value fragment is split once and feeds both blocks' MMAs. The MMAs per warp and tile stay 408;
+# what falls is the work around them (counted below for the GPU's 8 warps, D 576, Lkv 512, a 32-key tile), and
+# with it the instructions the SASS shows per k8 step (docs/PERFORMANCE.md, twenty-second session: scores 85 for
+# 24 MMAs against 61 for 12, P V ~136 for 48 against ~165). Its cost: twice the partial-score buffers (37 KB of
+# static shared memory) and 254 registers with the scores' small products in one accumulator set. No GPU has
+# timed it yet, so `variant=None` still runs v3; below, v4 against the references on this backend.
+
+# %%
+section("v4: fragments split per warp and 32-key tile (GPU mapping), and v4 vs the references")
+ksteps_gpu = mla.MAX_D // 8                                              # 72 k8 steps of the scores
+split_rows = []
+for v, warps_per_block_row in (("v3", MB), ("v4", 1)):
+    kparts = WARPS // warps_per_block_row                                # v3: 4 k-parts x 2 blocks; v4: 8 x 1
+    score_b = (ksteps_gpu // kparts) * (mla.KT3 // 8) * 2                # B values split per warp
+    cols = mla.MAX_LKV // (WARPS // warps_per_block_row)                 # v3: 128 columns of one block; v4: 64
+    pv_b = (mla.KT3 // 8) * (cols // 8) * 2
+    split_rows.append((v, kparts, score_b, cols, pv_b, score_b + pv_b))
+table(split_rows, ("variant", "k-parts", "key values split (scores)", "P V columns a warp", "value values split",
+                   "B values split a warp"))
+check_true("v4 splits half the B values v3 does, for the same 408 MMAs a warp", split_rows[1][5] * 2 ==
+           split_rows[0][5])
+out_t4 = kd.backend.full((tree_n + 1, Nt, Lkv), np.nan, np.float32)           # [n+1, N, Lkv] poisoned
+tv.tree_attention(q_t, cache_t, start_t, paths, depths, sc, Lkv, out=out_t4, variant="v4")
+check(f"tree, {tree_n + 1} nodes: {'v4' if KERNELS else WHO} vs tree_attention_ref", out_t4,
+      tv.tree_attention_ref(q_t, cache_t, start_t, parents, sc, Lkv), **TOL)
+out_4 = kd.backend.full((Tc, Nc, Lkv), np.nan, np.float32)                    # [T, N, Lkv] poisoned
+mla.mla_attention(q_b, cache_b, start_b, sc, Lkv, out=out_4, splits=2, variant="v4")
+check(f"causal start {start_b}, splits=2: {'v4' if KERNELS else WHO} vs mla_attention_ref", out_4,
+      mla.mla_attention_ref(q_b, cache_b, start_b, sc, Lkv), **TOL)
 
 # %%
 finish()
