@@ -220,6 +220,14 @@ def is_device(a) -> bool:
     return cp is not None and isinstance(a, cp.ndarray)
 
 
+def same_start(a, b) -> bool:
+    """Whether arrays ``a`` and ``b`` begin at the same address (both on the device, or both on the host): e.g. a
+    caller passing an object's own buffer back to it. Example: same_start(x[:1], x) -> True; a copy -> False."""
+    if is_device(a) or is_device(b):
+        return is_device(a) and is_device(b) and a.data.ptr == b.data.ptr
+    return np.asarray(a).__array_interface__["data"][0] == np.asarray(b).__array_interface__["data"][0]
+
+
 def asarray(a, dtype=None):
     """``a`` as a C-contiguous array of the current backend (a copy only when needed)."""
     bind_stream()

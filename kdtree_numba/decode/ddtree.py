@@ -137,11 +137,11 @@ class _RoundState:
                     "stamps": e((max_rounds, len(STAGES) + 1), np.int64)}      # device clock (ns) around the stages
         self.rounds: list[tuple] = []
 
-    def record(self, tree, lp, ids, i, row_offset: int = 0, advance=None) -> None:
+    def record(self, tree, lp, ids, i, row_offset: int = 0, advance=None, root_copy=None) -> None:
         """Copy round i's tree and accept outputs into record row ``i + row_offset``, on the device, in one launch
         (kernels/round_end.py). ``i``: an int, or a device int32 [1] array (a captured round:
-        decode/ddtree_replay.py, which also passes its ``advance`` state)."""
-        round_end.round_end(self.rec, tree, self.acceptor, lp, ids, i, row_offset, advance)
+        decode/ddtree_replay.py, which also passes its ``advance`` state and the drafter's ``root_copy``)."""
+        round_end.round_end(self.rec, tree, self.acceptor, lp, ids, i, row_offset, advance, root_copy)
 
     def traces(self) -> list[RoundTrace]:
         """Copy the device records to the host (once) and assemble the RoundTraces."""

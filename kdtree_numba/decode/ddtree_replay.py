@@ -5,7 +5,8 @@ The round's inputs live in three device int32 [1] arrays (the *state*), never in
 
     start  the committed length = the root's position (its cache row)
     root   the root token (the last bonus token); the verify ids' first slot, the tree's tokens after it (the
-           build writes them there): the verify's ids are copied from nowhere
+           build writes them there): the verify's ids are copied from nowhere; the round end writes it into the
+           drafter's block slot as well (``root_slot``), so the draft copies nothing either
     round  the round number, from 1 = the sampler's RNG stream for the accept stage (as ``ddtree.py`` numbers it)
 
     draft    logits = drafter.draft_at(root, start)                               [L, V]  (DFlash: device-side)
@@ -34,8 +35,8 @@ tree buffers, graphs) is kept between generations with the same settings (``repl
 generation prefills (padded to its length bucket and replayed from a graph as well: prefill_replay.py) and replays
 from its first round. On the NumPy and simulator backends the same stage functions run directly, so their tests
 test the device-side bookkeeping (and its reuse).
-Needs a drafter that drafts from device-side state (``draft_at`` / ``observe_at`` / ``reserve``: the DFlash
-drafter); the oracle and random drafters read the host context and run with ``replay=False``.
+Needs a drafter that drafts from device-side state (``draft_at`` / ``observe_at`` / ``reserve`` / ``root_slot``:
+the DFlash drafter); the oracle and random drafters read the host context and run with ``replay=False``.
 Example: prompt [5, 9], greedy, budget 4: round 1 drafts after root r (start 2), accepts m = 3 (root + 2 nodes),
 emits [a, b, bonus]; the state becomes start 4, root = bonus, round 2 - the tokens ``ddtree`` emits.
 """
@@ -59,8 +60,9 @@ from .trace import STAGES, Generation
 
 
 def require_device_drafter(drafter) -> None:
-    """Refuse a drafter that cannot draft from device-side state (``draft_at``, ``observe_at``, ``reserve``)."""
-    if not all(callable(getattr(drafter, f, None)) for f in ("draft_at", "observe_at", "reserve")):
+    """Refuse a drafter that cannot draft from device-side state (``draft_at``, ``observe_at``, ``reserve``,
+    ``root_slot``)."""
+    if not all(callable(getattr(drafter, f, None)) for f in ("draft_at", "observe_at", "reserve", "root_slot")):
         raise ValueError(f"replay: the {getattr(drafter, 'name', type(drafter).__name__)} drafter reads the host "
                          f"context; graph-replayed rounds need a device-side drafter (DFlash) - use replay=False")
 
@@ -79,6 +81,7 @@ class _RoundProgram(Program):
         self.s = _RoundState(L, K, budget, rows)
         self.start = backend.empty((1,), np.int32)                          # state [1] each
         self.root = self.s.verify_ids[:1]                                   # the verify's first id: no copy
+        self.draft_root = drafter.root_slot()                               # the draft's: the round end writes both
         self.round = backend.empty((1,), np.int32)
         self.r: dict = {}                                                   # arrays passed from stage to stage
         self.stages = [self._draft, self._topk, self._build, self._verify, self._accept, self._compact]
@@ -96,6 +99,7 @@ class _RoundProgram(Program):
         self.drafter.length = len(prompt)            # the context it observed (rows past it are scratch)
         root = int(backend.to_host(self.root)[0])
         backend.xp.maximum(self.root, 0, out=self.root)
+        self.draft_root[...] = self.root
         self.start[...] = len(prompt)
         self.round[...] = 1
         self.s.rounds = []
@@ -130,7 +134,7 @@ class _RoundProgram(Program):
 
     # the stages: device state in, device state out
     def _draft(self):
-        self.r["draft"] = self.drafter.draft_at(self.root, self.start)                         # [L, V]
+        self.r["draft"] = self.drafter.draft_at(self.draft_root, self.start)                   # [L, V]
 
     def _topk(self):
         logprobs.topk_logprobs(self.r["draft"], self.s.lp.shape[1], out=(self.s.lp, self.s.ids),
@@ -162,7 +166,7 @@ class _RoundProgram(Program):
 
     def _advance(self):                           # records at row round - 1, then start, root, round: one launch
         self.s.record(self.r["tree"], self.s.lp, self.s.ids, self.round, row_offset=-1,
-                      advance=(self.start, self.root, self.round))
+                      advance=(self.start, self.root, self.round), root_copy=self.draft_root)
 
 
 def ddtree_replay(target, prompt: np.ndarray, max_new_tokens: int, drafter, budget: int, temperature: float,

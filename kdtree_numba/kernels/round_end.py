@@ -2,7 +2,7 @@
 
     rec[row] <- the tree (tokens, depth, parent, logw [B], n), the walk (accepted [L+1], n_acc, result [L+2]) and
                 draft_lp[d] = lp[d, j] where ids[d, j] == chosen[accepted[d]]   (d < n_acc; NaN otherwise / not found)
-    advance:    start += n_acc;  root = max(result[max(result[0], 0)], 0);  round += 1
+    advance:    start += n_acc;  root = max(result[max(result[0], 0)], 0);  round += 1   (root also into root_copy)
 
 ``draft_lp[d]`` is the log-prob the drafter gave at depth d + 1 to the token the target chose there (the trace's
 draft probabilities; NaN where it was outside the draft's top-K). The replayed round (decode/ddtree_replay.py)
@@ -48,7 +48,7 @@ def draft_lp_ref(chosen, accepted, m: int, lp, ids):
 @cuda.jit
 def _round_end_kernel(tokens, depth, parent, logw, n, accepted, n_acc, result, chosen, lp, ids,
                       r_tokens, r_depth, r_parent, r_logw, r_n, r_accepted, r_n_acc, r_result, r_draft_lp,
-                      row0, row_dev, advance, start, root, round_):
+                      row0, row_dev, advance, start, root, round_, copy_root, root_copy):
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
     row = row0 + row_dev[0]
@@ -82,15 +82,20 @@ def _round_end_kernel(tokens, depth, parent, logw, n, accepted, n_acc, result, c
         r_n_acc[row] = m
         if advance:
             start[0] += m
-            root[0] = max(result[max(result[0], 0)], 0)
+            r = max(result[max(result[0], 0)], 0)
+            root[0] = r
+            if copy_root:
+                root_copy[0] = r
             round_[0] += 1
 
 
-def round_end(rec: dict, tree, acceptor, lp, ids, row, row_offset: int = 0, advance=None) -> None:
+def round_end(rec: dict, tree, acceptor, lp, ids, row, row_offset: int = 0, advance=None, root_copy=None) -> None:
     """Write the round's records into row ``row + row_offset`` of ``rec`` (module docstring) from ``tree`` (a
     DeviceTrees of one request: its row 0 is used), ``acceptor`` (tree_accept.Acceptor after its run) and the
     round's top-K draft ``lp, ids [L, K]``. ``advance = (start, root, round)``, device int32 [1] arrays: also
-    move the replayed round's state on. No host read on the GPU."""
+    move the replayed round's state on; ``root_copy`` (device int32 [1], with ``advance``): a second home of the
+    next root (the drafter's block slot, ``DFlashDrafter.root_slot``: no copy launch in the draft). No host read
+    on the GPU."""
     missing = [f for f in FIELDS if f not in rec]
     if missing:
         raise ValueError(f"rec: missing the record {missing[0]!r}, expected the keys {FIELDS}")
@@ -99,6 +104,8 @@ def round_end(rec: dict, tree, acceptor, lp, ids, row, row_offset: int = 0, adva
     if rec["draft_lp"].shape != (rounds, L) or rec["accepted"].shape != (rounds, acceptor.accepted.shape[0]):
         raise ValueError(f"rec: draft_lp {tuple(rec['draft_lp'].shape)} / accepted {tuple(rec['accepted'].shape)}"
                          f" do not match {L} depths and the acceptor's {acceptor.accepted.shape[0]} path slots")
+    if root_copy is not None and advance is None:
+        raise ValueError("root_copy: a second home of the next root needs advance=(start, root, round)")
     row0, row_dev = _checks.device_int(row, "row")
     row0 += row_offset
     if not hasattr(row, "shape") and not 0 <= row0 < rounds:
@@ -115,10 +122,14 @@ def round_end(rec: dict, tree, acceptor, lp, ids, row, row_offset: int = 0, adva
             res = acceptor.result
             start[0] += m
             root[0] = max(int(res[max(int(res[0]), 0)]), 0)
+            if root_copy is not None:
+                root_copy[0] = root[0]
             round_[0] += 1
         return
     flag = advance is not None
     start, root, round_ = advance if flag else (row_dev, row_dev, row_dev)      # unused when not advancing
     backend.launch(_round_end_kernel, 1, backend.block_size(512, 32), *cols, acceptor.accepted, acceptor.n_acc,
                    acceptor.result, acceptor.chosen, lp, ids, *(rec[f] for f in FIELDS), row0, row_dev, flag,
-                   start, root, round_)
+                   start, root, round_, root_copy is not None,
+                   acceptor.n_acc if root_copy is None else root_copy)    # a read-only placeholder: the simulator
+                                                                          # copies arguments back one by one

@@ -358,11 +358,21 @@ class DFlashDrafter(Drafter):
 
     def draft_at(self, root, start):
         """``draft`` with the root token and the context length as device int32 [1] arrays (no host read: a
-        captured round, decode/ddtree_replay.py). Call ``reserve`` first."""
+        captured round, decode/ddtree_replay.py). Call ``reserve`` first. ``root`` may be ``root_slot()`` itself,
+        kept current by the caller: then nothing is copied."""
         with backend.use(self.target.backend):
             ids = self._block_ids                                                            # [B] root, MASK..
-            ids[:1] = root
+            if not backend.same_start(root, ids):
+                ids[:1] = root
             return self._block(ids, start, (start, self.config.block_size))               # keys: start + B
+
+    def root_slot(self):
+        """The device int32 [1] the captured draft reads its root from (slot 0 of the block's ids; after
+        ``reserve``). A caller that writes the root there itself - the replayed round's end kernel does, beside the
+        verify's first id - passes it to ``draft_at`` and saves the copy launch a round."""
+        if self._block_ids is None:
+            raise RuntimeError("root_slot: call reserve first (the block's ids are allocated there)")
+        return self._block_ids[:1]
 
     def _block(self, ids, start, n_keys):
         """The block's forward: ids [B] (device) at positions start .. start + B - 1 attending to ``n_keys`` cache

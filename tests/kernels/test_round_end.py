@@ -91,10 +91,20 @@ def test_device_row_and_advance(backend_name):
         pytest.skip("kernels need KDTREE_BACKEND=sim or cuda")
     with kd.backend.use("numpy" if backend_name == "numpy" else kd.backend.process_name):
         tree, acc, lp, ids, rec = _round()
-        start, root, rnd = (kd.backend.asarray(np.array([v], np.int32)) for v in (40, 0, 4))
+        start, root, rnd, copy = (kd.backend.asarray(np.array([v], np.int32)) for v in (40, 0, 4, -9))
         round_end.round_end(rec, tree, acc, lp, ids, rnd, row_offset=-1, advance=(start, root, rnd))
         _check_row(rec, 3, tree, acc)
         assert (int(H(start)[0]), int(H(root)[0]), int(H(rnd)[0])) == (42, 3, 5)
+        rnd[...] = 4
+        round_end.round_end(rec, tree, acc, lp, ids, rnd, row_offset=-1, advance=(start, root, rnd),
+                            root_copy=copy)                          # the drafter's slot: the same root
+        assert (int(H(start)[0]), int(H(root)[0]), int(H(rnd)[0]), int(H(copy)[0])) == (44, 3, 5, 3)
+
+
+def test_root_copy_needs_advance():
+    tree, acc, lp, ids, rec = _round()
+    with pytest.raises(ValueError, match=r"root_copy: a second home of the next root needs advance="):
+        round_end.round_end(rec, tree, acc, lp, ids, 0, root_copy=np.zeros(1, np.int32))
 
 
 def test_bad_rows_and_records_are_named():

@@ -208,6 +208,16 @@ def test_device_state_drafts_what_host_ints_draft(pair, numpy_backend):
     start[0] = len(PROMPT)
     got = d.draft_at(np.full(1, 13, np.int32), start)
     np.testing.assert_array_equal(got, want)
+    slot = d.root_slot()                                 # the caller keeps the slot current: nothing copied
+    slot[0] = 13
+    np.testing.assert_array_equal(d.draft_at(slot, start), want)
+    assert kd.backend.same_start(slot, d.root_slot()) and not kd.backend.same_start(np.full(1, 13, np.int32), slot)
+
+
+def test_root_slot_needs_reserve(pair, numpy_backend):
+    target, _, path = pair
+    with pytest.raises(RuntimeError, match="root_slot: call reserve first"):
+        kd.load_drafter(path, target).root_slot()
 
 
 def test_load_drafter_needs_the_target_it_reads(numpy_backend):
