@@ -14,7 +14,8 @@ The round's inputs live in three device int32 [1] arrays (the *state*), never in
     build    tree = best-first tree of ``budget`` nodes (always budget + 1 verify rows: fixed shapes)
     verify   logits, hidden = target.forward([root, tree tokens], start, tree)     [budget + 1, V]
     accept   accepted [L + 1], n_acc [1], result = [m, tokens.., bonus]
-    compact  cache rows start + accepted[j] -> start + j; the drafter observes the accepted rows' features
+    compact  cache rows start + accepted[j] -> start + j, the accepted rows' features gathered in the same launch;
+             the drafter observes them
     (then)   records for the traces at row round - 1;  start += n_acc;  root = result[m];  round += 1
              (one launch: kernels/round_end.py)
 
@@ -82,6 +83,9 @@ class _RoundProgram(Program):
         self.start = backend.empty((1,), np.int32)                          # state [1] each
         self.root = self.s.verify_ids[:1]                                   # the verify's first id: no copy
         self.draft_root = drafter.root_slot()                               # the draft's: the round end writes both
+        feats = drafter.feature_layers                                      # the accepted path's features [L + 1, nH]
+        self.path_feats = backend.empty((L + 1, len(feats) * target.config.hidden_size), np.float32) \
+            if feats else None
         self.round = backend.empty((1,), np.int32)
         self.r: dict = {}                                                   # arrays passed from stage to stage
         self.stages = [self._draft, self._topk, self._build, self._verify, self._accept, self._compact]
@@ -158,11 +162,15 @@ class _RoundProgram(Program):
                             self.round)
 
     def _compact(self):
-        a, feats, xp = self.s.acceptor, self.drafter.feature_layers, backend.xp
-        self.cache.compact(self.start, a.accepted, a.n_acc)
-        if feats:          # the padded path's features: rows past n_acc are scratch (its -1s take the last row)
-            self.drafter.observe_at(xp.take(concat_features(self.r["hid"], feats), a.accepted, axis=0),
-                                    self.start)                                                 # [L + 1, nH]
+        a, feats = self.s.acceptor, self.drafter.feature_layers
+        if not feats:
+            self.cache.compact(self.start, a.accepted, a.n_acc)
+            return
+        # the padded path's features gathered in the compaction's launch (rows past n_acc are scratch: its -1
+        # slots take the root's row), then observed
+        self.cache.compact(self.start, a.accepted, a.n_acc,
+                           gather=(concat_features(self.r["hid"], feats), self.path_feats))
+        self.drafter.observe_at(self.path_feats, self.start)                                   # [L + 1, nH]
 
     def _advance(self):                           # records at row round - 1, then start, root, round: one launch
         self.s.record(self.r["tree"], self.s.lp, self.s.ids, self.round, row_offset=-1,

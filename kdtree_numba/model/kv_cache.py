@@ -25,7 +25,8 @@ class LatentCache:
         """Layer i's rows ``[capacity, width]`` (a contiguous view)."""
         return self.data[i]
 
-    def compact(self, start: int, accepted, n_accepted=None) -> None:
+    def compact(self, start: int, accepted, n_accepted=None, gather=None) -> None:
         """DDTree commit: the accepted tree rows ``start + accepted[j]`` (ascending) move to ``start + j`` in every
-        layer; the committed length becomes ``start + len(accepted)`` (see kernels/kv_compaction.py)."""
-        kv_compaction.compact(self.data, start, accepted, n_accepted)
+        layer; the committed length becomes ``start + len(accepted)`` (see kernels/kv_compaction.py, which also
+        takes ``gather = (src, dst)``: the accepted rows of another array copied in the same launch)."""
+        kv_compaction.compact(self.data, start, accepted, n_accepted, gather)

@@ -88,3 +88,32 @@ def test_compaction_with_device_count_uses_only_the_first_n():
     want = cache.copy()
     kc.compact_ref(want, 2, np.array([0, 3, 7]))
     np.testing.assert_array_equal(H(dev), want)
+
+
+@pytest.mark.parametrize("F", [5, 300])             # narrower and wider than the cache's 4 columns (grid columns)
+def test_compaction_gathers_another_arrays_rows_in_the_same_launch(F):
+    """gather=(src, dst): dst[j] = src[max(accepted[j], 0)] for every slot - padding -1 slots take row 0 - beside
+    the unchanged compaction (the replayed round's features for the drafter), with a device-side start and count."""
+    rng = np.random.default_rng(F)
+    cache = rng.standard_normal((2, 12, 4)).astype(np.float32)
+    src = rng.standard_normal((9, F)).astype(np.float32)
+    accepted = np.array([0, 3, 7, -1], np.int32)
+    dev, dst = kd.backend.asarray(cache), kd.backend.full((4, F), np.nan, np.float32)
+    start = kd.backend.asarray(np.array([2], np.int32))
+    kc.compact(dev, start, accepted, kd.backend.asarray(np.array([3], np.int32)), gather=(kd.backend.asarray(src), dst))
+    want = cache.copy()
+    kc.compact_ref(want, 2, np.array([0, 3, 7]))
+    np.testing.assert_array_equal(H(dev), want)
+    np.testing.assert_array_equal(H(dst), src[[0, 3, 7, 0]])
+
+
+def test_bad_gathers_are_named():
+    cache = kd.backend.zeros((2, 12, 4), np.float32)
+    acc = np.array([0, 3], np.int32)
+    src = kd.backend.zeros((9, 5), np.float32)
+    with pytest.raises(ValueError, match=r"gather: expected a pair \(src \[T, F\], dst \[M, F\]\), got list"):
+        kc.compact(cache, 2, acc, gather=[src, src])
+    with pytest.raises(ValueError, match=r"gather dst: expected shape \(2, 5\), got \(3, 5\)"):
+        kc.compact(cache, 2, acc, gather=(src, kd.backend.zeros((3, 5), np.float32)))
+    with pytest.raises(ValueError, match="gather dst: expected the \\[M, F\\] array to gather into, got None"):
+        kc.compact(cache, 2, acc, gather=(src, None))
