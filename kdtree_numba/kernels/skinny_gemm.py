@@ -30,13 +30,15 @@ Where it pays (``pays``, which gemm.linear asks on the cuda backend), measured o
     round, so MIN_ROWS is 17.
   In the trained pair's DDTree-64 round (bench_round's replayed steady state): verify 0.715 -> 0.643 ms, the round
   1.05-1.09 -> 0.98-0.99 ms; plain steps and the chain unchanged; tokens identical.
-ptxas (sm_90): 128 registers, no spills, no local memory (the accumulators stay in registers).
+ptxas (sm_90): 123 registers (190 when x's rows are strided), no spills, no local memory (the accumulators stay
+in registers); a k0 pass of 128 FFMA and 48 loads is 438 instructions (705 with signed indices: a negative-index
+test and select per load, 2026-12-05, ``benchmarks/ptxas_report.py --loops``; not yet timed).
 Variants measured and dropped: 1, 2, 4, 16 rows per warp (4 ties 8, the rest lose), U = 8 (0.3-4 us slower).
 """
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda, float32
+from numba import cuda, float32, uint64
 
 from .. import backend
 from . import _checks
@@ -97,10 +99,11 @@ def patch_sum(x, row0, row_end, w, col0, col_end, buf):
     for k0 in range(lane, K, 32 * U):
         for u in range(U):                              # every load first ...
             k = k0 + 32 * u
-            for r in range(RW):
-                xv[u * RW + r] = x[row0 + r, k] if row0 + r < row_end and k < K else float32(0.0)
+            ku = uint64(k)                              # unsigned indices: no negative-index test and select
+            for r in range(RW):                         # per load (ptxas: 705 -> 438 instructions a k0 pass)
+                xv[u * RW + r] = x[uint64(row0 + r), ku] if row0 + r < row_end and k < K else float32(0.0)
             for c in range(CW):
-                wv[u * CW + c] = w[col0 + c, k] if col0 + c < col_end and k < K else float32(0.0)
+                wv[u * CW + c] = w[uint64(col0 + c), ku] if col0 + c < col_end and k < K else float32(0.0)
         for u in range(U):                              # ... then the 4 x 32 multiply-adds
             for c in range(CW):
                 for r in range(RW):
