@@ -71,8 +71,8 @@ tile, needed only in the last key tile or two). Per key tile of KT = 16 cache ro
   table; tree: 192) + the simulator's 1-float scratch placeholders = 8,640 (tree 8,768) bytes; dynamic 37,120
   (the key tile ks) + 74,240 (the staged query rows, Q_BYTES2, where the device allows: ``stage_bytes``). v3:
   static 18,944 (tree 19,200: sp [4, 32, 36]), dynamic 74,240 + 74,240. Registers (ptxas, sm_90, CUDA 13.0,
-  numba-cuda 0.30.4): v2 207 per thread (separate values 223, tree 206), v3 211 (225, 209), no spills, the 64
-  accumulators in registers - so one block (8 warps) per SM. Work per block and key tile:
+  numba-cuda 0.30.4; 2026-12-05): v2 223 per thread (separate values 243, tree 223), v3 221 (tree 221), v4 255 (tree
+  254), no spills, the 64 accumulators in registers - so one block (8 warps) per SM. Work per block and key tile:
   32 x 16 x (576 + 512) x 2 = 1.1 MFLOP as 8 x 204 = 1,632 MMA instructions, for one 36 KB read of the tile (v1: 4
   query rows per read).
   What made it 4x faster than its first version (H200, docs/PERFORMANCE.md): the first filled the tile with a
@@ -581,8 +581,8 @@ def _v2_row(kt):
 @cuda.jit(device=True)
 def _v2_softmax(sp, vis, scale, m_run, l_run, alpha, buf, kt, parts):
     """The tile's scores and online softmax, every thread of the block (``_v2_row``'s mapping): this lane's keys'
-    scores s_j = scale * the sum of the ``parts`` k-parts (warps / MB; v4: warps) (or -inf where bit j - j0 of
-    ``vis`` is clear: the kernel's mask), the
+    scores s_j = scale * the sum of the ``parts`` k-parts (warps / MB; v4: warps), or -inf where bit j - j0 of
+    ``vis`` is clear (the kernel's mask); the
     row's m = max(m, max_j s_j) and sum over its G lanes (group_max / group_sum: shuffles), alpha = exp(m_old - m),
     sp[0, r, j] = P = exp(s_j - m), l = alpha l + sum_j P. A row whose keys are all hidden so far keeps m = -inf,
     l = 0 and gets alpha = 1, P = 0 (a split past a token's last key, a tree slot of another token).
@@ -794,9 +794,9 @@ def _v4_score_mma(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ch0, ch1, ch2, ch3, cl
 
 @cuda.jit(device=True)
 def _v4_staged_a(qs, o):
-    """One m16 block's A fragments, split for 3xTF32, from the staged rows (flat ``qs``): rows at o and
-    o + 8 Q_STRIDE2, dims o and o + 4 (o: the lane's row g and dim t of this k8 step). Returns (h0, h1, h2, h3,
-    l0, l1, l2, l3)."""
+    """One m16 block's A fragments, split for 3xTF32, from the staged rows (flat ``qs``): offsets o, o + 8
+    Q_STRIDE2 (rows g, g + 8) and the same + 4 (dims t + 4), where o is the lane's row g at dim t of this k8 step.
+    Returns (h0, h1, h2, h3, l0, l1, l2, l3)."""
     h0, l0 = split_tf32_fast(qs[o])
     h1, l1 = split_tf32_fast(qs[o + uint64(8 * Q_STRIDE2)])
     h2, l2 = split_tf32_fast(qs[o + uint64(4)])
