@@ -25,7 +25,7 @@ Example row: ``tree_build._build_kernel | f32[2d], i32[3d], int64, .. | 80 | 0 /
 tensor-core MMAs or asynchronous copies, with its instructions per pass and how many are HMMA, LDS and LDGSTS - the
 instruction budget of a kernel's inner loops, readable without a GPU (the twenty-second session found a key-tile
 copy loop of 52 instructions a 16-byte copy this way). Example row: ``tree_verify._tree_attention_v3_kernel |
-0xeea0-0xf260 | 61 | 12 | 12 | 0 | IMAD 6, IADD3 2, ISETP 2``: one k8 step of the scores.
+0xeea0-0xf260 | 61 | 12 | 5.1 | 12 | 0 | IMAD 6, IADD3 2, ISETP 2``: one k8 step of the scores.
 """
 import glob
 import os
@@ -122,7 +122,8 @@ def loop_rows(label: str, text: str) -> list:
         if not (ops.get("HMMA") or ops.get("LDGSTS")):
             continue
         rest = sorted(((n, o) for o, n in ops.items() if o not in ("HMMA", "LDS", "LDGSTS")), reverse=True)[:3]
-        rows.append([label, f"{lp['start']:#x}-{lp['end']:#x}", lp["instructions"], ops.get("HMMA", 0),
+        per = f"{lp['instructions'] / ops['HMMA']:.1f}" if ops.get("HMMA") else "-"
+        rows.append([label, f"{lp['start']:#x}-{lp['end']:#x}", lp["instructions"], ops.get("HMMA", 0), per,
                      ops.get("LDS", 0), ops.get("LDGSTS", 0), ", ".join(f"{o} {n}" for n, o in rest)])
     return rows
 
@@ -189,7 +190,7 @@ def report(records: str, cc: tuple, sass_dir: str | None, loops: bool = False) -
             with open(path) as f:
                 found += loop_rows(os.path.basename(path).rsplit(".", 2)[0], f.read())
         table("Loops with tensor-core MMAs or asynchronous copies (SASS; instructions per pass)",
-              ["kernel", "loop", "instructions", "HMMA", "LDS", "LDGSTS", "most of the rest"], found)
+              ["kernel", "loop", "instructions", "HMMA", "per HMMA", "LDS", "LDGSTS", "most of the rest"], found)
     save("ptxas_report")
 
 

@@ -99,4 +99,4 @@ def test_sass_loops_are_the_backward_branches():
     loops = ptxas_report.sass_loops(SASS)
     assert [(lp["start"], lp["end"], lp["instructions"]) for lp in loops] == [(0x10, 0x70, 7), (0x50, 0x60, 2)]
     assert loops[0]["ops"] == {"LDS": 2, "HMMA": 1, "LDGSTS": 1, "IADD3": 1, "BRA": 2}
-    assert ptxas_report.loop_rows("k", SASS) == [["k", "0x10-0x70", 7, 1, 2, 1, "BRA 2, IADD3 1"]]
+    assert ptxas_report.loop_rows("k", SASS) == [["k", "0x10-0x70", 7, 1, "7.0", 2, 1, "BRA 2, IADD3 1"]]
