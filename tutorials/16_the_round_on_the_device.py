@@ -258,8 +258,12 @@ check_true("the old program is no longer valid, the new one is", (not p.valid())
 #     build    the best-first tree of `budget` nodes (always budget + 1 verify rows)
 #     verify   logits, hidden = target.forward([root, tree tokens], start, tree)     [budget + 1, V]
 #     accept   accepted [L + 1], n_acc [1], result = [m, tokens .., bonus]           [L + 2]
-#     compact  cache rows start + accepted[j] -> start + j; the drafter observes the padded path (L + 1 rows)
+#     compact  cache rows start + accepted[j] -> start + j, the padded path's (L + 1) feature rows gathered in the
+#              same launch; the drafter observes them
 #     advance  records at row round - 1; start += n_acc; root = result[m]; round += 1   (kernels/round_end.py)
+#
+# `root` has two homes, both written by the advance: the verify's first id (the tree's tokens follow it) and the
+# drafter's block slot (`drafter.root_slot()`, what `draft_at` reads), so no stage copies it.
 #
 # On cuda the first round runs directly, then the whole round is captured as one graph (`CapturedStep`) and every
 # later round replays it, the device clock stamped between the stages inside the graph (kernels/stamp.py: the trace's
