@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 import kdtree_numba as kd
-from kdtree_numba.model import dflash
 from kdtree_numba.model.drafters import concat_features
 
 torch = pytest.importorskip("torch")
