@@ -84,7 +84,9 @@ tile, needed only in the last key tile or two). Per key tile of KT = 16 cache ro
   (a (row, column) pair stepped in 64 bits, both copy widths in one body), 18 of them a thread a v3 tile, more
   issue slots than the P V step; it is ~8 now (a group of threads per row, 32-bit counts); the P V fragments'
   column index was signed (a negative-index test and select per fragment: 257 -> 165 instructions a k8 step);
-  the tree and causal masks looped over all 32 keys of a tile for the 4 a thread owns. A second key tile in flight
+  the tree and causal masks looped over all 32 keys of a tile for the 4 a thread owns; and the next tile's key
+  table is now written after the softmax's barrier (nothing reads it from there on), so a tile has four block
+  barriers, not five. A second key tile in flight
   (cp.async groups, 74 KB of dynamic shared memory) measured 10-15 % slower and was dropped.
   On the simulator (a thread per CUDA thread) the block is 2 warps (4 or 8 when Lkv > 128 / 256): warp w takes
   m16 block w // (warps / 2) with warps / 2 k-parts and column groups - the same code.
@@ -995,11 +997,10 @@ def _tiled_kernel(kt, sp_stride, name, wide=False):
             _v2_stage_q(q, qs, r0, MT, Q_STRIDE2, n, group, nq, b, Dk, width)
         r, j0, kpt = _v2_row(kt)
         last_key = start + ((r0 + r) // group if causal else T - 1)   # this thread's row sees rows <= last_key
+        if tid < kt:                                     # the first tile's key table (_v2_begin's barrier)
+            rows[tid] = k_lo + tid if k_lo + tid < k_hi else -1
         _v2_begin(acc, ks, m_run, l_run, Dk, kt)
         for k0 in range(k_lo, k_hi, kt):
-            if tid < kt:
-                rows[tid] = k0 + tid if k0 + tid < k_hi else -1
-            cuda.syncthreads()
             _v2_load_keys(k, rows, ks, Dk, width, B * Dk, b * Dk, 0, kt)
             if v.ndim == 3:                              # separate values, after the keys' columns
                 _v2_load_keys(v, rows, ks, Dv, width, B * Dv, b * Dv, vo, kt)
@@ -1017,6 +1018,8 @@ def _tiled_kernel(kt, sp_stride, name, wide=False):
                     vis |= 1 << jj
             _v2_softmax(sp, vis, scale, m_run, l_run, alpha, buf, kt, _v2_warps() if wide else _v2_warps() // MB)
             cuda.syncthreads()
+            if tid < kt:                                 # the next tile's key table: nothing reads rows from here
+                rows[tid] = k0 + kt + tid if k0 + kt + tid < k_hi else -1    # on (P V's barrier publishes it)
             if wide:
                 _v4_accumulate(sp, ks, acc, alpha, Dv, vo, scratch, kt)
             else:

@@ -172,11 +172,10 @@ def _tiled_tree_kernel(kt, sp_stride, name, wide=False):
         staged = stage and split_len >= STAGE_MIN_KEYS   # short splits read q from global memory
         if staged:
             _v2_stage_q(q, qs, r0, MT, Q_STRIDE2, n_rows, n_heads, n_heads, 0, D, copy_w)
+        if tid < kt:                                     # the first tile's key table (_v2_begin's barrier)
+            _tree_key(paths, depths, start, t_first, width, k_lo + tid, k_hi, tid, rows, kdep, knode)
         _v2_begin(acc, ks, m_run, l_run, D, kt)
         for k0 in range(k_lo, k_hi, kt):
-            if tid < kt:
-                _tree_key(paths, depths, start, t_first, width, k0 + tid, k_hi, tid, rows, kdep, knode)
-            cuda.syncthreads()
             _v2_load_keys(cache, rows, ks, D, copy_w, D, 0, 0, kt)
             copy_async_wait()
             cuda.syncthreads()
@@ -193,7 +192,9 @@ def _tiled_tree_kernel(kt, sp_stride, name, wide=False):
                     vis |= 1 << jj
             _v2_softmax(sp, vis, scale, m_run, l_run, alpha, buf, kt, _v2_warps() if wide else _v2_warps() // MB)
             cuda.syncthreads()
-            if wide:
+            if tid < kt:                                 # the next tile's key table: nothing reads rows, kdep or
+                _tree_key(paths, depths, start, t_first, width, k0 + kt + tid, k_hi, tid, rows, kdep, knode)
+            if wide:                                     # knode from here on (P V's barrier publishes them)
                 _v4_accumulate(sp, ks, acc, alpha, out.shape[1], 0, scratch, kt)
             else:
                 _v2_accumulate(sp, ks, acc, alpha, out.shape[1], 0, scratch, kt)
