@@ -790,14 +790,14 @@ for G_, parts_ in dict.fromkeys([(8, 4), (G_run, parts_run)]):
 # %% [markdown]
 # ## 5. The whole kernel
 #
-# `_attention_v2_kernel`, printed from the package. Per key tile: the tile's cache rows into `rows` (-1 past the
-# list), barrier, `_v2_load_keys`, barrier, `_v2_scores` (warp w: m16 block `w // kparts`, k-part `w % kparts`; A
+# `_attention_v2_kernel`, printed from the package. Per key tile (its cache rows already in `rows`, -1 past the
+# list): `_v2_load_keys`, barrier, `_v2_scores` (warp w: m16 block `w // kparts`, k-part `w % kparts`; A
 # fragments from the block's query rows, copied once by `_v2_stage_q` into dynamic shared memory when its split has
 # at least `STAGE_MIN_KEYS` = 48 keys (3 tiles), else straight from global q; B from ks; the three TF32 products in
 # three accumulator sets), barrier, the
-# lane's mask bits `vis`, `_v2_softmax`, barrier, `_v2_accumulate` (warp w: m16 block and a group of Lkv columns,
-# 16 n8 fragments = 64 fp32 accumulators per thread in registers), barrier. At the end `_v2_end` stores `O / l`
-# or the split's partials.
+# lane's mask bits `vis`, `_v2_softmax`, barrier, the *next* tile's cache rows into `rows` (nothing reads them from
+# here on), `_v2_accumulate` (warp w: m16 block and a group of Lkv columns, 16 n8 fragments = 64 fp32 accumulators
+# per thread in registers), barrier - four a tile. At the end `_v2_end` stores `O / l` or the split's partials.
 
 # %%
 section("the kernel on the page")
@@ -936,12 +936,13 @@ print("Same section: errors vs float64 stayed within the tests' 1e-4 (4096 / 64 
 # %% [markdown]
 # ## 7. v3: the same kernel with key tiles of 32 rows
 #
-# Section 1's per-tile work has a part that grows with the keys (the MMAs, the copies) and a part that does not:
-# the key table, five block barriers, the softmax's shuffles, the rescale of 64 accumulators per thread. The ninth
-# session's SASS count put the second part near half of a 16-key tile's instructions. **v3** pays it once per 32
-# keys: `mla_attention._tiled_kernel(kt, sp_stride, name)` compiles the kernel of section 5 with the tile height
-# `kt` (16 for v2, 32 for v3) as a constant (numba freezes a closure's variables at compile time, so every
-# `range(kt)` unrolls as a literal would), and each warp then runs 12 independent score MMA chains instead of 6.
+# Section 1's per-tile work has a part that grows with the keys (the MMAs, the copies) and a part that does not: the
+# key table, the block barriers (five then, four now), the softmax's shuffles, the rescale of 64 accumulators per
+# thread. The ninth session's SASS count put the second part near half of a 16-key tile's instructions. **v3** pays
+# it once per 32 keys: `mla_attention._tiled_kernel(kt, sp_stride, name)` compiles the kernel of section 5 with the
+# tile height `kt` (16 for v2, 32 for v3) as a constant (numba freezes a closure's variables at compile time, so
+# every `range(kt)` unrolls as a literal would), and each warp then runs 12 independent score MMA chains instead of
+# 6.
 # Two things change around it:
 #
 # * a 32-row tile is 74 KB, past numba's 48 KB of static shared memory: both tiled variants now keep the key tile
@@ -984,7 +985,7 @@ for v in ("v2", "v3"):
     kt_v = mla.TILE_ROWS[v]
     mmas = steps_gpu * (kt_v // 8) * 3 + (kt_v // 8) * FRAGS * 3
     print(f"{v}: per warp and tile of {kt_v} keys {mmas} MMAs = {mmas / kt_v:.1f} per key; "
-          f"5 block barriers = {5 / kt_v:.3f} per key")
+          f"4 block barriers = {4 / kt_v:.3f} per key")
 
 # %% [markdown]
 # v3 against the references, as in section 5 (outputs NaN-poisoned; the causal case with two key splits so the

@@ -24,8 +24,8 @@ Variants (``variant=``; None -> ``default_variant(Dk, Dv)``: the fastest one the
       heads); block (x, z, b) takes the 32 tile rows r = 32 x .. 32 x + 31 of kv head b, r = t G + j standing for
       token t and query head b G + j, and streams b's key rows in tiles of 16 through shared memory: keys in tile
       columns 0 .. Dk - 1, values in columns vo = Dk rounded up to 8 .. vo + Dv - 1 of the same tile rows (two
-      cp.async copy plans); 8 warps split each tile's scores into k-parts and its P V into column groups, the
-      online softmax runs on 8 lanes per row, five barriers per tile. Limits: vo + Dv <= 576, Dv <= 512.
+      cp.async row copies); 8 warps split each tile's scores into k-parts and its P V into column groups, the
+      online softmax runs on 8 lanes per row, four barriers per tile. Limits: vo + Dv <= 576, Dv <= 512.
   v3  ``_gqa_v3_kernel`` (below), FlashAttention-2's mapping for heads of Dk <= 256, Dv <= 128: a block of 8 warps
       takes 128 tile rows, warp w its 16 rows with all of their Dk score dims and Dv output columns (64
       accumulators per thread). Per tile of 16 keys: keys -> ``ks`` (row stride 260) and values -> ``vs`` (136)
@@ -33,7 +33,7 @@ Variants (``variant=``; None -> ``default_variant(Dk, Dv)``: the fastest one the
       softmax in registers - lane 4 g + t holds rows g and g + 8, keys 2t, 2t + 1, 8 + 2t, 9 + 2t, and a row's max
       and sum are shuffles over its quad (``_v3_row_softmax``); P goes through the warp's own shared buffer (row
       stride 20), because the MMA's C fragment layout is not its A layout; O = alpha O + P V; a barrier. Two
-      barriers per tile instead of v2's five, and each key tile serves 128 query rows instead of 32.
+      barriers per tile instead of v2's four, and each key tile serves 128 query rows instead of 32.
   v4  ``_gqa_v4_kernel``, v3's mapping for Dk <= 192 (DeepSeek-V3 / Kimi: 128 + 64), Dv <= 128, three changes
       (measured on the H200, one Kimi layer of 4096 tokens: v3 15.4 ms -> v4 7.9 ms, torch SDPA fp32 7.8):
       * tiles of 32 keys, and P never leaves the registers: the P V step's key order is permuted so that the
