@@ -144,7 +144,7 @@ def test_device_side_start_equals_host_int(variant):
     np.testing.assert_allclose(got, tv.tree_attention_ref(qt, cache, start, parents, 0.3, lkv), **TOL)
 
 
-@pytest.mark.parametrize("variant", ["v2", "v3"])
+@pytest.mark.parametrize("variant", TILED)
 @pytest.mark.parametrize("splits", [2, 5])
 def test_device_side_start_splits_share_out_the_real_keys(variant, splits):
     """With a device start the tiled kernels cut each block's real key list over the planned splits themselves
@@ -181,8 +181,8 @@ def test_splits_past_the_key_list_are_never_read(monkeypatch):
     q = rng.standard_normal((T, N, D)).astype(np.float32)
     cache = rng.standard_normal((4 * (start + T), D)).astype(np.float32)
     dev = kd.backend.full((1,), start, np.int32)
-    for splits in (3, 9):                                   # 2 tiles of 16 keys: 1 or 7 splits past the list
-        got = H(mla.mla_attention(q, cache, dev, 0.3, lkv, variant="v2", splits=splits))
+    for variant, splits in (("v2", 3), ("v2", 9), ("v4", 5)):   # v2: 2 tiles of 16 keys, 1 or 7 splits past the
+        got = H(mla.mla_attention(q, cache, dev, 0.3, lkv, variant=variant, splits=splits))   # list; v4: 1 of 32, 4
         np.testing.assert_allclose(got, mla.mla_attention_ref(q, cache, start, 0.3, lkv), **TOL)
 
 
