@@ -163,8 +163,8 @@ else:
     want = kd.generate(tiny, P, 4).tokens                                              # direct: host ints
     check("the device-state steps emit the direct tokens (tiny, 4 tokens)", host(prog.out[:4]),
           np.array(want, np.int32))
-    print(f"(the trained target has 5 layers, 4 of them MoE: ncu counted 178 kernels in one of its plain steps on "
-          f"an H200 - docs/PERFORMANCE.md, 2026-12-02, third session; later sessions removed some)")
+    print("(the trained target has 5 layers, 4 of them MoE: ncu counted 178 kernels in one of its plain steps on "
+          "an H200 - docs/PERFORMANCE.md, 2026-12-02, third session; later sessions removed some)")
 
 # %% [markdown]
 # ## 2. Plain decoding as a device program
