@@ -109,7 +109,7 @@ from numba import cuda, float32, int32, uint64
 from .. import backend
 from . import _checks
 from ._intrinsics import copy_async, copy_async_wait, view2d
-from .primitives import GROUP_BUF, group_max, group_sum, online_softmax_row
+from .primitives import FULL, GROUP_BUF, group_max, group_sum, online_softmax_row
 from .mma import SCRATCH_SHAPE, SIM, mma_m16n8k8_3xtf32, mma_m16n8k8_tf32, split_tf32_fast
 
 VARIANTS = ("v1", "v2", "v3", "v4")
@@ -652,9 +652,20 @@ def _v2_accumulate(sp, ks, acc, alpha, lkv, vo, scratch, kt):
 
 
 @cuda.jit(device=True)
+def _rescale_needed(pred):
+    """Whether any lane of the warp has ``pred`` (a factor other than 1): one vote on the GPU, warp-uniform, so the
+    rescale it guards is skipped whole or run whole. Multiplying by 1 changes nothing, and once a row's running
+    max has settled - most key tiles of a long context - every factor of the warp's rows is 1. The simulator has no
+    vote: it always rescales (the same values)."""
+    return True if SIM else cuda.any_sync(FULL, pred)
+
+
+@cuda.jit(device=True)
 def _v2_rescale(acc, frags, xa, xb):
     """The online softmax's rescale of this lane's ``frags`` n8 fragments of accumulators: rows g (c0, c1) by xa,
-    rows g + 8 (c2, c3) by xb."""
+    rows g + 8 (c2, c3) by xb - skipped when every factor of the warp is 1 (``_rescale_needed``)."""
+    if not _rescale_needed(xa != float32(1.0) or xb != float32(1.0)):
+        return
     for f in range(FRAGS):
         if f < frags:
             acc[4 * f] *= xa
@@ -910,17 +921,19 @@ def _v4_accumulate(sp, ks, acc, alpha, lkv, vo, scratch, kt):
     c = uint64(tid // 32 * frags * 8 + g + vo)           # this lane's B column: fragment f at c + 8 f
     p = sp[0]
     xa, xb, xc, xd = alpha[g], alpha[g + 8], alpha[g + 16], alpha[g + 24]
-    for f in range(FRAGS4):                              # unused fragments stay 0 whatever the factor
-        i = 4 * f
-        acc[i] *= xa
-        acc[i + 1] *= xa
-        acc[i + 2] *= xb
-        acc[i + 3] *= xb
-        i += 4 * FRAGS4
-        acc[i] *= xc
-        acc[i + 1] *= xc
-        acc[i + 2] *= xd
-        acc[i + 3] *= xd
+    one = float32(1.0)
+    if _rescale_needed(xa != one or xb != one or xc != one or xd != one):
+        for f in range(FRAGS4):                          # unused fragments stay 0 whatever the factor
+            i = 4 * f
+            acc[i] *= xa
+            acc[i + 1] *= xa
+            acc[i + 2] *= xb
+            acc[i + 3] *= xb
+            i += 4 * FRAGS4
+            acc[i] *= xc
+            acc[i + 1] *= xc
+            acc[i + 2] *= xd
+            acc[i + 3] *= xd
     ra, rb, rc, rd = uint64(g), uint64(g + 8), uint64(g + 16), uint64(g + 24)
     for kk in range(kt // 8):
         ka = uint64(kk * 8 + t)
