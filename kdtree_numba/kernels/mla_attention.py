@@ -71,7 +71,7 @@ tile, needed only in the last key tile or two). Per key tile of KT = 16 cache ro
   table; tree: 192) + the simulator's 1-float scratch placeholders = 8,640 (tree 8,768) bytes; dynamic 37,120
   (the key tile ks) + 74,240 (the staged query rows, Q_BYTES2, where the device allows: ``stage_bytes``). v3:
   static 18,944 (tree 19,200: sp [4, 32, 36]), dynamic 74,240 + 74,240. Registers (ptxas, sm_90, CUDA 13.0,
-  numba-cuda 0.30.4; 2026-12-05): v2 223 per thread (separate values 243, tree 223), v3 221 (tree 223), v4 255 (tree
+  numba-cuda 0.30.4; 2026-12-05): v2 226 per thread (separate values 245, tree 227), v3 221 (tree 223), v4 254 (tree
   254), no spills, the 64 accumulators in registers - so one block (8 warps) per SM. Work per block and key tile:
   32 x 16 x (576 + 512) x 2 = 1.1 MFLOP as 8 x 204 = 1,632 MMA instructions, for one 36 KB read of the tile (v1: 4
   query rows per read).
