@@ -228,6 +228,19 @@ def same_start(a, b) -> bool:
     return np.asarray(a).__array_interface__["data"][0] == np.asarray(b).__array_interface__["data"][0]
 
 
+_PLACEHOLDERS: dict = {}     # (backend, shape, dtype) -> a zero array kernels get for arguments they do not touch
+
+
+def placeholder(shape, dtype=np.float32):
+    """A cached zero array of ``shape`` on the current backend, for a kernel argument a launch never reads or writes
+    (its type fixes the compiled overload; a fresh one per launch would be an allocation and a memset in the decode
+    loop). Never write into it: every caller shares it. Example: placeholder((1, 1)) is placeholder((1, 1))."""
+    key = (_name(), tuple(shape), np.dtype(dtype).str)
+    if key not in _PLACEHOLDERS:
+        _PLACEHOLDERS[key] = zeros(shape, dtype)
+    return _PLACEHOLDERS[key]
+
+
 def asarray(a, dtype=None):
     """``a`` as a C-contiguous array of the current backend (a copy only when needed)."""
     bind_stream()

@@ -180,3 +180,14 @@ def test_a_one_block_launch_does_not_warn_on_the_gpu(recwarn):
     backend.launch(one, 1, 1, out)
     assert kd.backend.to_host(out)[0] == 1.0
     assert not [w for w in recwarn if "occupancy" in str(w.message)], [str(w.message) for w in recwarn]
+
+
+def test_placeholders_are_cached_per_backend_shape_and_dtype():
+    """backend.placeholder: one zero array per (backend, shape, dtype), so a launch's unused arguments cost no
+    allocation in the decode loop; a different shape or dtype is a different array."""
+    a = kd.backend.placeholder((1, 1))
+    assert a is kd.backend.placeholder((1, 1)) and a.shape == (1, 1) and a.dtype == np.float32
+    assert kd.backend.placeholder((1, 1), np.int32) is not a and kd.backend.placeholder((1,)) is not a
+    assert not kd.backend.to_host(a).any()
+    with kd.backend.use("numpy"):
+        assert isinstance(kd.backend.placeholder((1, 1)), np.ndarray)

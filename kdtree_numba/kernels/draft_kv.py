@@ -117,30 +117,21 @@ def _norm_rope_kernel(y, q_w, k_w, eps, positions, inv_freq, amp, q, k_cache, v_
     v_cache[row, g, j + half] = y[t, vc + j + half]
 
 
-_NO_POSITIONS: dict = {}      # per backend: the empty positions array that means "start + t"
-
-
 def _positions(positions, T: int, start):
     """(positions for the reference [T] host ints, what the kernel gets): a checked ``positions [T]``, or for None
     start + t (the kernel: an empty array, it adds start itself)."""
     if positions is not None:
         positions = _checks.array(positions, "positions", kinds="iu", shape=(T,))
         return positions, positions
-    if backend.name not in _NO_POSITIONS:
-        _NO_POSITIONS[backend.name] = backend.zeros((0,), np.int32)
     host = None
     if backend.name == "numpy":
         host = np.arange(T, dtype=np.int64) + _checks.host_int(start)
-    return host, _NO_POSITIONS[backend.name]
-
-
-_UNUSED: dict = {}            # per backend: a [1, 1, 2] float32 stand-in for the outputs a launch does not write
+    return host, backend.placeholder((0,), np.int32)
 
 
 def _unused():
-    if backend.name not in _UNUSED:
-        _UNUSED[backend.name] = backend.zeros((1, 1, 2), np.float32)
-    return _UNUSED[backend.name]
+    """The [1, 1, 2] float32 stand-in for the outputs a launch does not write (q, or the caches)."""
+    return backend.placeholder((1, 1, 2))
 
 
 def _launch(y, q_w, k_w, eps, positions, inv_freq, amp, q, k_cache, v_cache, n_q, n_kv, start0, start_dev):

@@ -116,16 +116,10 @@ def _check_gather(gather, slots: int):
     return src, _checks.out_array(gather[1], "gather dst", (slots, src.shape[1]), np.float32)
 
 
-_NO_GATHER: dict = {}       # backend name -> the (1, 1) placeholder a launch without a gather passes (never read)
-
-
 def _launch(cache, start0, start_dev, accepted, n_accepted, gather):
     threads = backend.block_size(256, 32)
     if gather is None:
-        none = _NO_GATHER.get(backend.name)
-        if none is None:
-            none = _NO_GATHER[backend.name] = backend.zeros((1, 1), np.float32)
-        src = dst = none
+        src = dst = backend.placeholder((1, 1))       # never read: the gather's grid row is not launched
         grid = (cache.shape[0], -(-cache.shape[2] // CHUNK))
     else:
         src, dst = gather

@@ -1180,21 +1180,12 @@ def wave_splits(blocks: int, max_keys: int, tile: int, min_len: int, wave: int) 
     return best[1], best[2]
 
 
-def _placeholder():
-    """A 1-element float32 array on the backend (cached): the kernels' stand-in for an argument not in use."""
-    if backend.name not in _PLACEHOLDER:
-        _PLACEHOLDER[backend.name] = backend.zeros((1,), np.float32)
-    return _PLACEHOLDER[backend.name]
-
-
-_PLACEHOLDER = {}
-
-
 def _partials(splits: int, T: int, N: int, lkv: int):
-    """(direct, o_part [splits, T, N, Lkv], m_part, l_part [splits, T, N]); 1-element placeholders when direct."""
+    """(direct, o_part [splits, T, N, Lkv], m_part, l_part [splits, T, N]); 1-element placeholders when direct
+    (``backend.placeholder``: a direct launch never touches them)."""
     if splits == 1:
-        stats = backend.zeros((1, 1, 1), np.float32)
-        return True, backend.zeros((1, 1, 1, 1), np.float32), stats, stats
+        stats = backend.placeholder((1, 1, 1))
+        return True, backend.placeholder((1, 1, 1, 1)), stats, stats
     return (False, backend.empty((splits, T, N, lkv), np.float32), backend.empty((splits, T, N), np.float32),
             backend.empty((splits, T, N), np.float32))
 
@@ -1298,7 +1289,7 @@ def attention_v2(q, k, v, start0: int, start_dev, scale: float, causal: bool, ou
     T, Nq, _ = q.shape
     B = k.shape[1]
     width = copy_width(q, k) if v is None else copy_width(q, k, v)
-    v = _placeholder() if v is None else v
+    v = backend.placeholder((1,)) if v is None else v
     kt = TILE_ROWS[variant]
     kernel = TILED_KERNELS[variant]
     stage = stage_bytes(variant)
