@@ -122,8 +122,15 @@ rows = []
 RESULTS["runs"] = []
 for rnd in range(a.rounds):
     for name, sets in configs:
-        res = run(sets)
+        try:
+            res = run(sets)
+        except Exception as e:              # one configuration that fails (e.g. a capture) does not lose the others
+            print(f"[{name}, round {rnd + 1}] failed: {type(e).__name__}: {e}", flush=True)
+            rows.append([name, rnd + 1] + ["failed"] * (len(methods) + len(budgets) + 1) + ["-"])
+            continue
         r = res["rates"]
+        print(f"[{name}, round {rnd + 1}] " + ", ".join(f"{m} {np.median(r[m]):.1f}" for m in methods) +
+              f" tokens/s, {res['mismatches']} mismatches", flush=True)
         tree = [m for m in methods if m.startswith("DDTree")]
         rows.append([name, rnd + 1] + [f"{np.median(r[m]):.1f}" for m in methods] +
                     [f"{ratio(r, m, 'AR'):.3f} / {ratio(r, m, 'chain'):.3f}" for m in tree] +

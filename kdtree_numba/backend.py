@@ -14,7 +14,8 @@ are present, else ``numpy``), read when ``kdtree_numba`` is first imported.
 
 Also here: the numpy>=2.5 compat shim numba-cuda 0.30 needs (``np.row_stack``), the simulator's barrier poll made
 to yield the GIL (``_simulator_yields_in_barrier_poll``), array helpers (``asarray``,
-``to_host``, ``empty``), ``launch`` (numba views + the stream, in one place) and ``timer`` (device events).
+``to_host``, ``empty``), ``launch`` (numba views + the stream, in one place), ``branch`` (a block of launches on a
+side stream, joined later: concurrent kernels inside one captured graph) and ``timer`` (device events).
 """
 from __future__ import annotations
 
@@ -285,7 +286,7 @@ def synchronize() -> None:
 # ---------------------------------------------------------------------------------------------------- launches
 _VIEW_CACHE: "collections.OrderedDict[tuple, object]" = collections.OrderedDict()
 _VIEW_CACHE_SIZE = 4096
-_nb_stream = None
+_nb_streams: dict = {}                # CuPy stream pointer -> numba's external_stream over it
 
 
 def view(a):
@@ -312,7 +313,6 @@ def launch(kernel, grid, block, *args, shared: int = 0) -> None:
     must be opted in: the first launch of each compiled overload is refused, which opts it in and launches again
     (see _allow_shared). Typing the arguments before every launch instead repeated, in Python, what the dispatcher
     does anyway."""
-    global _nb_stream
     if _name() == "numpy":
         raise RuntimeError("launch: the numpy backend runs references, not kernels")
     args = tuple(view(a) if hasattr(a, "__cuda_array_interface__") else a for a in args)
@@ -329,9 +329,10 @@ def launch(kernel, grid, block, *args, shared: int = 0) -> None:
                 v[...] = a
         return
     bind_stream()
-    if _nb_stream is None:
-        _nb_stream = cuda.external_stream(stream.ptr)
-    configured = kernel[grid, block, _nb_stream, shared]
+    nb = _nb_streams.get(stream.ptr)
+    if nb is None:
+        nb = _nb_streams[stream.ptr] = cuda.external_stream(stream.ptr)
+    configured = kernel[grid, block, nb, shared]
     if not shared:
         configured(*args)
         return
@@ -402,6 +403,66 @@ def sm_count() -> int:
 def block_size(gpu: int, sim: int = 32) -> int:
     """Threads per block: ``gpu`` on a real GPU, a small count on the simulator (one OS thread per CUDA thread)."""
     return gpu if _name() == "cuda" else sim
+
+
+# ---------------------------------------------------------------------------------------------------- branches
+BRANCHES = True                      # cuda: a ``branch`` block runs on a side stream; False: in order on ``stream``
+_side: list = []                     # the side stream (made at the first branch)
+
+
+class Branch:
+    """What ``branch()`` yields: ``join()`` makes the main stream wait for the branch's launches (cuda); a no-op on
+    the host backends, where the block ran in order. Call it before anything reads what the branch wrote."""
+
+    def __init__(self):
+        self._done = None
+
+    def join(self) -> None:
+        if self._done is not None:
+            stream.wait_event(self._done)
+            self._done = None
+
+
+@contextlib.contextmanager
+def branch():
+    """Run the block's device work beside what the main stream does next: on cuda the block's launches (numba
+    kernels, CuPy and cuBLAS work) go to a side stream that first waits for everything issued so far, and the
+    yielded ``Branch``'s ``join()`` makes the main stream wait for them. Under a CUDA graph capture the two waits
+    become the graph's edges, so a replayed graph runs the branch's kernels concurrently with the main line's: a
+    few small kernels that each fill a handful of SMs (the MoE's shared expert next to its routed experts) cost
+    their latency once instead of one after the other. The host backends run the block in order (join: no-op);
+    ``BRANCHES = False`` does the same on cuda (an A/B switch). Every branch must be joined before its results are
+    read and before a capture ends (CUDA refuses to end a capture with unjoined work). Not for concurrent use by
+    several host threads: the process has one main stream.
+
+    >>> with backend.branch() as side:
+    ...     write_cache(...)                 # the side stream
+    >>> q = project(...)                     # the main stream, meanwhile
+    >>> side.join()
+    >>> attention(q, cache)                  # sees the cache rows
+    """
+    global stream
+    b = Branch()
+    if _name() != "cuda" or not BRANCHES:
+        yield b
+        return
+    main = stream
+    if not _side:
+        _side.append(cp.cuda.Stream(non_blocking=True))
+    side = _side[0]
+    fork = cp.cuda.Event(disable_timing=True)
+    fork.record(main)
+    side.wait_event(fork)
+    stream = side
+    side.use()
+    try:
+        yield b
+    finally:
+        done = cp.cuda.Event(disable_timing=True)
+        done.record(side)
+        stream = main
+        main.use()
+        b._done = done
 
 
 # ---------------------------------------------------------------------------------------------------- timing

@@ -191,3 +191,73 @@ def test_placeholders_are_cached_per_backend_shape_and_dtype():
     assert not kd.backend.to_host(a).any()
     with kd.backend.use("numpy"):
         assert isinstance(kd.backend.placeholder((1, 1)), np.ndarray)
+
+
+@cuda.jit
+def _spin_then_write(a, out, spins):
+    """out = 2 a after a busy wait (so that a missing join shows: the reader runs before the write lands)."""
+    t = cuda.grid(1)
+    if t < a.shape[0]:
+        v = a[t]
+        for _ in range(spins):
+            v = v * float32(1.0000001)
+        out[t] = a[t] * float32(2.0) + (v - v)          # v - v: 0, but the loop stays (IEEE: no folding)
+
+
+def test_branch_runs_in_order_on_the_host_backends():
+    """backend.branch on numpy / sim: the block runs where it stands, join is a no-op (and may be called twice)."""
+    with kd.backend.use("numpy"):
+        x = kd.backend.zeros((3,))
+        with backend.branch() as side:
+            x[...] = 1.0
+        assert x.tolist() == [1.0, 1.0, 1.0]
+        side.join()
+        side.join()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("branches", [True, False])
+def test_branch_on_the_gpu_direct_and_captured(monkeypatch, branches):
+    """A kernel in a branch (a side stream on cuda) and CuPy work on the main stream meanwhile; after join the main
+    stream sees the branch's result - launched directly and replayed from a captured graph (the graph's fork and
+    join edges). BRANCHES = False runs the same in order."""
+    from kdtree_numba.decode.capture import CapturedStep
+
+    monkeypatch.setattr(backend, "BRANCHES", branches)
+    n = 4096
+    a = backend.asarray(np.arange(n, dtype=np.float32))
+    doubled, plus, total = backend.empty((n,)), backend.empty((n,)), backend.empty((n,))
+
+    main = backend.stream
+
+    def step():
+        with backend.branch() as side:
+            backend.launch(_spin_then_write, -(-n // 128), 128, a, doubled, 20000)
+        assert backend.stream is main and backend.cp.cuda.get_current_stream().ptr == main.ptr
+        backend.xp.add(a, 1.0, out=plus)                        # main stream, beside the branch
+        side.join()
+        backend.xp.add(doubled, plus, out=total)                # reads the branch's output
+
+    step()
+    np.testing.assert_array_equal(backend.to_host(total), 3 * np.arange(n) + 1)
+    graph = CapturedStep(step, "a branched step")
+    a[...] = 5.0
+    total[...] = 0.0
+    graph.replay()
+    np.testing.assert_array_equal(backend.to_host(total), np.full(n, 16.0))
+
+
+@pytest.mark.gpu
+def test_branched_forward_equals_the_in_order_one(monkeypatch):
+    """The target's branches (the latent rows beside the query projections, the shared expert beside the routed
+    ones) change no value: a prefill and a tree-free decode step give the same logits with BRANCHES on and off."""
+    target = kd.tiny_target(0)
+    outs = []
+    for on in (True, False):
+        monkeypatch.setattr(backend, "BRANCHES", on)
+        cache = target.new_cache(16)
+        a, _ = target.forward(np.array([3, 17, 99, 5], np.int32), cache, 0)
+        b, _ = target.forward(np.array([7], np.int32), cache, 4)
+        outs.append((backend.to_host(a), backend.to_host(b)))
+    np.testing.assert_array_equal(outs[0][0], outs[1][0])
+    np.testing.assert_array_equal(outs[0][1], outs[1][1])

@@ -255,23 +255,26 @@ class Target:
         T = h.shape[0]
         N, P, R, Lkv = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
         if cfg.q_lora_rank is None:
-            q = gemm.linear(h, L["q"])
-            ckv = gemm.linear(h, L["kv_a"])                                           # [T, Lkv+R]
+            y, Q = gemm.linear(h, L["kv_a"]), 0                                       # [T, Lkv+R]
         else:
-            y = gemm.linear(h, L["qkv_a"])                                            # [T, Q + Lkv+R]: one GEMM
-            Q = cfg.q_lora_rank
+            y, Q = gemm.linear(h, L["qkv_a"]), cfg.q_lora_rank                        # [T, Q + Lkv+R]: one GEMM
+        with backend.branch() as latent:                     # the cache rows beside the query's projections
+            mla_latent.write_latent(y[:, Q:], L["kv_a_norm"], QKV_NORM_EPS, positions, self.inv_freq,
+                                    self.rope_amp, cache.layer(i), start, base=base)  # rows [c ; k_rot]
+        if Q:
             q = gemm.linear(rmsnorm.rmsnorm(y[:, :Q], L["q_a_norm"], QKV_NORM_EPS), L["q_b"])
-            ckv = y[:, Q:]                                                            # [T, Lkv+R] (a view)
+        else:
+            q = gemm.linear(h, L["q"])
         q = q.reshape(T, N, P + R)                                                    # [T, N, P+R]
-        mla_latent.write_latent(ckv, L["kv_a_norm"], QKV_NORM_EPS, positions, self.inv_freq, self.rope_amp,
-                                cache.layer(i), start, base=base)                     # cache rows [c ; k_rot]
         if tree is None and not hasattr(start, "shape") and T >= DECOMPRESSED_PREFILL_TOKENS:
+            latent.join()
             o = self._decompressed_attention(L, q, positions, cache.layer(i)[:start + T])     # [T, N, Vd]
             return gemm.linear(o.reshape(T, -1), L["o"], out=out, accumulate=True)
 
         q_abs = backend.empty((T, N, Lkv + R), np.float32)                            # [T, N, Lkv+R]
         gemm.bmm(q[:, :, :P].transpose(1, 0, 2), L["w_uk"], out=q_abs[:, :, :Lkv].transpose(1, 0, 2))
         rope.apply_rope(q[:, :, P:], positions, self.inv_freq, self.rope_amp, out=q_abs[:, :, Lkv:], base=base)
+        latent.join()                                                                 # the attention reads the rows
         if tree is None:
             o_lat = mla_attention.mla_attention(q_abs, cache.layer(i), start, self.scale, Lkv)
         else:
@@ -318,6 +321,8 @@ class Target:
         cfg = self.config
         k = cfg.num_experts_per_tok
         logits, shared_gu = self._router_and_shared_gu(L, h, cfg.n_routed_experts)   # [T, E], [T, 2 Is]
+        with backend.branch() as shared:                     # the shared expert beside the routed ones (cuda: a
+            out = self._shared_expert(L, shared_gu, out)     # second stream) - [T, H] (+)= shared(h)
         idx, w = moe_routing.route(logits, L["bias"], k, cfg.n_group, cfg.topk_group,
                                    cfg.norm_topk_prob, cfg.routed_scaling_factor)     # [T, k] each
         counts, offsets, order, slot = moe_routing.group_by_expert(idx, cfg.n_routed_experts)
@@ -330,7 +335,7 @@ class Target:
         act = swiglu.swiglu(gu)                                                       # [T*k, I]
         ys = moe_grouped_gemm.grouped_linear(act, L["experts_down"], offsets, tiles=tiles,
                                              sim_kernel=False)                        # [T*k, H]
-        out = self._shared_expert(L, shared_gu, out)                                 # [T, H] (+)= shared(h)
+        shared.join()
         return moe_routing.combine(ys, w, slot, out=out)                              # [T, H] (+)= routed
 
     @staticmethod
