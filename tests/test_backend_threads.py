@@ -249,8 +249,9 @@ def test_branch_on_the_gpu_direct_and_captured(monkeypatch, branches):
 
 @pytest.mark.gpu
 def test_branched_forward_equals_the_in_order_one(monkeypatch):
-    """The target's branches (the latent rows beside the query projections, the shared expert beside the routed
-    ones) change no value: a prefill and a tree-free decode step give the same logits with BRANCHES on and off."""
+    """The target's branches (the latent rows beside the query projections, the rope columns beside the absorbed
+    ones, the shared expert beside the routed ones) change no value: a prefill and a decode step give the same
+    logits with BRANCHES on and off."""
     target = kd.tiny_target(0)
     outs = []
     for on in (True, False):

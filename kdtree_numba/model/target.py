@@ -272,8 +272,11 @@ class Target:
             return gemm.linear(o.reshape(T, -1), L["o"], out=out, accumulate=True)
 
         q_abs = backend.empty((T, N, Lkv + R), np.float32)                            # [T, N, Lkv+R]
+        with backend.branch() as rot:                        # the rope columns beside the absorbed ones
+            rope.apply_rope(q[:, :, P:], positions, self.inv_freq, self.rope_amp, out=q_abs[:, :, Lkv:],
+                            base=base)
         gemm.bmm(q[:, :, :P].transpose(1, 0, 2), L["w_uk"], out=q_abs[:, :, :Lkv].transpose(1, 0, 2))
-        rope.apply_rope(q[:, :, P:], positions, self.inv_freq, self.rope_amp, out=q_abs[:, :, Lkv:], base=base)
+        rot.join()
         latent.join()                                                                 # the attention reads the rows
         if tree is None:
             o_lat = mla_attention.mla_attention(q_abs, cache.layer(i), start, self.scale, Lkv)
