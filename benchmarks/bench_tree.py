@@ -8,9 +8,8 @@ most candidates one level's chains held (over requests and depths; above SORT_CA
 and the most bisection probes one level spent raising its floor (kernels/tree_build.py, "The floor").
 K = min(budget, V) as in the decode loop: a chain never passes rank B - 1, so any K >= B (K = V included) builds
 the same chains and candidates as K = B.
-A second table times the build's two paths - the heap itself in one warp (kernels/tree_heap.py: its scanning loop,
-``_heap_nodes``, and its sorted-lanes loop, ``_heap_lanes``), the level loop - and the one mode 0 picks, on trees 1
-to 15 deep; every tree is checked against the heap reference.
+A second table times the build's two paths - the heap itself in one warp (kernels/tree_heap.py), the level loop -
+and the one mode 0 picks, on trees 1 to 15 deep; every tree is checked against the heap reference.
 """
 import numpy as np
 
@@ -112,16 +111,15 @@ for boost in ((6, 9, 12, 14) if not a.quick else (6, 12)):
         lp_h, ids_h = kd.backend.to_host(lp), kd.backend.to_host(ids)
         want = tree_build.build_tree_ref(lp_h, ids_h, budget)
         us = {}
-        for mode in (tree_build.HEAP, tree_build.HEAP | tree_build.LANES, tree_build.LEVELS, 0):
+        for mode in (tree_build.HEAP, tree_build.LEVELS, 0):
             builder = tree_build.TreeBuilder(1, L2, budget, budget, mode=mode)
             us[mode] = 1e3 * graph_median_ms(lambda: builder.build(lp[None], ids[None]), a.reps)
             assert builder.out.to_trees()[0] == want, (boost, budget, mode)
         pick = "heap" if tree_build.heap_path(lp_h, budget, 0) else "level loop"
-        heap, lanes, loop = us[tree_build.HEAP], us[tree_build.HEAP | tree_build.LANES], us[tree_build.LEVELS]
+        heap, loop = us[tree_build.HEAP], us[tree_build.LEVELS]
         rows.append([boost, budget, int(want.depths.max()), tree_heap.depth_bound(lp_h, budget), pick,
-                     f"{heap:.1f}", f"{lanes:.1f}", f"{loop:.1f}", f"{us[0]:.1f}", f"{loop / heap:.2f}x",
-                     f"{heap / lanes:.2f}x"])
+                     f"{heap:.1f}", f"{loop:.1f}", f"{us[0]:.1f}", f"{loop / heap:.2f}x"])
 table(f"Heap path vs level loop, one request, L = {L2}, V = {V2}, K = budget (build alone, graph)",
-      ["boost", "budget", "tree depth", "depth bound", "mode 0 picks", "heap path (us)", "heap, sorted lanes (us)",
-       "level loop (us)", "mode 0 (us)", "heap vs loop", "sorted lanes vs heap"], rows)
+      ["boost", "budget", "tree depth", "depth bound", "mode 0 picks", "heap path (us)", "level loop (us)",
+       "mode 0 (us)", "heap vs loop"], rows)
 save("bench_tree")

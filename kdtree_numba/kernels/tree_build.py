@@ -96,7 +96,7 @@ Floor example (L = 2, K = 3, budget 4): lp = [[-0.1, -0.2, -0.3], [-0.5, -1.0, -
 
 **Small budgets, deep trees: the heap itself** (``tree_heap``). The level loop pays its barriers, sort and merge once
 per depth (~6-7 us a level on the H200); for budgets <= tree_heap.HEAP_BUDGET (64) warp 0 can run the heap
-algorithm itself, pop by pop (~0.95 us a pop, whatever the depth). Mode 0 picks by the rows (``heap_path``): the
+algorithm itself, pop by pop (~0.6-0.8 us a pop, whatever the depth). Mode 0 picks by the rows (``heap_path``): the
 heap when the budget's pops cost less than the levels a bound on the tree's depth predicts, the level loop
 otherwise. TreeBuilder modes LEVELS / HEAP force either (tests).
 
@@ -130,8 +130,7 @@ from .. import backend
 from . import _checks
 from .primitives import block_min, block_prefix_sum
 from .tree import Tree
-from . import tree_heap
-from .tree_heap import ROW_FLOATS, _heap_fits, _heap_lanes, _heap_nodes, _heap_pays, heap_fits, heap_pays
+from .tree_heap import ROW_FLOATS, _heap_fits, _heap_lanes, _heap_pays, heap_fits, heap_pays
 from .tree_order import _before, _pops_before, _record_parent
 
 MAX_BUDGET = 1024
@@ -148,8 +147,6 @@ SLOW_CHAINS, BITONIC = 1, 2   # TreeBuilder modes (tests): walk every chain in o
 LEVELS = 4                # TreeBuilder mode (tests): the level loop even where the heap path would run
 HEAP = 8                  # TreeBuilder mode (tests): the heap path wherever it fits, however shallow the tree (where
                           # it does not, the level loop with the mode's other bits)
-LANES = 16                # TreeBuilder mode: the heap path's loop with its frontier sorted across the lanes
-                          # (tree_heap._heap_lanes) instead of scanned (_heap_nodes); picks no path by itself
 # the node table's int32 fields: itab[copy, FIELD, request, entry] (the float64 weight is wtab[copy, request, entry])
 DEPTH, RANK, PARENT, RECORD_PARENT, RECORD_DEPTH = 0, 1, 2, 3, 4
 N_FIELDS = 5
@@ -262,7 +259,7 @@ def heap_path(lp: np.ndarray, budget: int, mode: int) -> bool:
     mode 0 by ``tree_heap.heap_pays`` (the budget's pops cheaper than the levels a bound on the depth predicts),
     never in the other modes. Example: 15 rows peaked on rank 0 (a tree 10-15 deep), budget 64 -> True; the same
     budget on rows whose tree stops at depth 3 -> False."""
-    return heap_fits(*lp.shape, budget) and (bool(mode & HEAP) or ((mode & ~LANES) == 0 and heap_pays(lp, budget)))
+    return heap_fits(*lp.shape, budget) and (bool(mode & HEAP) or (mode == 0 and heap_pays(lp, budget)))
 
 
 # ------------------------------------------------------------------------------------------------ kernel steps
@@ -867,12 +864,8 @@ def _build_kernel(lp, ids, budget, cap, wtab, itab, scratch, out_i, out_logw, pa
         n_top = _chain_nodes(lp_req, L, B, nodes, stats, r, slow_state)
         _write_outputs(r, B, n_top, nodes, ids, out_i, out_logw, paths, path_depth, n_out)
         return
-    if _heap_fits(L, K, B) and (mode & HEAP or ((mode & ~LANES) == 0 and _heap_pays(lp_req, L, K, B, sort_w))):
-        if mode & LANES:                     # small budgets: the heap itself (heap_path)
-            n_top = _heap_lanes(lp_req, lp_rows, L, K, B, nodes, sim_fbuf, sim_ibuf, slow_state)
-        else:
-            n_top = _heap_nodes(lp_req, lp_rows, L, K, B, nodes, sort_w, sort_rdepth, sort_node, chain_slot,
-                                sim_fbuf, sim_ibuf, slow_state)
+    if _heap_fits(L, K, B) and (mode & HEAP or (mode == 0 and _heap_pays(lp_req, L, K, B, sort_w))):
+        n_top = _heap_lanes(lp_req, lp_rows, L, K, B, nodes, sim_fbuf, sim_ibuf, slow_state)   # the heap itself
         _write_outputs(r, B, n_top, nodes, ids, out_i, out_logw, paths, path_depth, n_out)
         return
     n_top = uint32(0)                        # |G| (every thread keeps it)
@@ -966,8 +959,7 @@ class TreeBuilder:
     round by the decode loop: no allocation on the hot path). ``mode`` (tests): SLOW_CHAINS walks every chain in
     order, BITONIC always sorts with the bitonic network - the paths the fast ones fall back to; LEVELS runs the
     level loop where ``heap_path`` would run the heap itself (any mode without HEAP does); HEAP runs the heap
-    wherever it fits (``heap_fits``); LANES runs the heap path's sorted-lanes loop (``tree_heap._heap_lanes``;
-    ``tree_heap.VARIANT`` = 2 adds it to every build). ``capacity``:
+    wherever it fits (``heap_fits``). ``capacity``:
     candidates one level may hold (default the worst case, B x min(K, B)); a level needing more sets ``overflow``.
     After a kernel build (sim / cuda backends; the numpy backend runs the reference and leaves them 0):
     ``overflow [R]``, ``candidates [R, L]`` (column d - 1: the candidates depth d's chains held, what the sort
@@ -977,10 +969,10 @@ class TreeBuilder:
 
     def __init__(self, R: int, L: int, K: int, budget: int, capacity: int | None = None, mode: int = 0):
         self.R, self.L, self.K, self.B = R, L, K, budget
-        self.mode = _checks.integer(mode, "mode", lo=0, hi=SLOW_CHAINS | BITONIC | LEVELS | HEAP | LANES)
+        self.mode = _checks.integer(mode, "mode", lo=0, hi=SLOW_CHAINS | BITONIC | LEVELS | HEAP)
         worst = budget * min(K, budget)
         self.cap = worst if capacity is None else max(1, min(capacity, worst))
-        tab = budget + max(self.cap, budget + 1)                 # the heap path's frontier: budget + 1 entries
+        tab = budget + self.cap                                  # the popped nodes, one level's candidates
         sort_cap = 1
         while sort_cap < self.cap:
             sort_cap *= 2
@@ -1017,8 +1009,7 @@ class TreeBuilder:
         threads = backend.block_size(MAX_THREADS, 32)    # the simulator's warp collectives need one warp
         R, L, K = self.R, self.L, self.K
         backend.launch(_build_kernel, R, threads, lp.reshape(R, L * K), ids, self.B, self.cap, self.wtab, self.itab,
-                       self.scratch, self.out_i, o.logw, self._paths_flat, o.path_depth, o.n, self.stats,
-                       self.mode | (LANES if tree_heap.VARIANT == 2 else 0))
+                       self.scratch, self.out_i, o.logw, self._paths_flat, o.path_depth, o.n, self.stats, self.mode)
         return o
 
     def _pack(self, r: int, tree: Tree) -> None:

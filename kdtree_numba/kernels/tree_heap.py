@@ -2,24 +2,20 @@
 itself, pop by pop - the same tree as ``tree_build.build_tree_ref`` and the level loop, bit for bit.
 
 The level loop pays its barriers, sort and merge once per depth: its build stage took 0.104 ms of a 1.1 ms DDTree-64
-round of the trained pair (bench_round), against 15-19 us for bench_tree's 2-3-deep trees. Warp 0 can run the heap
-algorithm instead, pop by pop: the frontier (at most B + 1 pushed, unpopped nodes) in shared memory, each lane
-taking the first of its slots in pop order and a 5-step shuffle butterfly the first of the warp (weights, then rank
-tuples on ties, read through the node table), lane 0 writing the popped node and pushing its next sibling and first
-child with the reference's float64 arithmetic - the same tree, with no levels to count (``stats`` stays 0). Its cost
-grows with the budget, not with the depth: on the H200 (graph replays, K = B) ~0.95 us a pop (61 us at budget 64, 32
-at 32, 19 at 16) against the loop's ~6-7 us a level plus ~5 (budget 64: 12 us 1 deep, 23 at 3, 81 at 11, 113 at 15).
-So the kernel picks by the rows (``tree_build.heap_path``, mode 0; ``heap_pays``): the heap when budget <=
-HEAP_POPS_PER_LEVEL (6) x ``depth_bound``, an upper bound on the depth read off the rows (the greedy path's weights
-against depth 1's budget-th log-prob); the level loop otherwise. TreeBuilder modes LEVELS / HEAP force either
-(tests).
-
-Two loops, numbered variants: ``_heap_nodes`` (VARIANT 1, above, measured) and ``_heap_lanes`` (VARIANT 2; TreeBuilder
-mode LANES), which keeps the frontier sorted across the 32 lanes - lane j holds the j-th node in pop order - so a
-pop is lane 0's node and its two pushes land by two ballots and one gather, where the first loop pays a scan of the
-slots, a 5-step butterfly (~5 dependent shuffle round trips) and lane 0's serial slot bookkeeping per pop. Both
-build the reference's tree bit for bit (tests); VARIANT picks the one every build runs, and stays 1 until a GPU
-measurement (bench_tree's second table, ab_replay) says the second pays.
+round of the trained pair (bench_round), against 15-19 us for bench_tree's 2-3-deep trees. Warp 0 runs the heap
+algorithm instead (``_heap_lanes``), with the frontier kept sorted across the 32 lanes - lane j holds the j-th node
+in pop order - so a pop is lane 0's node and its two pushes (the next sibling, the first child) land where they
+belong by two ballots and one gather: the same tree, with no levels to count (``stats`` stays 0). Its cost grows
+with the budget, not with the depth. So the kernel picks by the rows (``tree_build.heap_path``, mode 0;
+``heap_pays``): the heap when budget <= HEAP_POPS_PER_LEVEL (8) x ``depth_bound``, an upper bound on the depth read
+off the rows (the greedy path's weights against depth 1's budget-th log-prob); the level loop otherwise.
+TreeBuilder modes LEVELS / HEAP force either (tests).
+Measured on the H200 (bench_tree's second table, graph replays, one request, K = budget, 2026-12-05): the heap path
+13.2-15.3 us at budget 16, 21.2-23.1 at 32, 36.5-37.9 at 64 (~0.6-0.8 us a pop) against the level loop's ~6-7 us a
+level plus ~5 (11.0 us 1 deep at budget 16, 25.0 3 deep at 64, 74.5-127 for trees 12-15 deep). The first heap loop
+(until 2026-12-05) scanned the frontier slots every pop - each lane the first of its slots, a 5-step shuffle
+butterfly, lane 0's serial slot bookkeeping - and took 18.9-20.8 / 32.4-33.9 / 61.4-63.3 us (~0.95 us a pop): the
+sorted lanes are 1.36-1.68x faster, and it was deleted.
 
 Shapes: the request's log-prob rows ``lp_req`` [L * K] float32 (each row sorted descending), staged into the build
 kernel's shared ``lp_rows`` (ROW_FLOATS floats); the node table (``tree_build._node_table``) receives the popped
@@ -33,14 +29,12 @@ from numba import cuda, float64, int32, uint32
 
 from ._intrinsics import SIM
 from .primitives import FULL
-from .tree_order import _leaf_tuple_less, _tuple_less
+from .tree_order import _leaf_tuple_less
 
-HEAP_BUDGET = 64          # budgets up to this (K > 1): warp 0 may run the heap itself (``_heap_nodes``)
+HEAP_BUDGET = 64          # budgets up to this (K > 1): warp 0 may run the heap itself (``_heap_lanes``)
 assert HEAP_BUDGET <= 64  # ``_heap_lanes`` keeps (B + 1) // 2 <= 32 frontier nodes, one a lane (its docstring)
-HEAP_POPS_PER_LEVEL = 6   # mode 0 runs the heap when budget <= this x depth_bound: a level of the loop costs ~6-7
-                          # heap pops (H200: ~0.95 us a pop, ~6-7 us a level; module docstring)
-VARIANT = 1               # the heap loop a build runs: 1 _heap_nodes (a scan and a butterfly a pop; measured),
-                          # 2 _heap_lanes (the frontier sorted across the lanes; TreeBuilder mode LANES forces it)
+HEAP_POPS_PER_LEVEL = 8   # mode 0 runs the heap when budget <= this x depth_bound: a level of the loop costs ~8-10
+                          # heap pops (H200: ~0.6-0.8 us a pop, ~6-7 us a level; module docstring)
 ROW_FLOATS = 2048         # the build kernel's staged-row buffer (tree_build's lp_rows: 2 rows of MAX_BUDGET = 1024)
 
 
@@ -74,8 +68,8 @@ def depth_bound(lp: np.ndarray, budget: int) -> int:
 
 def heap_pays(lp: np.ndarray, budget: int) -> bool:
     """Mode 0's rule (``tree_build.heap_path`` adds where it fits and the test modes): the budget's pops are
-    predicted cheaper than the levels, budget <= HEAP_POPS_PER_LEVEL x depth_bound (a pop costs ~0.95 us, a level
-    ~6-7 us on the H200: module docstring). Example: 15 rows of N(0, 4) logits over 4096 tokens, rank 0 raised by 12
+    predicted cheaper than the levels, budget <= HEAP_POPS_PER_LEVEL x depth_bound (a pop costs ~0.6-0.8 us, a
+    level ~6-7 us on the H200: module docstring). Example: 15 rows of N(0, 4) logits over 4096 tokens, rank 0 raised by 12
     (trees 10-11 deep), budget 64: bound 15 -> True (64 <= 90); raised by 9 (3 deep): bound 3 -> False (64 > 18) -
     the faster path in both (measured)."""
     return budget <= HEAP_POPS_PER_LEVEL * depth_bound(lp, budget)
@@ -129,25 +123,6 @@ if SIM:
     def _warp_sync():
         """The warp's lanes meet (the simulator's block is that one warp)."""
         cuda.syncthreads()
-
-    @cuda.jit(device=True)
-    def _warp_first(bw, be, depth, parent, rank, fbuf, ibuf):
-        """The simulator's stand-in of the butterfly below: every lane's (weight, entry) through shared memory, the
-        first in pop order to all."""
-        lane = cuda.threadIdx.x
-        fbuf[lane] = bw
-        ibuf[lane] = be
-        cuda.syncthreads()
-        bw = fbuf[0]
-        be = ibuf[0]
-        for j in range(1, 32):
-            ow = fbuf[j]
-            oe = ibuf[j]
-            if oe >= 0 and (be < 0 or ow > bw or (ow == bw and _tuple_less(oe, be, depth, parent, rank))):
-                bw = ow
-                be = oe
-        cuda.syncthreads()
-        return bw, be
 else:
     @cuda.jit(device=True)
     def _lane_read(v, src, buf):
@@ -163,21 +138,6 @@ else:
     def _warp_sync():
         """The warp's lanes meet; their shared and global writes before it are seen after it."""
         cuda.syncwarp(FULL)
-
-    @cuda.jit(device=True)
-    def _warp_first(bw, be, depth, parent, rank, fbuf, ibuf):
-        """The first in pop order of the lanes' (weight, table entry) pairs, to every lane: a 5-step shfl_xor
-        butterfly; heavier first, equal weights by rank tuple (``_tuple_less``, which reads the table); entry -1
-        (a lane without a candidate) loses. fbuf / ibuf: the simulator's scratch, untouched here."""
-        off = 16
-        while off > 0:
-            ow = cuda.shfl_xor_sync(FULL, bw, off)
-            oe = cuda.shfl_xor_sync(FULL, be, off)
-            if oe >= 0 and (be < 0 or ow > bw or (ow == bw and _tuple_less(oe, be, depth, parent, rank))):
-                bw = ow
-                be = oe
-            off >>= 1
-        return bw, be
 
 
 @cuda.jit(device=True)
@@ -203,98 +163,7 @@ def _stage_rows(lp_req, lp_rows, L, K, B):
     return W
 
 
-@cuda.jit(device=True)
-def _heap_set(f, B, wv, d, rk, p, fw, fdepth, frank, fparent, w, depth, rank, parent):
-    """Frontier slot f = (weight, depth, rank, tree parent's entry), mirrored at table entry B + f (where a tie
-    comparison walks from it)."""
-    fw[f] = wv
-    fdepth[f] = d
-    frank[f] = rk
-    fparent[f] = p
-    e = uint32(B + f)
-    w[e] = wv
-    depth[e] = d
-    rank[e] = rk
-    parent[e] = p
-
-
-@cuda.jit(device=True)
-def _heap_nodes(lp_req, lp_rows, L, K, B, nodes, fw, fdepth, frank, fparent, fbuf, ibuf, count):
-    """Budgets <= HEAP_BUDGET (``tree_build.heap_path``): warp 0 runs the heap algorithm itself -
-    ``build_tree_ref`` step for step, so the same tree bit for bit - where the level loop pays its barriers and
-    sorts once per depth (a deep tree of the trained pair: ~15 levels). Table entries 0 .. n - 1 are the popped
-    nodes in pop order (what ``tree_build._write_outputs`` reads); the frontier (at most B + 1 pushed, unpopped
-    nodes) lives in shared slots f, each mirrored at table entry B + f for tie comparisons. Per pop: each lane takes
-    the first of slots lane, lane + 32, .. in pop order, the warp the first of those (``_warp_first``), lane 0
-    writes the node at entry n and pushes as the heap does - the next sibling into the popped slot (w - lp[d-1][r]
-    + lp[d-1][r+1], float64 in that order), else the last slot moved into it; the first child appended (w +
-    lp[d][0]) - and every lane keeps the counts. Log-probs are read from rows staged in shared memory (L x min(K, B
-    + 1) floats: a popped node's rank is below B, so a sibling's at most B). No level statistics: ``stats`` stays
-    0. Returns the node count (through the shared ``count``, after a barrier).
-    Example (tree_build's module docstring's, L = 2, K = 2, budget 3): pops (0) -0.1 [frontier: (1) -2.5, (0,0) -0.3],
-    (0,0) -0.3 [(1) -2.5, (0,1) -1.9], (0,1) -1.9 -> the same three nodes as the level loop."""
-    tid = uint32(cuda.threadIdx.x)
-    W = _stage_rows(lp_req, lp_rows, L, K, B)
-    w, depth, rank, parent, rparent, rdepth = nodes
-    if tid < uint32(32):
-        lane = tid
-        nf = uint32(0)                                   # frontier slots in use
-        n = uint32(0)                                    # nodes popped
-        if B > uint32(0) and L > uint32(0) and _heap_lp(lp_rows, W, 0, 0) > -math.inf:
-            if lane == 0:
-                _heap_set(0, B, float64(_heap_lp(lp_rows, W, 0, 0)), 1, 0, -1, fw, fdepth, frank, fparent, w,
-                          depth, rank, parent)
-            nf = uint32(1)
-        _warp_sync()
-        while n < B and nf > uint32(0):
-            bw = -math.inf
-            be = int32(-1)
-            f = lane
-            while f < nf:
-                e = int32(B + f)
-                if be < 0 or fw[f] > bw or (fw[f] == bw and _tuple_less(e, be, depth, parent, rank)):
-                    bw = fw[f]
-                    be = e
-                f = uint32(f + uint32(32))
-            bw, be = _warp_first(bw, be, depth, parent, rank, fbuf, ibuf)
-            f = uint32(be) - B
-            d = uint32(fdepth[f])
-            rk = uint32(frank[f])
-            p = fparent[f]
-            sib = rk + uint32(1) < K and _heap_lp(lp_rows, W, d - uint32(1), rk + uint32(1)) > -math.inf
-            child = d < L and _heap_lp(lp_rows, W, d, 0) > -math.inf
-            _warp_sync()                                 # every lane has read slot f before lane 0 rewrites it
-            if lane == 0:
-                w[n] = bw
-                depth[n] = d
-                rank[n] = rk
-                parent[n] = p
-                rparent[n] = -1
-                rdepth[n] = 1
-                last = uint32(nf - uint32(1))
-                if sib:
-                    ws = (bw - float64(_heap_lp(lp_rows, W, d - uint32(1), rk))) + \
-                        float64(_heap_lp(lp_rows, W, d - uint32(1), rk + uint32(1)))
-                    _heap_set(f, B, ws, d, rk + uint32(1), p, fw, fdepth, frank, fparent, w, depth, rank, parent)
-                elif f != last:
-                    _heap_set(f, B, fw[last], fdepth[last], frank[last], fparent[last], fw, fdepth, frank, fparent,
-                              w, depth, rank, parent)
-                if child:
-                    _heap_set(nf if sib else last, B, bw + float64(_heap_lp(lp_rows, W, d, 0)), d + uint32(1), 0,
-                              int32(n), fw, fdepth, frank, fparent, w, depth, rank, parent)
-            if not sib:
-                nf = uint32(nf - uint32(1))
-            if child:
-                nf = uint32(nf + uint32(1))
-            n = uint32(n + uint32(1))
-            _warp_sync()
-        if lane == 0:
-            count[0] = n
-    cuda.syncthreads()
-    return uint32(count[0])
-
-
-# ------------------------------------------------------------------------------------------------ v2: sorted lanes
+# ------------------------------------------------------------------------------------------------ the heap loop
 @cuda.jit(device=True)
 def _pack(d, rk, p):
     """A frontier node in one int32: depth << 16 | rank << 8 | (tree parent's entry + 1); rank and parent + 1 are at
@@ -314,10 +183,14 @@ def _pops_first(wx, kx, wy, ky, depth, parent, rank):
 
 @cuda.jit(device=True)
 def _heap_lanes(lp_req, lp_rows, L, K, B, nodes, fbuf, ibuf, count):
-    """``_heap_nodes`` with the frontier kept sorted across the warp's lanes: lane j holds the j-th node in pop
-    order (weight ``fw``, ``_pack``ed depth / rank / parent ``fk``), so a pop is lane 0's node - no scan, no
-    butterfly - and its pushes are inserted where they belong: every lane compares its node with the two new ones,
-    two ballots count the nodes ahead of each, and one gather (shfl from lane src) shifts the rest.
+    """Budgets <= HEAP_BUDGET (``tree_build.heap_path``): warp 0 runs the heap algorithm itself - ``build_tree_ref``
+    pop for pop, so the same tree bit for bit - with the frontier (the pushed, unpopped nodes) kept sorted across
+    the warp's lanes: lane j holds the j-th node in pop order (weight ``fw``, ``_pack``ed depth / rank / parent
+    ``fk``), so a pop is lane 0's node, and its pushes are inserted where they belong: every lane compares its node
+    with the two new ones, two ballots count the nodes ahead of each, and one gather (shfl from lane src) shifts
+    the rest. Table entries 0 .. n - 1 receive the popped nodes in pop order (what ``tree_build._write_outputs``
+    reads); log-probs are read from rows staged in shared memory (L x min(K, B + 1) floats: a popped node's rank is
+    below B, so a sibling's at most B). No level statistics: ``stats`` stays 0.
     Why 32 lanes hold every node that matters: after pop n (n + 1 popped) B - n - 1 pops remain, so a node at
     position >= B - n - 1 never pops (pushes only ever land ahead of it), and the frontier holds at most n + 2
     nodes; min(n + 2, B - n - 1) <= (B + 1) / 2 <= 32 for B <= HEAP_BUDGET = 64. A node shifted past lane 31 is one

@@ -51,10 +51,10 @@ def test_build_matches_heap(seed, L, K, extra, budget, kind):
     assert got == want, (got, want)
     heap = tb.heap_path(lp, budget, 0)
     assert (counts.max() == 0) == heap                                  # the kernel picked as the host says
-    # the path mode 0 did not take, the heap path's other loop (sorted lanes), and the slow paths the level loop's
-    # fast ones fall back to (chains walked in order, bitonic sort)
+    # the path mode 0 did not take, and the slow paths the level loop's fast ones fall back to (chains walked in
+    # order, bitonic sort)
     other = tb.LEVELS if heap else tb.HEAP
-    for mode in (other, tb.HEAP | tb.LANES, tb.SLOW_CHAINS | tb.BITONIC):
+    for mode in (other, tb.SLOW_CHAINS | tb.BITONIC):
         assert kernel_tree(lp, ids, budget, mode) == want, mode
     # invariants: prefix-closed, pops in non-increasing weight up to rounding, parents before children
     assert got.parents[0] == -1 and np.all(got.parents[1:] < np.arange(1, got.n + 1))
@@ -114,7 +114,7 @@ def test_inexact_telescoping_walks_chains_in_order():
     ids = np.array([[0, 1], [0, 1]], np.int32)
     w = np.float64(lp[0, 0])
     assert (w + np.float64(lp[1, 0]) - np.float64(lp[1, 0])) + np.float64(lp[1, 1]) != w + np.float64(lp[1, 1])
-    for mode in (tb.HEAP, tb.HEAP | tb.LANES, tb.LEVELS):
+    for mode in (tb.HEAP, tb.LEVELS):
         assert kernel_tree(lp, ids, 6, mode) == tb.build_tree_ref(lp, ids, 6), mode
 
 
@@ -128,7 +128,7 @@ def test_weights_keep_the_heaps_signed_zeros():
         ids = np.zeros((2, K), np.int32)
         want = tb.build_tree_ref(lp, ids, 2)
         assert np.signbit(want.logw).all()
-        for mode in ((0,) if K == 1 else (tb.HEAP, tb.HEAP | tb.LANES, tb.LEVELS)):
+        for mode in ((0,) if K == 1 else (tb.HEAP, tb.LEVELS)):
             assert kernel_tree(lp, ids, 2, mode) == want, (K, mode)
 
 
@@ -159,17 +159,16 @@ def test_depth_bound_bounds_the_depth():
 
 
 def test_heap_path_choice():
-    """Mode 0 picks the heap for deep trees and the level loop for shallow ones (budget <= 6 x depth_bound), and
+    """Mode 0 picks the heap for deep trees and the level loop for shallow ones (budget <= 8 x depth_bound), and
     the kernel picks as the host says: the heap path leaves the candidate counts 0."""
-    deep, shallow = peaked_rows(5, 96, 16, 12), peaked_rows(5, 96, 16, 0)
-    assert th.depth_bound(deep[0], 16) == 5 and th.depth_bound(shallow[0], 16) == 2     # 16 <= 30, 16 > 12
-    assert tb.heap_path(deep[0], 16, 0) and not tb.heap_path(shallow[0], 16, 0)
-    assert tb.heap_path(shallow[0], 16, tb.HEAP) and not tb.heap_path(deep[0], 16, tb.LEVELS)
-    assert not any(tb.heap_path(deep[0], 16, m) for m in (tb.SLOW_CHAINS, tb.BITONIC))
-    assert tb.heap_path(deep[0], 16, tb.LANES) and not tb.heap_path(shallow[0], 16, tb.LANES)   # picks no path
+    deep, shallow = peaked_rows(5, 96, 32, 12), peaked_rows(5, 96, 32, 0)
+    assert th.depth_bound(deep[0], 32) == 5 and th.depth_bound(shallow[0], 32) == 2     # 32 <= 40, 32 > 16
+    assert tb.heap_path(deep[0], 32, 0) and not tb.heap_path(shallow[0], 32, 0)
+    assert tb.heap_path(shallow[0], 32, tb.HEAP) and not tb.heap_path(deep[0], 32, tb.LEVELS)
+    assert not any(tb.heap_path(deep[0], 32, m) for m in (tb.SLOW_CHAINS, tb.BITONIC))
     for (lp, ids), heap in ((deep, True), (shallow, False)):
-        tree, counts = kernel_tree(lp, ids, 16, 0, counts=True)
-        assert tree == tb.build_tree_ref(lp, ids, 16)
+        tree, counts = kernel_tree(lp, ids, 32, 0, counts=True)
+        assert tree == tb.build_tree_ref(lp, ids, 32)
         assert (counts.max() == 0) == heap, counts
 
 
@@ -182,19 +181,18 @@ def test_heap_path_deep_tree():
     assert tb.heap_path(lp, 64, 0)
     assert kd.build_tree(lp, ids, 64) == want
     assert kernel_tree(lp, ids, 64, tb.LEVELS) == want
-    assert kernel_tree(lp, ids, 64, tb.LANES) == want
 
 
 @pytest.mark.parametrize("kind", ["uniform", "ties", "normal"])
 def test_heap_lanes_widest_frontier(kind):
     """The sorted-lanes loop keeps 32 frontier nodes, enough for budget 64 (HEAP_BUDGET): wide rows where nearly
     every pop pushes both a sibling and a child grow the frontier to 32 nodes and past it (uniform rows: equal
-    weights everywhere, every order decided by rank tuples); the heap reference and the scanning loop agree."""
+    weights everywhere, every order decided by rank tuples); the heap reference and the level loop agree."""
     rng = np.random.default_rng(7)
     lp, ids = softmax_logprobs(draft(rng, 8, 80, kind), 72)
     want = tb.build_tree_ref(lp, ids, th.HEAP_BUDGET)
-    assert kernel_tree(lp, ids, th.HEAP_BUDGET, tb.HEAP | tb.LANES) == want
     assert kernel_tree(lp, ids, th.HEAP_BUDGET, tb.HEAP) == want
+    assert kernel_tree(lp, ids, th.HEAP_BUDGET, tb.LEVELS) == want
 
 
 def test_docstring_worked_example():
