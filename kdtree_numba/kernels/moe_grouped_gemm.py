@@ -41,14 +41,15 @@ host read that it replaced (0.82x at T = 16). Prefill-sized T is compute-bound a
 thread is far from cuBLAS there (0.23x at T = 4096): a register-blocked or tensor-core tile is the next step.
 Variant 3, ``_grouped_gemv_kernel`` (same grid and block work, above the variant table): for decode-sized T a
 warp streams one output column's W row at a time, 8 loads in flight per lane, no shared tiles or barriers. The
-launcher's default takes it while rows <= experts / GEMV_ROWS_PER_EXPERT, v2 (or v4, below) above. Measured on the H200 (bench_moe,
+launcher's default takes it for a long K (Kdim > SKINNY_MAX_K) while rows <= experts / GEMV_ROWS_PER_EXPERT, v2
+above (``default_variant``). Measured on the H200 (bench_moe,
 same shapes, device events): T = 1: 0.759 ms against v2's 0.906 (graph-replayed 0.628, 44 % of the memory floor);
 T = 4: 2.73 against 3.01; T = 16: 9.62 against 9.41 (v2 from here on); T = 64: 36.8 against 25.4.
 
 Variant 4, ``_grouped_skinny_kernel``: the skinny GEMM's warp patches (kernels/skinny_gemm.py: 8 x 4 outputs a
 warp, K across its lanes, a reduce-scatter, no barriers) over each expert's rows - a tree verify's ~16 rows per
 expert, where v2 pays a barrier pair per K step (ptxas sm_90: 165 registers, no spills). The launcher's default
-takes it where v2 would run and Kdim <= SKINNY_MAX_K, rows <= SKINNY_MAX_ROWS. Measured on the H200 (graph
+takes it wherever Kdim <= SKINNY_MAX_K and rows <= SKINNY_MAX_ROWS (a decode step too). Measured on the H200 (graph
 replays, same arrays, microseconds, gate/up | down; 2026-12-04): the default pair's experts (E 8, top-2, H 256,
 I 192) at T = 16 / 33 / 65 / 128 tokens: v2 14.3 | 12.3, 17.0 | 14.5, 19.2 | 16.2, 27.9 | 16.3 against v4
 9.7 | 8.4, 10.0 | 9.7, 13.7 | 9.9, 18.2 | 13.5; a Kimi-like layer (E 384, top-8, H 1024, I 512) at T = 16 / 65:
@@ -321,7 +322,7 @@ def tile_table(offsets, out=None, sim_kernel: bool = True):
 # blocks per SM, 0.76 ms.
 GEMV_UNROLL = 8                          # W loads in flight per lane (k0 + 32 j, j < 8: _load8 names them)
 GEMV_STEP = 32 * GEMV_UNROLL             # Kdim covered by one unrolled step of a warp
-GEMV_ROWS_PER_EXPERT = 4                 # the launcher's default takes v3 while rows <= experts / this (a decode step)
+GEMV_ROWS_PER_EXPERT = 4                 # the default takes v3 (long K) while rows <= experts / this (a decode step)
 
 
 _U32 = np.uint64(32)                     # unsigned offsets: numba emits no negative-index wraparound for them,
@@ -411,19 +412,23 @@ def _grouped_skinny_kernel(xs, W, offsets, tiles, out):
 _KERNELS = {1: _grouped_gemm_kernel, 2: _grouped_gemm_v2_kernel, 3: _grouped_gemv_kernel, 4: _grouped_skinny_kernel}
 
 
-SKINNY_MAX_K = 256                       # the default takes v4 where it would take v2 and Kdim <= this
+SKINNY_MAX_K = 256                       # the default takes v4 where Kdim <= this
 SKINNY_MAX_ROWS = 256                    # and rows <= this (measured range: the docstring's table)
 
 
 def default_variant(rows: int, experts: int, kdim: int) -> int:
-    """The launcher's choice for ``rows`` assignments over ``experts`` with inner dimension ``kdim``: 3 (GEMV)
-    while rows <= experts / GEMV_ROWS_PER_EXPERT; else 4 (skinny patches) while kdim <= SKINNY_MAX_K and rows <=
-    SKINNY_MAX_ROWS; else 2. Expert parallelism passes the whole layer's rows, so every rank runs the kernel one
-    rank would (the same sums, bit for bit). Examples: default_variant(8, 384, 7168) -> 3 (a Kimi decode step);
-    default_variant(130, 8, 256) -> 4 (the default pair's DDTree-64 verify, gate/up); (130, 8, 1024) -> 2."""
-    if rows * GEMV_ROWS_PER_EXPERT <= experts:
-        return 3
-    return 4 if kdim <= SKINNY_MAX_K and rows <= SKINNY_MAX_ROWS else 2
+    """The launcher's choice for ``rows`` assignments over ``experts`` with inner dimension ``kdim``: 4 (skinny
+    patches) while kdim <= SKINNY_MAX_K and rows <= SKINNY_MAX_ROWS, decode steps included; else 3 (GEMV) while
+    rows <= experts / GEMV_ROWS_PER_EXPERT; else 2. (Until 2026-12-05 the GEMV came first at any K: the default
+    pair's plain decode step - 2 rows over 8 experts, K 256 / 192 - ran 9-11 % more tokens/s with the skinny
+    patches, ab_replay on the H200, docs/PERFORMANCE.md; the GEMV's case is a long K, where streaming W is the
+    work.) Expert parallelism passes the whole layer's rows, so every rank runs the kernel one rank would (the same
+    sums, bit for bit). Examples: default_variant(8, 384, 7168) -> 3 (a Kimi decode step); default_variant(2, 8,
+    256) -> 4 (the default pair's decode step); (130, 8, 256) -> 4 (its DDTree-64 verify, gate/up); (130, 8,
+    1024) -> 2."""
+    if kdim <= SKINNY_MAX_K and rows <= SKINNY_MAX_ROWS:
+        return 4
+    return 3 if rows * GEMV_ROWS_PER_EXPERT <= experts else 2
 
 
 def grouped_linear(xs, W, offsets, out=None, tiles=None, sim_kernel: bool = True, variant: int | None = None,
@@ -435,9 +440,9 @@ def grouped_linear(xs, W, offsets, out=None, tiles=None, sim_kernel: bool = True
     down), else computed here. Backends: numpy runs the reference; cuda the kernels; sim the kernels too, unless
     ``sim_kernel=False``: then the reference, as every model GEMM on the simulator (gemm.linear) - the kernel takes
     seconds per tiny GEMM there. variant: 1 the plain kernel, 2 the prefetching one, 3 the grouped GEMV, 4 skinny
-    patches (a tree verify's ~16 rows per expert); None (default): ``default_variant(rows, experts, Kdim)`` - 3
-    while rows <= experts / ``GEMV_ROWS_PER_EXPERT`` (a decode step: most experts get one row or none), 4 for a
-    short K and at most ``SKINNY_MAX_ROWS`` rows, else 2.
+    patches (a tree verify's ~16 rows per expert); None (default): ``default_variant(rows, experts, Kdim)`` - 4
+    for a short K and at most ``SKINNY_MAX_ROWS`` rows, else 3 while rows <= experts / ``GEMV_ROWS_PER_EXPERT`` (a
+    decode step: most experts get one row or none), else 2.
     Above ``CUBLAS_ROWS`` rows (a prefill chunk; ``per_expert_above=False`` turns this off) the cuda launcher
     reads ``offsets`` once and runs one cuBLAS GEMM per expert instead: compute-bound there, where cuBLAS was
     2.5-4x faster than this SIMT tile (docstring above); a decode step or a tree verify stays under it."""

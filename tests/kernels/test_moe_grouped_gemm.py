@@ -62,6 +62,8 @@ def test_default_variant_is_the_gemv_for_decode_sized_rows_and_skinny_for_a_shor
     assert mg.default_variant(8, 384, 7168) == 3                            # Kimi decode: T 1 x top-8
     assert mg.default_variant(384 // mg.GEMV_ROWS_PER_EXPERT, 384, 7168) == 3
     assert mg.default_variant(384 // mg.GEMV_ROWS_PER_EXPERT + 1, 384, 7168) == 2
+    assert mg.default_variant(2, 8, 256) == 4                               # the default pair's decode step
+    assert mg.default_variant(2, 8, mg.SKINNY_MAX_K + 1) == 3               # ... with a long K: the GEMV
     assert mg.default_variant(130, 8, 256) == 4                             # the default pair's DDTree-64 verify
     assert mg.default_variant(130, 8, 192) == 4                             # ... its down projection
     assert mg.default_variant(130, 8, mg.SKINNY_MAX_K + 1) == 2             # long K: v2 (Kimi-like, measured)
