@@ -31,7 +31,9 @@ it.
       scores' small 3xTF32 products chain into one accumulator set (two sets, not three: three spilled).
       From the sm_90 SASS (2026-12-05, no GPU): a score k8 step 85 instructions for 24 MMAs (v3: 61 for 12), a
       P V k8 step ~136 for 48 (v3: ~165); 254 registers (tree), 37 KB of static shared memory (8 k-parts of
-      partial scores). **Not yet timed**: ``variant="v4"`` only; ``variant=None`` runs v3.
+      partial scores). Timed on the H200 (bench_verify, 2026-12-05): within -1 % .. +5 % of v3 cell by cell -
+      faster on the 64-head cells of 32768 keys and on 512 / 256 / 64, slower on 4096 / 256 / 64 and the causal
+      512-token chunk - so ``variant=None`` runs v3 (v4 needs 186 KB of shared memory a block).
 
 v1 mapping: grid (token t, head group of HG heads, key split z). A block walks its split of t's key list in tiles
 of BK rows: the tile is loaded into shared memory (row stride padded to an odd length so column reads do not
@@ -80,7 +82,8 @@ tile, needed only in the last key tile or two). Per key tile of KT = 16 cache ro
   4096 x 64 x 64); the copy plan advances by adds, indices are unsigned, the softmax runs on every lane, the
   block's splits are constants, and the PV loop has no per-fragment guard when all 16 fragments are in use (a
   guard put each fragment's three dependent MMAs in their own basic block). Read from the SASS without a GPU
-  (2026-12-05, ``benchmarks/ptxas_report.py --loops``; not yet timed): a 16-byte tile copy took 52 instructions
+  (2026-12-05, ``benchmarks/ptxas_report.py --loops``; v3 1.30-1.34x faster on bench_verify's large cells for
+  them, H200): a 16-byte tile copy took 52 instructions
   (a (row, column) pair stepped in 64 bits, both copy widths in one body), 18 of them a thread a v3 tile, more
   issue slots than the P V step; it is ~8 now (a group of threads per row, 32-bit counts); the P V fragments'
   column index was signed (a negative-index test and select per fragment: 257 -> 165 instructions a k8 step);

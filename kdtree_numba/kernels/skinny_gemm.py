@@ -32,7 +32,8 @@ Where it pays (``pays``, which gemm.linear asks on the cuda backend), measured o
   1.05-1.09 -> 0.98-0.99 ms; plain steps and the chain unchanged; tokens identical.
 ptxas (sm_90): 123 registers (190 when x's rows are strided), no spills, no local memory (the accumulators stay
 in registers); a k0 pass of 128 FFMA and 48 loads is 438 instructions (705 with signed indices: a negative-index
-test and select per load, 2026-12-05, ``benchmarks/ptxas_report.py --loops``; not yet timed).
+test and select per load, 2026-12-05, ``benchmarks/ptxas_report.py --loops``; no change in the round's tokens/s
+beyond ab_replay's drift, and still no gain at 16 rows: MIN_ROWS stays 17, H200 2026-12-05).
 Variants measured and dropped: 1, 2, 4, 16 rows per warp (4 ties 8, the rest lose), U = 8 (0.3-4 us slower).
 """
 from __future__ import annotations

@@ -29,8 +29,8 @@ This module owns the tree-mode kernels; ``mla_attention.py`` holds the machinery
      4096 / 256 / 64 5.34 -> 4.97 ms; the default pair's 65-node verify 0.036 -> 0.029) - except below 16 heads
      (``tree_variant``): the default pair's 8-head verify, measured again in the round, runs faster on v2.
   v4 ``_tree_attention_v4_kernel``: v3 with every warp on both m16 blocks (mla_attention's v4: a key or value
-     fragment split once for both blocks' MMAs; ``_tiled_tree_kernel(.., wide=True)``). Not yet timed: staged as
-     ``variant="v4"`` for the next device session (bench_verify ``--fast v4``); the default stays v3.
+     fragment split once for both blocks' MMAs; ``_tiled_tree_kernel(.., wide=True)``). ``variant="v4"`` only:
+     on the H200 (bench_verify ``--fast v4``, 2026-12-05) within -1 % .. +5 % of v3, so the default stays v3.
 Shapes: q [n+1, N, D] float32, cache [C, D] float32, paths [n+1, >= L+1] int32, depths [n+1] int32
 -> out [n+1, N, Lkv] float32.
 Example: start 2, parents [-1, 0, 0, 1]: node 3 (depth 2) sees rows 0, 1 (committed), 2 (root), 3 (node 1), 5
