@@ -1031,7 +1031,7 @@ print("Same section: bench_verify's tree cells at or above SDPA fp32: 17 of 18 (
       "0.95x (bench_verify's own v3 run: 4.992 ms); errors vs float64 unchanged (9.1e-5 on 4096 / 256 / 64).")
 
 # %% [markdown]
-# ## 8. v4: the same MMAs, half the splitting (staged, not yet timed)
+# ## 8. v4: the same MMAs, half the splitting (measured: no faster than v3)
 #
 # In v2 / v3 a warp owns one m16 block of the tile: in the scores the two warps of a k-part (one per block) each
 # load and split the same key fragments, and in P V the two warps of a column group each split the same value
@@ -1041,8 +1041,11 @@ print("Same section: bench_verify's tree cells at or above SDPA fp32: 17 of 18 (
 # what falls is the work around them (counted below for the GPU's 8 warps, D 576, Lkv 512, a 32-key tile), and
 # with it the instructions the SASS shows per k8 step (docs/PERFORMANCE.md, twenty-second session: scores 85 for
 # 24 MMAs against 61 for 12, P V ~136 for 48 against ~165). Its cost: twice the partial-score buffers (37 KB of
-# static shared memory) and 254 registers with the scores' small products in one accumulator set. No GPU has
-# timed it yet, so `variant=None` still runs v3; below, v4 against the references on this backend.
+# static shared memory) and 254 registers with the scores' small products in one accumulator set. On the H200
+# (bench_verify, 2026-12-05; docs/PERFORMANCE.md, twenty-third session) it came out within -1 % .. +5 % of v3 cell
+# by cell - the same day's v3, whose copies, masks and P V indices had just lost most of their instructions, ran
+# 1.30-1.34x faster than the day before, and the splitting v4 saves was no longer what the warps waited on - so
+# `variant=None` still runs v3. Below, v4 against the references on this backend.
 
 # %%
 section("v4: fragments split per warp and 32-key tile (GPU mapping), and v4 vs the references")
