@@ -6,13 +6,16 @@ about, with every output compared against plain decoding's.
         --config as-is --config v3:kdtree_numba.kernels.tree_verify.V3_MIN_HEADS=0 --rounds 2
 
 A configuration is ``NAME`` or ``NAME:MODULE.ATTR=VALUE[,MODULE.ATTR=VALUE..]`` (VALUE a Python literal); the
-attributes are set before the configuration runs and restored after it. Configurations run in the order given,
-``--rounds`` times over (A B A B: drift between them shows as a difference between rounds). Each run forgets the
-kept replay programs (``decode.replay.drop_programs``) so the constants take effect in a fresh capture, warms up
-(one untimed generation per prompt and method: compiles, captures), then times ``--passes`` passes, each one
-generation per prompt of every method in turn (interleaved), by wall clock around ``kd.generate`` (prefill
-included). Reported: tokens/s of the median pass, ratios as the median of the per-pass ratios, and how many
-generations differed from plain decoding's tokens (expected 0: greedy).
+attributes are set while the configuration runs and restored at the end. Each configuration first warms up under
+its constants (one untimed generation per prompt and method: compiles, captures) into replay programs of its own
+(``Config``: the model objects' kept programs are swapped per configuration, so each replays what was captured
+under its constants). Then ``--rounds`` x ``--passes`` passes, **each pass through every configuration in turn**
+(A B C, A B C, ..) and, within one, one generation per prompt of every method in turn, timed by wall clock around
+``kd.generate`` (prefill included): a process drifts (one H200 process went 9 % slower over ten minutes,
+2026-12-05), and alternating pass by pass puts the drift on every configuration alike, where running each
+configuration's passes in a block put it on the later ones. Reported: tokens/s of the median pass, ratios as the
+median of the per-pass ratios - between methods, and each method against the first configuration in the same pass
+- and how many generations differed from plain decoding's tokens (expected 0: greedy).
 To compare two checkouts instead, run this script from each: it imports the package beside its own folder.
 Example (2026-12-04, H200, the default pair): tree verifies on v3 against v2 gave DDTree-32 4641 / 4923 and
 4752 / 4760 tokens/s in two rounds (docs/PERFORMANCE.md, eighteenth session).
@@ -61,8 +64,9 @@ def parse_config(text: str) -> tuple:
 def extra(p):
     p.add_argument("--config", action="append", default=None, metavar="NAME[:MODULE.ATTR=VALUE,..]",
                    help="a configuration (repeat for several; default: one, the code as it is)")
-    p.add_argument("--rounds", type=whole(1), default=2, help="times the list of configurations runs (default 2)")
-    p.add_argument("--passes", type=whole(1), default=3, help="timed passes per configuration run (default 3)")
+    p.add_argument("--rounds", type=whole(1), default=2, help="multiplies --passes (default 2)")
+    p.add_argument("--passes", type=whole(1), default=3, help="timed passes, each through every configuration "
+                   "(default 3; rounds x passes in all)")
     p.add_argument("--prompts", type=whole(1, 164), default=8, help="first N held-out prompts (default 8)")
     p.add_argument("--tokens", type=whole(1), default=128, help="new tokens per generation (default 128)")
     p.add_argument("--budgets", type=whole_list(1, 1024), default=[32, 64],
@@ -82,62 +86,84 @@ methods = {"AR": {}, "chain": dict(drafter=drafter, chain=True),
            **{f"DDTree-{b}": dict(drafter=drafter, budget=b) for b in budgets}}
 
 
-def run(sets) -> dict:
-    """One configuration: attributes set, programs dropped, warm-up, interleaved passes; attributes restored."""
-    from kdtree_numba.decode import replay
+class Config:
+    """One configuration's constants and its own replay programs (captured under those constants): switching to it
+    sets the constants and hands the model objects its kept programs, so configurations can alternate pass by pass
+    without capturing again."""
 
-    old = [(mod, attr, getattr(mod, attr)) for mod, attr, _ in sets]
-    keep, replay.KEEP = replay.KEEP, max(replay.KEEP, 8 * len(methods))     # every method's programs stay
-    try:
-        for mod, attr, value in sets:
+    def __init__(self, name, sets):
+        self.name, self.sets, self.programs, self.failed = name, sets, {}, None
+        self.rates = {m: [] for m in methods}
+        self.mismatches = 0
+
+    def activate(self):
+        for mod, attr in DEFAULTS:
+            setattr(mod, attr, DEFAULTS[mod, attr])
+        for mod, attr, value in self.sets:
             setattr(mod, attr, value)
-        replay.drop_programs(target, drafter)
-        ref = [kd.generate(target, x, n_tokens, replay=True).tokens for x in ids]
-        for kw in methods.values():
-            for x in ids:
-                kd.generate(target, x, n_tokens, replay=True, **kw)
-        rates = {m: [] for m in methods}
-        mismatches = 0
-        for _ in range(a.passes):
-            for m, kw in methods.items():
-                t0, n = time.perf_counter(), 0
-                for x, want in zip(ids, ref):
-                    g = kd.generate(target, x, n_tokens, replay=True, **kw)
-                    n += len(g.tokens)
-                    mismatches += g.tokens != want
-                rates[m].append(n / (time.perf_counter() - t0))
-        return {"rates": rates, "mismatches": mismatches}
-    finally:
-        for mod, attr, value in old:
-            setattr(mod, attr, value)
-        replay.KEEP = keep
-        replay.drop_programs(target, drafter)
+        for owner in (target, drafter):
+            vars(owner)["_programs"] = self.programs.setdefault(id(owner), {})
+
+
+def timed_pass(c: Config, ref) -> None:
+    """One generation per prompt of every method in turn, under configuration ``c``: its tokens/s per method."""
+    c.activate()
+    for m, kw in methods.items():
+        t0, n = time.perf_counter(), 0
+        for x, want in zip(ids, ref):
+            g = kd.generate(target, x, n_tokens, replay=True, **kw)
+            n += len(g.tokens)
+            c.mismatches += g.tokens != want
+        c.rates[m].append(n / (time.perf_counter() - t0))
 
 
 def ratio(r: dict, x: str, y: str) -> float:
     return float(np.median([u / v for u, v in zip(r[x], r[y])]))
 
 
+from kdtree_numba.decode import replay  # noqa: E402
+
+DEFAULTS = {(mod, attr): getattr(mod, attr) for _, sets in configs for mod, attr, _ in sets}
+replay.KEEP = max(replay.KEEP, 8 * len(methods))                         # every method's programs stay
+runs = [Config(name, sets) for name, sets in configs]
+ref = None
+for c in runs:                                                          # warm-up: compiles, captures, reference
+    try:
+        c.activate()
+        if ref is None:
+            ref = [kd.generate(target, x, n_tokens, replay=True).tokens for x in ids]
+        for kw in methods.values():
+            for x in ids:
+                kd.generate(target, x, n_tokens, replay=True, **kw)
+    except Exception as e:              # one configuration that fails (e.g. a capture) does not lose the others
+        c.failed = f"{type(e).__name__}: {e}"
+        print(f"[{c.name}] failed: {c.failed}", flush=True)
+live = [c for c in runs if c.failed is None]
+for p in range(a.rounds * a.passes):                                    # A B C, A B C, ..: drift hits all alike
+    for c in live:
+        timed_pass(c, ref)
+    print(f"[pass {p + 1}] " + "; ".join(f"{c.name}: " + ", ".join(f"{m} {c.rates[m][-1]:.1f}" for m in methods)
+                                         for c in live), flush=True)
+for mod, attr in DEFAULTS:
+    setattr(mod, attr, DEFAULTS[mod, attr])
+
+tree = [m for m in methods if m.startswith("DDTree")]
+first = live[0] if live else None
 rows = []
 RESULTS["runs"] = []
-for rnd in range(a.rounds):
-    for name, sets in configs:
-        try:
-            res = run(sets)
-        except Exception as e:              # one configuration that fails (e.g. a capture) does not lose the others
-            print(f"[{name}, round {rnd + 1}] failed: {type(e).__name__}: {e}", flush=True)
-            rows.append([name, rnd + 1] + ["failed"] * (len(methods) + len(budgets) + 1) + ["-"])
-            continue
-        r = res["rates"]
-        print(f"[{name}, round {rnd + 1}] " + ", ".join(f"{m} {np.median(r[m]):.1f}" for m in methods) +
-              f" tokens/s, {res['mismatches']} mismatches", flush=True)
-        tree = [m for m in methods if m.startswith("DDTree")]
-        rows.append([name, rnd + 1] + [f"{np.median(r[m]):.1f}" for m in methods] +
-                    [f"{ratio(r, m, 'AR'):.3f} / {ratio(r, m, 'chain'):.3f}" for m in tree] +
-                    [f"{ratio(r, 'chain', 'AR'):.3f}", res["mismatches"]])
-        RESULTS["runs"].append({"config": name, "round": rnd + 1, **res})
+for c in runs:
+    if c.failed is not None:
+        rows.append([c.name] + ["failed"] * (len(methods) + len(tree) + 2) + ["-"])
+        continue
+    r = c.rates
+    vs = [f"{float(np.median([u / v for u, v in zip(r[m], first.rates[m])])):.3f}" for m in methods]
+    rows.append([c.name] + [f"{np.median(r[m]):.1f}" for m in methods] +
+                [f"{ratio(r, m, 'AR'):.3f} / {ratio(r, m, 'chain'):.3f}" for m in tree] +
+                [f"{ratio(r, 'chain', 'AR'):.3f}", " / ".join(vs), c.mismatches])
+    RESULTS["runs"].append({"config": c.name, "rates": r, "mismatches": c.mismatches})
 table(f"Graph-replayed generation ({kd.backend.name}), HumanEval/0-{n_prompts - 1} x {n_tokens} greedy tokens, "
-      f"{a.passes} interleaved passes per run, tokens/s of the median pass",
-      ["config", "round"] + [f"{m} tokens/s" for m in methods] +
-      [f"{m} / AR / chain" for m in methods if m.startswith("DDTree")] + ["chain / AR", "mismatches vs AR"], rows)
+      f"{a.rounds * a.passes} passes, each through every configuration in turn; tokens/s of the median pass",
+      ["config"] + [f"{m} tokens/s" for m in methods] + [f"{m} / AR / chain" for m in tree] +
+      ["chain / AR", f"vs {first.name if first else '-'} ({' / '.join(methods)}, per pass)", "mismatches vs AR"],
+      rows)
 save("ab_replay")

@@ -1,4 +1,4 @@
-"""benchmarks/ab_replay.py: configurations of module constants set for a run and restored after it, bad ones
+"""benchmarks/ab_replay.py: configurations of module constants, alternating pass by pass, bad ones
 refused in one line (the timing itself is for a GPU; --quick runs the whole script on any backend)."""
 import json
 import os
@@ -14,14 +14,17 @@ def ab(tmp_path, *argv):
                           timeout=600)
 
 
-def test_two_configurations_each_round_identical_tokens(tmp_path):
+def test_two_configurations_alternate_pass_by_pass_with_identical_tokens(tmp_path):
     r = ab(tmp_path, "--config", "as-is", "--config", "v3:kdtree_numba.kernels.tree_verify.V3_MIN_HEADS=0",
            "--rounds", "2", "--passes", "1", "--budgets", "8")
     assert r.returncode == 0, r.stderr[-2000:]
     runs = json.load(open(tmp_path / "ab_replay.json"))["runs"]
-    assert [(x["config"], x["round"]) for x in runs] == [("as-is", 1), ("v3", 1), ("as-is", 2), ("v3", 2)]
+    assert [x["config"] for x in runs] == ["as-is", "v3"]
     assert all(x["mismatches"] == 0 and set(x["rates"]) == {"AR", "chain", "DDTree-8"} for x in runs)
-    assert "| v3 " in r.stdout and "DDTree-8 / AR / chain" in r.stdout
+    assert all(len(rates) == 2 for x in runs for rates in x["rates"].values())       # rounds x passes each
+    passes = [line for line in r.stdout.splitlines() if line.startswith("[pass ")]
+    assert len(passes) == 2 and all("as-is:" in line and "v3:" in line for line in passes)   # A B, A B
+    assert "| v3 " in r.stdout and "DDTree-8 / AR / chain" in r.stdout and "vs as-is" in r.stdout
 
 
 def test_bad_configurations_are_one_line_errors(tmp_path):
