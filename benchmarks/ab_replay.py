@@ -117,8 +117,13 @@ def timed_pass(c: Config, ref) -> None:
         c.rates[m].append(n / (time.perf_counter() - t0))
 
 
+def per_pass(xs, ys) -> float:
+    """The median of the per-pass ratios xs[p] / ys[p]."""
+    return float(np.median([u / v for u, v in zip(xs, ys)]))
+
+
 def ratio(r: dict, x: str, y: str) -> float:
-    return float(np.median([u / v for u, v in zip(r[x], r[y])]))
+    return per_pass(r[x], r[y])
 
 
 from kdtree_numba.decode import replay  # noqa: E402
@@ -156,7 +161,7 @@ for c in runs:
         rows.append([c.name] + ["failed"] * (len(methods) + len(tree) + 2) + ["-"])
         continue
     r = c.rates
-    vs = [f"{float(np.median([u / v for u, v in zip(r[m], first.rates[m])])):.3f}" for m in methods]
+    vs = [f"{per_pass(r[m], first.rates[m]):.3f}" for m in methods]
     rows.append([c.name] + [f"{np.median(r[m]):.1f}" for m in methods] +
                 [f"{ratio(r, m, 'AR'):.3f} / {ratio(r, m, 'chain'):.3f}" for m in tree] +
                 [f"{ratio(r, 'chain', 'AR'):.3f}", " / ".join(vs), c.mismatches])
