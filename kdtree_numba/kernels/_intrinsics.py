@@ -16,6 +16,12 @@
   makes every thread's copies visible to the block.
 - ``view2d(a, off, rows, cols)``: ``a[off : off + rows * cols].reshape(rows, cols)`` for a 1-D float32 array (a
   tile carved out of dynamic shared memory, which numba gives as one 1-D array); no copy, no bounds check.
+- ``shared_address(a)``: the 32-bit shared-memory address of a shared array's first element.
+- ``ldmatrix_x4(addr)``: the warp-wide ``ldmatrix.sync.aligned.m8n8.x4.shared.b16``, ``addr`` this lane's row
+  address (a ``shared_address`` + 4 x a float offset, 16-byte aligned): lanes 8 i .. 8 i + 7 name the 8 rows
+  (16 bytes = 4 floats each) of matrix i, and lane 4 g + t receives word t of row g of each of the four matrices -
+  exactly an m16n8k8 TF32 fragment's layout (kernels/mma.py ``frag_a`` / ``frag_b2``). GPU only: the simulator
+  has no warp-wide load (mma.py's fragment loads read element by element there).
 - ``globaltimer()``: the GPU's global nanosecond clock (PTX ``%globaltimer``, int64), read where the instruction
   runs - a device-side time stamp that a CUDA graph replays (kernels/stamp.py); the simulator reads the host's
   ``time.perf_counter_ns()``.
@@ -171,6 +177,40 @@ else:
                                    itemsize=item, meminfo=None)
             return view._getvalue()
         return ret(a, off, rows, cols), codegen
+
+    @intrinsic
+    def shared_address(typingctx, a):
+        """The 32-bit shared-window address of a shared array's data (``cvta.to.shared``): computed once, so the
+        loads built on it add 32-bit offsets (a 64-bit generic address costs an add-with-carry pair per load)."""
+        if not isinstance(a, types.Array):
+            return None
+
+        def codegen(context, builder, sig, args):
+            data = context.make_array(sig.args[0])(context, builder, value=args[0]).data
+            fnty = ir.FunctionType(ir.IntType(64), [ir.IntType(64)])
+            sa = builder.call(ir.InlineAsm(fnty, "cvta.to.shared.u64 $0, $1;", "=l,l"),
+                              [builder.ptrtoint(data, ir.IntType(64))])        # pure: LLVM may hoist it
+            return builder.trunc(sa, ir.IntType(32))
+        return types.uint32(a), codegen
+
+    @intrinsic
+    def ldmatrix_x4(typingctx, addr):
+        if not isinstance(addr, types.Integer):
+            return None
+        ret = types.UniTuple(types.float32, 4)
+
+        def codegen(context, builder, sig, args):
+            i32 = ir.IntType(32)
+            a32 = args[0] if args[0].type.width == 32 else builder.trunc(args[0], i32)
+            fnty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [i32])
+            asm = "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0, $1, $2, $3}, [$4];"
+            # volatile, with a memory clobber: it reads shared memory that barriers order (a pure asm could be
+            # hoisted out of the key-tile loop or across the barrier that publishes the tile); convergent: warp-wide
+            res = builder.call(ir.InlineAsm(fnty, asm, "=r,=r,=r,=r,r,~{memory}", side_effect=True), [a32],
+                               attrs=("convergent",))
+            return context.make_tuple(builder, ret, [builder.bitcast(builder.extract_value(res, i), ir.FloatType())
+                                                     for i in range(4)])
+        return ret(addr), codegen
 
     @intrinsic
     def globaltimer(typingctx):

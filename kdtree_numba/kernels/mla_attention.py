@@ -34,6 +34,14 @@ it.
       partial scores). Timed on the H200 (bench_verify, 2026-12-05): within -1 % .. +5 % of v3 cell by cell -
       faster on the 64-head cells of 32768 keys and on 512 / 256 / 64, slower on 4096 / 256 / 64 and the causal
       512-token chunk - so ``variant=None`` runs v3 (v4 needs 186 KB of shared memory a block).
+  v5  v3 with the scores' shared-memory fragments loaded whole (``_tiled_kernel(.., vec=True)``, ``_v5_scores``):
+      a k8 step's A fragment (the staged query rows) is one ``ldmatrix.x4`` (mma.frag_a_at) instead of four 4-byte
+      loads a lane, and the B fragments of two n8 blocks of keys one more (mma.frag_b2_at) instead of four - the
+      fragment layout of an m16n8k8 TF32 MMA is exactly what ldmatrix hands each lane from four 8 x 4 blocks of
+      floats. The same products in the same order as v3 (bit for bit on the simulator). From the sm_90 SASS
+      (2026-12-05): a score k8 step 48 instructions for 12 HMMA (v3: 61; 3 LDSM for 12 LDS), ~230 fewer a warp
+      and tile of 32 keys (~10 %). P V stays v3's: 16-byte value loads (tried) put each value in the wrong
+      register of its B pair and cost a move per element, where v3's 4-byte loads land in place.
 
 v1 mapping: grid (token t, head group of HG heads, key split z). A block walks its split of t's key list in tiles
 of BK rows: the tile is loaded into shared memory (row stride padded to an odd length so column reads do not
@@ -107,15 +115,16 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda, float32, int32, uint64
+from numba import cuda, float32, int32, uint32, uint64
 
 from .. import backend
 from . import _checks
 from ._intrinsics import copy_async, copy_async_wait, view2d
 from .primitives import FULL, GROUP_BUF, group_max, group_sum, online_softmax_row
-from .mma import SCRATCH_SHAPE, SIM, mma_m16n8k8_3xtf32, mma_m16n8k8_tf32, split_tf32_fast
+from .mma import (FLOAT_UNIT, SCRATCH_SHAPE, SIM, frag_a_at, frag_a_base, frag_b2_at, frag_b2_base, mma_m16n8k8_3xtf32,
+                  mma_m16n8k8_tf32, split_tf32_fast)
 
-VARIANTS = ("v1", "v2", "v3", "v4")
+VARIANTS = ("v1", "v2", "v3", "v4", "v5")
 NEG_INF = -math.inf
 MAX_D = 576       # widest cache row the kernels support (Kimi / DeepSeek: 512 + 64)
 MAX_LKV = 512
@@ -144,7 +153,7 @@ SCORE_ACC = 48    # 3 products x KT3 / 8 n8 blocks x 4: a warp's score accumulat
 SP_STRIDE3 = 36   # v3's partial-score row stride: 36 = 4 mod 32, P's A-fragment loads hit 32 banks
 # The kernels' static shared memory (ptxas, sm_90), the largest of the causal and tree kernels': the launchers
 # check it + the dynamic part (key tile, staged query rows) against the device's per-block limit.
-STATIC_BYTES = {"v2": 8768, "v3": 19200, "v4": 37632}
+STATIC_BYTES = {"v2": 8768, "v3": 19200, "v4": 37632, "v5": 19200}
 KPARTS = 4        # most k-parts of the score (warps per m16 block): sp [KPARTS, MT, KT]
 FRAGS = 16        # most n8 output fragments per warp: 16 x 8 = 128 of the Lkv columns
 ACC = 64          # FRAGS * 4 accumulators per thread
@@ -157,6 +166,8 @@ KPARTS4 = 8       # k-parts of the score, one per warp: sp [KPARTS4, MT, SP_STRI
 FRAGS4 = 8        # n8 output fragments per warp and m16 block: 8 x 8 = 64 of the Lkv columns (ACC = 2 x 8 x 4)
 SCORE_ACC4 = 64   # 2 accumulator sets x 2 m16 blocks x KT3 / 8 n8 blocks x 4 (``_v4_score_mma``)
 assert KPARTS4 == WARPS and ACC == MB * 4 * FRAGS4 and SCORE_ACC4 == 2 * MB * KT3 // 2
+# v5: v3 with the scores' shared fragments loaded whole (ldmatrix.x4: 16-byte rows, strides 4 mod 32)
+assert ROW_T % 32 == 4 and Q_STRIDE2 % 32 == 4
 TILE_ALIGN = None if SIM else 16  # the key tile's byte alignment: copy_async's 16-byte copies (the simulator
                                   # takes no alignment argument; its arrays are numpy's). Rows: ROW_T * 4 = 16 * 145.
 SPLIT_TARGET = 264  # blocks v1's (and gqa_attention's) key splits aim for: two per SM of the H200's 132; the MLA
@@ -954,15 +965,103 @@ def _v4_accumulate(sp, ks, acc, alpha, lkv, vo, scratch, kt):
                            kb, c + uint64(8 * f), acc, f, scratch)
 
 
+# ------------------------------------------------------------------------------------------------ v5 (wide loads)
+@cuda.jit(device=True)
+def _v5_score_mma(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ks, kb, s, scratch, nbs):
+    """``_v2_score_mma`` with the B fragments of two n8 blocks of keys per ``frag_b2_at`` (one ldmatrix.x4 where a
+    lane issued four loads): keys 16 p .. 16 p + 15 of the tile at this k8 step, ``kb`` the lane's address of
+    keys 0 .. 15. ``nbs`` even."""
+    ps = 4 * nbs
+    for p in range(nbs // 2):
+        b0, b1, c0, c1 = frag_b2_at(ks, kb + uint32(16 * p * ROW_T * FLOAT_UNIT), ROW_T)
+        for h in range(2):
+            x0 = b0 if h == 0 else c0
+            x1 = b1 if h == 0 else c1
+            bh0, bl0 = split_tf32_fast(x0)
+            bh1, bl1 = split_tf32_fast(x1)
+            i = 4 * (2 * p + h)
+            s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+                al0, al1, al2, al3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+            i += ps
+            s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+                ah0, ah1, ah2, ah3, bl0, bl1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+            i += ps
+            s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+                ah0, ah1, ah2, ah3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+
+
+@cuda.jit(device=True)
+def _split4(a0, a1, a2, a3):
+    """split_tf32_fast of an A fragment: (h0, h1, h2, h3, l0, l1, l2, l3)."""
+    h0, l0 = split_tf32_fast(a0)
+    h1, l1 = split_tf32_fast(a1)
+    h2, l2 = split_tf32_fast(a2)
+    h3, l3 = split_tf32_fast(a3)
+    return h0, h1, h2, h3, l0, l1, l2, l3
+
+
+@cuda.jit(device=True)
+def _v5_scores(q, qs, staged, ks, sp, r0, n, G, nq, b, D, scratch, kt):
+    """``_v2_scores`` (same warp mapping, same sums) with its shared-memory fragments loaded whole: the staged A
+    fragment of a k8 step by one ``frag_a`` (ldmatrix.x4; four loads a lane before) and the keys' B fragments
+    by ``_v5_score_mma`` (two n8 blocks an ldmatrix.x4; four loads a lane each). From global q (short splits)
+    the A fragment is loaded as in v2."""
+    tid = cuda.threadIdx.x
+    lane = tid % 32
+    g = lane // 4
+    t = lane % 4
+    kparts = _v2_warps() // MB
+    mb = tid // 32 // kparts
+    kp = tid // 32 % kparts
+    ksteps = (D + 7) // 8
+    steps = (ksteps + kparts - 1) // kparts
+    nbs = kt // 8
+    ps = 4 * nbs
+    s = cuda.local.array(SCORE_ACC, float32)             # [product][n8 block][c0..c3] (registers)
+    for i in range(SCORE_ACC):
+        s[i] = float32(0.0)
+    kk = int32(kp * steps)
+    k_end = int32(min(kp * steps + steps, ksteps))
+    kb = frag_b2_base(ks, kk * 8, ROW_T)                 # this lane's key address at the k-part's first k8 step
+    if staged:
+        qa = frag_a_base(qs, mb * 16 * Q_STRIDE2 + kk * 8, Q_STRIDE2)   # ... and its staged query address
+        while kk < k_end:
+            a0, a1, a2, a3 = frag_a_at(qs, qa, Q_STRIDE2)
+            ah0, ah1, ah2, ah3, al0, al1, al2, al3 = _split4(a0, a1, a2, a3)
+            _v5_score_mma(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ks, kb, s, scratch, nbs)
+            qa += uint32(8 * FLOAT_UNIT)                 # the next k8 step
+            kb += uint32(8 * FLOAT_UNIT)
+            kk += int32(1)
+    else:
+        ra = _v2_qrow(r0 + mb * 16 + g, n, G, nq, b)
+        rb = _v2_qrow(r0 + mb * 16 + g + 8, n, G, nq, b)
+        while kk < k_end:
+            d = kk * 8 + t
+            da = uint64(min(d, D - 1))                   # past D the key tile holds zeros: any finite q will do
+            db = uint64(min(d + 4, D - 1))
+            ah0, ah1, ah2, ah3, al0, al1, al2, al3 = _split4(q[ra, da], q[rb, da], q[ra, db], q[rb, db])
+            _v5_score_mma(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ks, kb, s, scratch, nbs)
+            kb += uint32(8 * FLOAT_UNIT)
+            kk += int32(1)
+    for nb in range(KT3 // 8):
+        if nb < nbs:
+            i = 4 * nb
+            sp[kp, mb * 16 + g, nb * 8 + 2 * t] = (s[i] + s[ps + i]) + s[2 * ps + i]
+            sp[kp, mb * 16 + g, nb * 8 + 2 * t + 1] = (s[i + 1] + s[ps + i + 1]) + s[2 * ps + i + 1]
+            sp[kp, mb * 16 + g + 8, nb * 8 + 2 * t] = (s[i + 2] + s[ps + i + 2]) + s[2 * ps + i + 2]
+            sp[kp, mb * 16 + g + 8, nb * 8 + 2 * t + 1] = (s[i + 3] + s[ps + i + 3]) + s[2 * ps + i + 3]
+
+
 def _named_kernel(fn, name):
     """``fn`` compiled as a v2-family kernel under ``name`` (the name profiles and tutorials show)."""
     fn.__name__ = fn.__qualname__ = name
     return cuda.jit(**V2_JIT)(fn)
 
 
-def _tiled_kernel(kt, sp_stride, name, wide=False):
+def _tiled_kernel(kt, sp_stride, name, wide=False, vec=False):
     """The tiled kernel over kv heads with key tiles of ``kt`` rows (v2: 16, v3 / v4: 32) and partial scores at row
-    stride ``sp_stride``; ``wide`` (v4): every warp on both m16 blocks (``_v4_scores``, ``_v4_accumulate``). All
+    stride ``sp_stride``; ``wide`` (v4): every warp on both m16 blocks (``_v4_scores``, ``_v4_accumulate``); ``vec``
+    (v5): v3 with the scores' fragments loaded whole (``_v5_scores``). All
     three are compile-time constants of the kernel it returns (closure variables are frozen when numba compiles, so
     every loop over the tile unrolls as if it were written with a literal, and the other mapping's code is not
     compiled in)."""
@@ -1024,6 +1123,8 @@ def _tiled_kernel(kt, sp_stride, name, wide=False):
             cuda.syncthreads()
             if wide:
                 _v4_scores(q, qs, staged, ks, sp, r0, n, group, nq, b, Dk, scratch, kt)
+            elif vec:
+                _v5_scores(q, qs, staged, ks, sp, r0, n, group, nq, b, Dk, scratch, kt)
             else:
                 _v2_scores(q, qs, staged, ks, sp, r0, n, group, nq, b, Dk, scratch, kt)
             cuda.syncthreads()
@@ -1051,7 +1152,9 @@ def _tiled_kernel(kt, sp_stride, name, wide=False):
 _attention_v2_kernel = _tiled_kernel(KT, KT, "_attention_v2_kernel")
 _attention_v3_kernel = _tiled_kernel(KT3, SP_STRIDE3, "_attention_v3_kernel")
 _attention_v4_kernel = _tiled_kernel(KT3, SP_STRIDE3, "_attention_v4_kernel", wide=True)
-TILED_KERNELS = {"v2": _attention_v2_kernel, "v3": _attention_v3_kernel, "v4": _attention_v4_kernel}
+_attention_v5_kernel = _tiled_kernel(KT3, SP_STRIDE3, "_attention_v5_kernel", vec=True)
+TILED_KERNELS = {"v2": _attention_v2_kernel, "v3": _attention_v3_kernel, "v4": _attention_v4_kernel,
+                 "v5": _attention_v5_kernel}
 
 
 # ------------------------------------------------------------------------------------------------ combine
@@ -1233,7 +1336,7 @@ def copy_width(*arrays) -> int:
     return 4
 
 
-TILE_ROWS = {"v2": KT, "v3": KT3, "v4": KT3}   # key rows per tile of the tiled variants
+TILE_ROWS = {"v2": KT, "v3": KT3, "v4": KT3, "v5": KT3}   # key rows per tile of the tiled variants
 
 
 def tile_bytes(kt: int) -> int:
@@ -1344,10 +1447,10 @@ def mla_attention(q, cache, start, scale: float, lkv: int, out=None, splits: int
     ``lkv``: the latent width (values are ``cache[:, :lkv]``); ``splits`` asks for that many key splits (tests): the
     launch runs ceil(keys / split_len) of them, split_len rounded up to whole tiles, which can be fewer.
     ``start``: an int, or a device int32 [1] array the kernel reads (graph replay: decode/replay.py); the grid's
-    splits are then planned for every cache row, and the tiled kernels (v2, v3) cut each block's real key list over
+    splits are then planned for every cache row, and the tiled kernels (v2 - v5) cut each block's real key list over
     them on the device (``split_range``: the splits past it exit at once, ``past_the_list``); v1 keeps the planned
     length, its splits past a token's last key contributing nothing.
-    ``variant``: "v1" | "v2" | "v3" | "v4" | None (``default_variant()``, or v2 for launches ``short_splits``
+    ``variant``: "v1" - "v5" | None (``default_variant()``, or v2 for launches ``short_splits``
     names); the numpy backend runs the reference for any.
     """
     auto = variant is None

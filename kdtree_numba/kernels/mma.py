@@ -222,3 +222,71 @@ def mma_fp32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, three, scratch):
                                   scratch)
     return mma_m16n8k8_tf32(to_tf32(a0), to_tf32(a1), to_tf32(a2), to_tf32(a3), to_tf32(b0), to_tf32(b1),
                             c0, c1, c2, c3, scratch)
+
+
+# ------------------------------------------------------------------------------------------------ fragment loads
+# A k-loop over a shared tile names each lane's fragment once (``frag_a_base`` / ``frag_b2_base``: the tile's first
+# element at flat offset ``off``, row stride ``stride`` floats) and then moves it along the k axis by whole k8 steps:
+# ``FLOAT_UNIT`` per float (GPU: bytes of a 32-bit shared address; simulator: elements), so base + 8 FLOAT_UNIT is
+# the next k8 step and base + 8 stride FLOAT_UNIT the next 8 rows. On the GPU a base is this lane's own ldmatrix row
+# address, computed once, and every step is one 32-bit add - the loop pays the load and nothing else.
+if SIM:
+    FLOAT_UNIT = 1
+
+    @cuda.jit(device=True)
+    def frag_a_base(s, off, stride):
+        return off
+
+    @cuda.jit(device=True)
+    def frag_b2_base(s, off, stride):
+        return off
+
+    @cuda.jit(device=True)
+    def frag_a_at(s, base, stride):
+        lane = cuda.threadIdx.x % 32
+        o = base + (lane // 4) * stride + lane % 4
+        f = s.reshape(-1)
+        return f[o], f[o + 8 * stride], f[o + 4], f[o + 8 * stride + 4]
+
+    @cuda.jit(device=True)
+    def frag_b2_at(s, base, stride):
+        lane = cuda.threadIdx.x % 32
+        o = base + (lane // 4) * stride + lane % 4
+        f = s.reshape(-1)
+        return f[o], f[o + 4], f[o + 8 * stride], f[o + 8 * stride + 4]
+else:
+    from numba import uint32
+
+    from ._intrinsics import ldmatrix_x4, shared_address
+    FLOAT_UNIT = 4
+
+    @cuda.jit(device=True)
+    def frag_a_base(s, off, stride):
+        """This lane's ldmatrix row address for ``frag_a_at``: matrix j of the x4 load is the 8 x 4 block (rows
+        8 (j % 2) .., columns 4 (j // 2) ..) of the 16 x 8 tile, so lane L names row L % 16 at column 4 (L // 16).
+        ``off`` and ``stride`` multiples of 4 (16-byte rows); bank-conflict free when the stride is 4 mod 32
+        (8 rows of 4 words cover the 32 banks)."""
+        lane = cuda.threadIdx.x % 32
+        return shared_address(s) + uint32(4 * (off + (lane % 16) * stride + (lane // 16) * 4))
+
+    @cuda.jit(device=True)
+    def frag_b2_base(s, off, stride):
+        """This lane's row address for ``frag_b2_at``: matrix j = rows 8 (j // 2) .., columns 4 (j % 2) .., so lane
+        L names row L % 8 + 8 (L // 16) at column 4 (L // 8 % 2). Same conditions as ``frag_a_base``."""
+        lane = cuda.threadIdx.x % 32
+        return shared_address(s) + uint32(4 * (off + (lane % 8 + (lane // 16) * 8) * stride + (lane // 8 % 2) * 4))
+
+    @cuda.jit(device=True)
+    def frag_a_at(s, base, stride):
+        """(a0, a1, a2, a3): the A fragment (module docstring) of the 16 x 8 tile A[i][k] = s.flat[off + i stride + k]
+        whose lane address ``frag_a_base`` gave (moved by k8 steps since), as one warp-wide ldmatrix.x4 - four
+        loads a lane otherwise. Every lane calls with its own base of the same tile. The simulator loads the four
+        elements one by one (it has no warp-wide load; its base is the tile's element offset)."""
+        return ldmatrix_x4(base)
+
+    @cuda.jit(device=True)
+    def frag_b2_at(s, base, stride):
+        """(b0, b1, c0, c1): the B fragments of two neighbouring n8 blocks when B is stored n-major - B[k][n] =
+        s.flat[off + n stride + k], k < 8, n < 16 (the key tile of a score Q K^T: keys are rows) - b for n 0..7
+        and c for n 8..15, as one ldmatrix.x4 at ``frag_b2_base``'s address."""
+        return ldmatrix_x4(base)

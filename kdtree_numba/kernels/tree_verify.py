@@ -31,6 +31,8 @@ This module owns the tree-mode kernels; ``mla_attention.py`` holds the machinery
   v4 ``_tree_attention_v4_kernel``: v3 with every warp on both m16 blocks (mla_attention's v4: a key or value
      fragment split once for both blocks' MMAs; ``_tiled_tree_kernel(.., wide=True)``). ``variant="v4"`` only:
      on the H200 (bench_verify ``--fast v4``, 2026-12-05) within -1 % .. +5 % of v3, so the default stays v3.
+  v5 ``_tree_attention_v5_kernel``: v3 with the scores' fragments loaded by ldmatrix (mla_attention's v5;
+     ``_tiled_tree_kernel(.., vec=True)``).
 Shapes: q [n+1, N, D] float32, cache [C, D] float32, paths [n+1, >= L+1] int32, depths [n+1] int32
 -> out [n+1, N, Lkv] float32.
 Example: start 2, parents [-1, 0, 0, 1]: node 3 (depth 2) sees rows 0, 1 (committed), 2 (root), 3 (node 1), 5
@@ -52,7 +54,7 @@ from .mla_attention import (ACC, BK, HG, KPARTS, KPARTS4, KT, KT3, MAX_D, MAX_LK
                             ROW, ROW_T, SCRATCH_SHAPE, SP_STRIDE3, STAGE_MIN_KEYS, TILE_ALIGN,
                             _named_kernel, _v1_begin, _v1_end, _v1_tile, _v2_accumulate, _v2_begin, _v2_end,
                             _v2_load_keys, _v2_row, _v2_scores, _v2_softmax, _v2_stage_q, _v2_warps, _v4_accumulate,
-                            _v4_end, _v4_scores, check_qkv, check_splits,
+                            _v4_end, _v4_scores, _v5_scores, check_qkv, check_splits,
                             check_tiled_fits, check_variant, launch_v1, launch_v2, masked_attention_fast,
                             masked_attention_ref, past_the_list, split_range, stage_bytes)
 
@@ -130,9 +132,10 @@ def _tree_key(paths, depths, start, t_first, width, k, k_hi, j, rows, kdep, knod
     knode[j] = node
 
 
-def _tiled_tree_kernel(kt, sp_stride, name, wide=False):
-    """The tiled tree kernel with key tiles of ``kt`` rows (v2: 16, v3 / v4: 32), partial scores at row stride
-    ``sp_stride``, ``wide`` warps (v4) - compile-time constants, as ``mla_attention._tiled_kernel``'s."""
+def _tiled_tree_kernel(kt, sp_stride, name, wide=False, vec=False):
+    """The tiled tree kernel with key tiles of ``kt`` rows (v2: 16, v3 - v5: 32), partial scores at row stride
+    ``sp_stride``, ``wide`` warps (v4), ``vec`` loads (v5) - compile-time constants, as
+    ``mla_attention._tiled_kernel``'s."""
     kparts = KPARTS4 if wide else KPARTS
     def kernel(q, cache, start0, start_dev, scale, n_heads, copy_w, split_len, direct, out, o_part, m_part, l_part,
                paths, depths, width, stage):
@@ -181,6 +184,8 @@ def _tiled_tree_kernel(kt, sp_stride, name, wide=False):
             cuda.syncthreads()
             if wide:
                 _v4_scores(q, qs, staged, ks, sp, r0, n_rows, n_heads, n_heads, 0, D, scratch, kt)
+            elif vec:
+                _v5_scores(q, qs, staged, ks, sp, r0, n_rows, n_heads, n_heads, 0, D, scratch, kt)
             else:
                 _v2_scores(q, qs, staged, ks, sp, r0, n_rows, n_heads, n_heads, 0, D, scratch, kt)
             cuda.syncthreads()
@@ -209,7 +214,9 @@ def _tiled_tree_kernel(kt, sp_stride, name, wide=False):
 _tree_attention_v2_kernel = _tiled_tree_kernel(KT, KT, "_tree_attention_v2_kernel")
 _tree_attention_v3_kernel = _tiled_tree_kernel(KT3, SP_STRIDE3, "_tree_attention_v3_kernel")
 _tree_attention_v4_kernel = _tiled_tree_kernel(KT3, SP_STRIDE3, "_tree_attention_v4_kernel", wide=True)
-TREE_KERNELS = {"v2": _tree_attention_v2_kernel, "v3": _tree_attention_v3_kernel, "v4": _tree_attention_v4_kernel}
+_tree_attention_v5_kernel = _tiled_tree_kernel(KT3, SP_STRIDE3, "_tree_attention_v5_kernel", vec=True)
+TREE_KERNELS = {"v2": _tree_attention_v2_kernel, "v3": _tree_attention_v3_kernel, "v4": _tree_attention_v4_kernel,
+                "v5": _tree_attention_v5_kernel}
 
 
 # ------------------------------------------------------------------------------------------------ launcher
@@ -237,7 +244,7 @@ def tree_attention(q, cache, start, paths, depths, scale: float, lkv: int, max_d
     is read on the host, the grid covers ``start <= C - (n+1)``). ``paths [n+1, >= L+1]`` / ``depths [n+1]``: each
     node's root-to-node path (``tree.ancestor_paths``, or the device tree build's); ``max_depth``: L
     (default: the paths' width - 1). ``splits`` forces the key splits (tests); ``variant`` as in
-    ``mla_attention`` ("v1" | "v2" | "v3" | "v4" | None: ``tree_variant(default_variant(), N, ..)``)."""
+    ``mla_attention`` ("v1" - "v5" | None: ``tree_variant(default_variant(), N, ..)``)."""
     auto = variant is None
     variant = check_variant(variant)
     q, cache, lkv, out = check_qkv(q, cache, lkv, out)

@@ -34,7 +34,7 @@ def test_causal_matches_reference(T, N, D, lkv, start, splits, variant):
     np.testing.assert_allclose(H(out), mla.mla_attention_ref(q, cache, start, 0.37, lkv), **TOL)
 
 
-TILED = ("v2", "v3", "v4")
+TILED = ("v2", "v3", "v4", "v5")
 
 
 @pytest.mark.parametrize("variant", TILED)
@@ -113,7 +113,7 @@ def test_tiled_tree_random_trees(n, N, start, splits, seed, variant):
     np.testing.assert_array_equal(got[last], H(out)[last])
 
 
-@pytest.mark.parametrize("variant", ("v3", "v4"))
+@pytest.mark.parametrize("variant", ("v3", "v4", "v5"))
 def test_tiled_tree_at_kimi_row_width_on_eight_warps(variant, rng=np.random.default_rng(1)):
     """D 576, Lkv 512: the simulator launches 8 warps, as the GPU does, so every k-part and column group is in use
     and P V takes its unguarded path (all FRAGS / FRAGS4 fragments) - the one the small cases above never reach.
@@ -198,8 +198,8 @@ def test_bad_splits_and_shapes_name_the_argument():
 def test_variant_selection():
     assert mla.default_variant() == ("v3" if kd.backend.name == "cuda" else "v1")
     assert mla.check_variant(None) == mla.default_variant()
-    with pytest.raises(ValueError, match="variant: expected one of 'v1', 'v2', 'v3', 'v4' or None, got 'v5'"):
-        mla.mla_attention(np.zeros((1, 1, 4), np.float32), np.zeros((2, 4), np.float32), 0, 1.0, 3, variant="v5")
+    with pytest.raises(ValueError, match="variant: expected one of 'v1', 'v2', 'v3', 'v4', 'v5' or None, got 'v6'"):
+        mla.mla_attention(np.zeros((1, 1, 4), np.float32), np.zeros((2, 4), np.float32), 0, 1.0, 3, variant="v6")
 
 
 def test_tree_variant_takes_v2_below_16_heads_where_the_default_is_v3():
@@ -354,7 +354,7 @@ def test_tiled_key_splits_count_one_block_per_sm():
         assert mla.plan_splits(17, 512, mla.KT3, mla.KT3, None, target) == (6, 96)
 
 
-@pytest.mark.parametrize("variant", ("v2", "v3"))        # v4's 109 KB without the staged rows exceed 99 KB
+@pytest.mark.parametrize("variant", ("v2", "v3", "v5"))  # v4's 109 KB without the staged rows exceed 99 KB
 def test_tiled_without_room_for_staged_query_rows(monkeypatch, variant):
     """A GPU that gives a block less than a tiled kernel's static arrays + key tile + 74 KB of staged query rows
     (sm_86 / sm_89: 99 KB) gets launches with the key tile only and query rows read from global memory: the same
