@@ -48,6 +48,8 @@ def _options(p):
                    help=f"comma-separated subset of {', '.join(TABLES)} (default: all)")
     p.add_argument("--fast", metavar="VARIANT", help="the absorbed-MLA variant whose speedups and roofline shares "
                    "the tree and causal tables report (default: the GPU's default variant; v2 elsewhere)")
+    p.add_argument("--variants", help="comma-separated absorbed-MLA variants the tree and causal tables time "
+                   "(default: all; the --fast one is always timed, v1 is needed for the 'vs v1' column)")
 
 
 a = args(__doc__, _options)
@@ -63,6 +65,11 @@ if a.fast is not None and a.fast not in mla_attention.VARIANTS:
     print(f"bench_verify.py: --fast expects one of {', '.join(mla_attention.VARIANTS)}, got {a.fast!r}",
           file=sys.stderr)
     sys.exit(2)
+picked = mla_attention.VARIANTS if a.variants is None else [v.strip() for v in a.variants.split(",") if v.strip()]
+if not picked or any(v not in mla_attention.VARIANTS for v in picked):
+    print(f"bench_verify.py: --variants expects a comma-separated subset of {', '.join(mla_attention.VARIANTS)}, "
+          f"got {a.variants!r}", file=sys.stderr)
+    sys.exit(2)
 
 try:
     import torch
@@ -74,9 +81,9 @@ GPU = kd.backend.name == "cuda"
 D, LKV = (576, 512) if GPU else (24, 16)           # the simulator runs a narrow latent (a thread per CUDA thread)
 FP32_FLOPS, TF32_FLOPS, BW = 51e12, 495e12, 4.25e12
 SCALE = 0.13
-VARIANTS = mla_attention.VARIANTS
 FAST = a.fast or (mla_attention.default_variant() if GPU else "v2")   # the variant the speedups and roofline
                                                                      # shares are of
+VARIANTS = tuple(v for v in mla_attention.VARIANTS if v in picked or v == FAST)
 H = kd.backend.to_host
 if GPU and not a.quick:
     contexts, nodes, heads = [512, 4096, 32768], [16, 64, 256], [16, 64]
@@ -153,7 +160,8 @@ def row_cells(ms, flops, nbytes, sdpa):
     """Times, speedups and roofline shares of one shape; ``ms``: {variant: ms}."""
     roof32, roof_tf = rooflines(flops, nbytes)
     best = ms[FAST]
-    cells = [f"{ms[v]:.3f}" for v in VARIANTS] + [f"{ms['v1'] / best:.1f}x", f"{flops / best / 1e9:.1f}",
+    cells = [f"{ms[v]:.3f}" for v in VARIANTS] + [f"{ms['v1'] / best:.1f}x" if "v1" in ms else "-",
+                                                   f"{flops / best / 1e9:.1f}",
                                                    f"{100 * roof32 / best:.0f} %", f"{100 * roof_tf / best:.1f} %"]
     for base in sdpa[:2]:
         cells.append(f"{base:.3f} ({base / best:.2f}x)" if isinstance(base, float) else base)

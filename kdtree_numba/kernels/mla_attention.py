@@ -124,7 +124,7 @@ from .primitives import FULL, GROUP_BUF, group_max, group_sum, online_softmax_ro
 from .mma import (FLOAT_UNIT, SCRATCH_SHAPE, SIM, frag_a_at, frag_a_base, frag_b2_at, frag_b2_base, mma_m16n8k8_3xtf32,
                   mma_m16n8k8_tf32, split_tf32_fast)
 
-VARIANTS = ("v1", "v2", "v3", "v4", "v5")
+VARIANTS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7")
 NEG_INF = -math.inf
 MAX_D = 576       # widest cache row the kernels support (Kimi / DeepSeek: 512 + 64)
 MAX_LKV = 512
@@ -153,7 +153,7 @@ SCORE_ACC = 48    # 3 products x KT3 / 8 n8 blocks x 4: a warp's score accumulat
 SP_STRIDE3 = 36   # v3's partial-score row stride: 36 = 4 mod 32, P's A-fragment loads hit 32 banks
 # The kernels' static shared memory (ptxas, sm_90), the largest of the causal and tree kernels': the launchers
 # check it + the dynamic part (key tile, staged query rows) against the device's per-block limit.
-STATIC_BYTES = {"v2": 8768, "v3": 19200, "v4": 37632, "v5": 19200}
+STATIC_BYTES = {"v2": 8768, "v3": 19200, "v4": 37632, "v5": 19200, "v6": 19200, "v7": 37632}
 KPARTS = 4        # most k-parts of the score (warps per m16 block): sp [KPARTS, MT, KT]
 FRAGS = 16        # most n8 output fragments per warp: 16 x 8 = 128 of the Lkv columns
 ACC = 64          # FRAGS * 4 accumulators per thread
@@ -1052,20 +1052,114 @@ def _v5_scores(q, qs, staged, ks, sp, r0, n, G, nq, b, D, scratch, kt):
             sp[kp, mb * 16 + g + 8, nb * 8 + 2 * t + 1] = (s[i + 3] + s[ps + i + 3]) + s[2 * ps + i + 3]
 
 
+@cuda.jit(device=True)
+def _v7_score_mma(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ch0, ch1, ch2, ch3, cl0, cl1, cl2, cl3, ks, kb, s, scratch,
+                  nbs):
+    """``_v4_score_mma`` (both m16 blocks, two accumulator sets) with the keys' B fragments by ``frag_b2_at``: two
+    n8 blocks of keys an ldmatrix.x4 at the lane's key address ``kb`` of this k8 step."""
+    ps = 8 * nbs
+    for p in range(nbs // 2):
+        b0, b1, c0, c1 = frag_b2_at(ks, kb + uint32(16 * p * ROW_T * FLOAT_UNIT), ROW_T)
+        for h in range(2):
+            bh0, bl0 = split_tf32_fast(b0 if h == 0 else c0)
+            bh1, bl1 = split_tf32_fast(b1 if h == 0 else c1)
+            nb = 2 * p + h
+            i = 4 * nb                                   # block 0
+            s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+                al0, al1, al2, al3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+            s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+                ah0, ah1, ah2, ah3, bl0, bl1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+            i = ps + 4 * nb
+            s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+                ah0, ah1, ah2, ah3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+            i = 4 * nbs + 4 * nb                         # block 1
+            s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+                cl0, cl1, cl2, cl3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+            s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+                ch0, ch1, ch2, ch3, bl0, bl1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+            i = ps + 4 * nbs + 4 * nb
+            s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+                ch0, ch1, ch2, ch3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+
+
+@cuda.jit(device=True)
+def _v7_scores(q, qs, staged, ks, sp, r0, n, G, nq, b, D, scratch, kt):
+    """``_v4_scores`` (warp w on k-part w of both m16 blocks) with whole-fragment loads: the staged A fragments of
+    both blocks by ``frag_a_at`` and the keys by ``_v7_score_mma``; from global q as v4."""
+    tid = cuda.threadIdx.x
+    lane = tid % 32
+    g = lane // 4
+    t = lane % 4
+    kparts = _v2_warps()
+    kp = tid // 32
+    ksteps = (D + 7) // 8
+    steps = (ksteps + kparts - 1) // kparts
+    nbs = kt // 8
+    ps = 8 * nbs
+    s = cuda.local.array(SCORE_ACC4, float32)            # [set][block][n8 block][c0..c3] (registers)
+    for i in range(SCORE_ACC4):
+        s[i] = float32(0.0)
+    kk = int32(kp * steps)
+    k_end = int32(min(kp * steps + steps, ksteps))
+    kb = frag_b2_base(ks, kk * 8, ROW_T)
+    if staged:
+        qa = frag_a_base(qs, kk * 8, Q_STRIDE2)          # block 0's rows; block 1's 16 rows further
+        while kk < k_end:
+            a0, a1, a2, a3 = frag_a_at(qs, qa, Q_STRIDE2)
+            ah0, ah1, ah2, ah3, al0, al1, al2, al3 = _split4(a0, a1, a2, a3)
+            c0, c1, c2, c3 = frag_a_at(qs, qa + uint32(16 * Q_STRIDE2 * FLOAT_UNIT), Q_STRIDE2)
+            ch0, ch1, ch2, ch3, cl0, cl1, cl2, cl3 = _split4(c0, c1, c2, c3)
+            _v7_score_mma(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ch0, ch1, ch2, ch3, cl0, cl1, cl2, cl3, ks, kb,
+                          s, scratch, nbs)
+            qa += uint32(8 * FLOAT_UNIT)
+            kb += uint32(8 * FLOAT_UNIT)
+            kk += int32(1)
+    else:
+        ra = _v2_qrow(r0 + g, n, G, nq, b)
+        rb = _v2_qrow(r0 + g + 8, n, G, nq, b)
+        rc = _v2_qrow(r0 + g + 16, n, G, nq, b)
+        rd = _v2_qrow(r0 + g + 24, n, G, nq, b)
+        while kk < k_end:
+            d = kk * 8 + t
+            da = uint64(min(d, D - 1))                   # past D the key tile holds zeros: any finite q will do
+            db = uint64(min(d + 4, D - 1))
+            ah0, ah1, ah2, ah3, al0, al1, al2, al3 = _v4_a_frags(q, ra, rb, da, db)
+            ch0, ch1, ch2, ch3, cl0, cl1, cl2, cl3 = _v4_a_frags(q, rc, rd, da, db)
+            _v7_score_mma(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ch0, ch1, ch2, ch3, cl0, cl1, cl2, cl3, ks, kb,
+                          s, scratch, nbs)
+            kb += uint32(8 * FLOAT_UNIT)
+            kk += int32(1)
+    if SIM:                                              # the simulator's MMA is a block barrier (_v4_scores)
+        z = float32(0.0)
+        while kk < kp * steps + steps:
+            _v7_score_mma(z, z, z, z, z, z, z, z, z, z, z, z, z, z, z, z, ks, kb, s, scratch, nbs)
+            kk += int32(1)
+    for m in range(MB):
+        for nb in range(KT3 // 8):
+            if nb < nbs:
+                i = 4 * nbs * m + 4 * nb
+                r = m * 16 + g
+                sp[kp, r, nb * 8 + 2 * t] = s[i] + s[ps + i]
+                sp[kp, r, nb * 8 + 2 * t + 1] = s[i + 1] + s[ps + i + 1]
+                sp[kp, r + 8, nb * 8 + 2 * t] = s[i + 2] + s[ps + i + 2]
+                sp[kp, r + 8, nb * 8 + 2 * t + 1] = s[i + 3] + s[ps + i + 3]
+
+
 def _named_kernel(fn, name):
     """``fn`` compiled as a v2-family kernel under ``name`` (the name profiles and tutorials show)."""
     fn.__name__ = fn.__qualname__ = name
     return cuda.jit(**V2_JIT)(fn)
 
 
-def _tiled_kernel(kt, sp_stride, name, wide=False, vec=False):
+def _tiled_kernel(kt, sp_stride, name, wide=False, vec=False, wide_scores=None):
     """The tiled kernel over kv heads with key tiles of ``kt`` rows (v2: 16, v3 / v4: 32) and partial scores at row
     stride ``sp_stride``; ``wide`` (v4): every warp on both m16 blocks (``_v4_scores``, ``_v4_accumulate``); ``vec``
     (v5): v3 with the scores' fragments loaded whole (``_v5_scores``). All
     three are compile-time constants of the kernel it returns (closure variables are frozen when numba compiles, so
     every loop over the tile unrolls as if it were written with a literal, and the other mapping's code is not
     compiled in)."""
-    kparts = KPARTS4 if wide else KPARTS
+    wide_scores = wide and not vec if wide_scores is None else wide_scores   # v6: v5's scores, v4's P V
+    kparts = KPARTS4 if wide_scores else KPARTS
     def kernel(q, k, v, start0, start_dev, scale, group, causal, width, split_len, direct, out, o_part, m_part,
                l_part, stage):
         """Grid z = kv head b: q [T*Nq, Dk] (rows token-major), k [S, B, Dk] C-contiguous, B kv heads of ``group``
@@ -1121,7 +1215,9 @@ def _tiled_kernel(kt, sp_stride, name, wide=False, vec=False):
                 _v2_load_keys(v, rows, ks, Dv, width, B * Dv, b * Dv, vo, kt)
             copy_async_wait()
             cuda.syncthreads()
-            if wide:
+            if wide_scores and vec:
+                _v7_scores(q, qs, staged, ks, sp, r0, n, group, nq, b, Dk, scratch, kt)
+            elif wide_scores:
                 _v4_scores(q, qs, staged, ks, sp, r0, n, group, nq, b, Dk, scratch, kt)
             elif vec:
                 _v5_scores(q, qs, staged, ks, sp, r0, n, group, nq, b, Dk, scratch, kt)
@@ -1133,7 +1229,7 @@ def _tiled_kernel(kt, sp_stride, name, wide=False, vec=False):
                 row = rows[j0 + jj]
                 if row >= 0 and row <= last_key:
                     vis |= 1 << jj
-            _v2_softmax(sp, vis, scale, m_run, l_run, alpha, buf, kt, _v2_warps() if wide else _v2_warps() // MB)
+            _v2_softmax(sp, vis, scale, m_run, l_run, alpha, buf, kt, _v2_warps() if wide_scores else _v2_warps() // MB)
             cuda.syncthreads()
             if tid < kt:                                 # the next tile's key table: nothing reads rows from here
                 rows[tid] = k0 + kt + tid if k0 + kt + tid < k_hi else -1    # on (P V's barrier publishes it)
@@ -1153,8 +1249,10 @@ _attention_v2_kernel = _tiled_kernel(KT, KT, "_attention_v2_kernel")
 _attention_v3_kernel = _tiled_kernel(KT3, SP_STRIDE3, "_attention_v3_kernel")
 _attention_v4_kernel = _tiled_kernel(KT3, SP_STRIDE3, "_attention_v4_kernel", wide=True)
 _attention_v5_kernel = _tiled_kernel(KT3, SP_STRIDE3, "_attention_v5_kernel", vec=True)
+_attention_v6_kernel = _tiled_kernel(KT3, SP_STRIDE3, "_attention_v6_kernel", wide=True, vec=True)
+_attention_v7_kernel = _tiled_kernel(KT3, SP_STRIDE3, "_attention_v7_kernel", wide=True, vec=True, wide_scores=True)
 TILED_KERNELS = {"v2": _attention_v2_kernel, "v3": _attention_v3_kernel, "v4": _attention_v4_kernel,
-                 "v5": _attention_v5_kernel}
+                 "v5": _attention_v5_kernel, "v6": _attention_v6_kernel, "v7": _attention_v7_kernel}
 
 
 # ------------------------------------------------------------------------------------------------ combine
@@ -1336,7 +1434,7 @@ def copy_width(*arrays) -> int:
     return 4
 
 
-TILE_ROWS = {"v2": KT, "v3": KT3, "v4": KT3, "v5": KT3}   # key rows per tile of the tiled variants
+TILE_ROWS = {"v2": KT, "v3": KT3, "v4": KT3, "v5": KT3, "v6": KT3, "v7": KT3}   # key rows per tile of the tiled variants
 
 
 def tile_bytes(kt: int) -> int:

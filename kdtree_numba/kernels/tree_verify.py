@@ -54,7 +54,7 @@ from .mla_attention import (ACC, BK, HG, KPARTS, KPARTS4, KT, KT3, MAX_D, MAX_LK
                             ROW, ROW_T, SCRATCH_SHAPE, SP_STRIDE3, STAGE_MIN_KEYS, TILE_ALIGN,
                             _named_kernel, _v1_begin, _v1_end, _v1_tile, _v2_accumulate, _v2_begin, _v2_end,
                             _v2_load_keys, _v2_row, _v2_scores, _v2_softmax, _v2_stage_q, _v2_warps, _v4_accumulate,
-                            _v4_end, _v4_scores, _v5_scores, check_qkv, check_splits,
+                            _v4_end, _v4_scores, _v5_scores, _v7_scores, check_qkv, check_splits,
                             check_tiled_fits, check_variant, launch_v1, launch_v2, masked_attention_fast,
                             masked_attention_ref, past_the_list, split_range, stage_bytes)
 
@@ -132,11 +132,12 @@ def _tree_key(paths, depths, start, t_first, width, k, k_hi, j, rows, kdep, knod
     knode[j] = node
 
 
-def _tiled_tree_kernel(kt, sp_stride, name, wide=False, vec=False):
+def _tiled_tree_kernel(kt, sp_stride, name, wide=False, vec=False, wide_scores=None):
     """The tiled tree kernel with key tiles of ``kt`` rows (v2: 16, v3 - v5: 32), partial scores at row stride
     ``sp_stride``, ``wide`` warps (v4), ``vec`` loads (v5) - compile-time constants, as
     ``mla_attention._tiled_kernel``'s."""
-    kparts = KPARTS4 if wide else KPARTS
+    wide_scores = wide and not vec if wide_scores is None else wide_scores   # v6: v5's scores, v4's P V
+    kparts = KPARTS4 if wide_scores else KPARTS
     def kernel(q, cache, start0, start_dev, scale, n_heads, copy_w, split_len, direct, out, o_part, m_part, l_part,
                paths, depths, width, stage):
         """q [(n+1)*N, D] (rows token-major), out [(n+1)*N, Lkv], partials, ``copy_w`` and ``stage`` as
@@ -182,7 +183,9 @@ def _tiled_tree_kernel(kt, sp_stride, name, wide=False, vec=False):
             _v2_load_keys(cache, rows, ks, D, copy_w, D, 0, 0, kt)
             copy_async_wait()
             cuda.syncthreads()
-            if wide:
+            if wide_scores and vec:
+                _v7_scores(q, qs, staged, ks, sp, r0, n_rows, n_heads, n_heads, 0, D, scratch, kt)
+            elif wide_scores:
                 _v4_scores(q, qs, staged, ks, sp, r0, n_rows, n_heads, n_heads, 0, D, scratch, kt)
             elif vec:
                 _v5_scores(q, qs, staged, ks, sp, r0, n_rows, n_heads, n_heads, 0, D, scratch, kt)
@@ -195,7 +198,7 @@ def _tiled_tree_kernel(kt, sp_stride, name, wide=False, vec=False):
                 d = kdep[j]
                 if real and rows[j] >= 0 and (d < 0 or (depth_i >= d and paths[i, d] == knode[j])):
                     vis |= 1 << jj
-            _v2_softmax(sp, vis, scale, m_run, l_run, alpha, buf, kt, _v2_warps() if wide else _v2_warps() // MB)
+            _v2_softmax(sp, vis, scale, m_run, l_run, alpha, buf, kt, _v2_warps() if wide_scores else _v2_warps() // MB)
             cuda.syncthreads()
             if tid < kt:                                 # the next tile's key table: nothing reads rows, kdep or
                 _tree_key(paths, depths, start, t_first, width, k0 + kt + tid, k_hi, tid, rows, kdep, knode)
@@ -215,8 +218,11 @@ _tree_attention_v2_kernel = _tiled_tree_kernel(KT, KT, "_tree_attention_v2_kerne
 _tree_attention_v3_kernel = _tiled_tree_kernel(KT3, SP_STRIDE3, "_tree_attention_v3_kernel")
 _tree_attention_v4_kernel = _tiled_tree_kernel(KT3, SP_STRIDE3, "_tree_attention_v4_kernel", wide=True)
 _tree_attention_v5_kernel = _tiled_tree_kernel(KT3, SP_STRIDE3, "_tree_attention_v5_kernel", vec=True)
+_tree_attention_v6_kernel = _tiled_tree_kernel(KT3, SP_STRIDE3, "_tree_attention_v6_kernel", wide=True, vec=True)
+_tree_attention_v7_kernel = _tiled_tree_kernel(KT3, SP_STRIDE3, "_tree_attention_v7_kernel", wide=True, vec=True,
+                                               wide_scores=True)
 TREE_KERNELS = {"v2": _tree_attention_v2_kernel, "v3": _tree_attention_v3_kernel, "v4": _tree_attention_v4_kernel,
-                "v5": _tree_attention_v5_kernel}
+                "v5": _tree_attention_v5_kernel, "v6": _tree_attention_v6_kernel, "v7": _tree_attention_v7_kernel}
 
 
 # ------------------------------------------------------------------------------------------------ launcher
