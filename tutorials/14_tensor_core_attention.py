@@ -18,7 +18,8 @@ Run:  KDTREE_BACKEND=sim python tutorials/14_tensor_core_attention.py [--size sm
 # 5. the whole kernel against `mla_attention_ref` and `tree_attention_ref`, outputs poisoned with NaN;
 # 6. what each change bought on an H200, quoted from docs/PERFORMANCE.md;
 # 7. v3: the same kernel with key tiles of 32 rows (dynamic shared memory, `view2d`, the default on a GPU);
-# 8. v4: every warp on both m16 blocks - the same MMAs, half the fragment splitting (staged, not yet timed).
+# 8. v4: every warp on both m16 blocks - the same MMAs, half the fragment splitting;
+# 9. v5 - v7: whole fragments from shared memory with `ldmatrix` - what the instruction hands each lane.
 #
 # The functions are called by their names in the package; the constants (MT, KT, ...) are read from it, and the
 # kernels are printed from it (`show_kernel`), so the page cannot drift from the code.
@@ -1069,6 +1070,61 @@ out_4 = kd.backend.full((Tc, Nc, Lkv), np.nan, np.float32)                    # 
 mla.mla_attention(q_b, cache_b, start_b, sc, Lkv, out=out_4, splits=2, variant="v4")
 check(f"causal start {start_b}, splits=2: {'v4' if KERNELS else WHO} vs mla_attention_ref", out_4,
       mla.mla_attention_ref(q_b, cache_b, start_b, sc, Lkv), **TOL)
+
+# %% [markdown]
+# ## 9. Whole fragments: `ldmatrix` (v5 - v7)
+#
+# Section 2's fragment table has a second reading. Cut the 16 x 8 A tile into four 8 x 4 blocks (rows 0-7 / 8-15,
+# columns 0-3 / 4-7): lane 4g + t holds element (g, t) *of each block* - a0 from the first, a1 from the second,
+# and so on. That is exactly what the warp-wide load `ldmatrix.sync.aligned.m8n8.x4.shared.b16` delivers: it reads
+# four 8 x 16-byte matrices whose 32 row addresses the 32 lanes supply (lanes 8j .. 8j + 7 name matrix j's rows)
+# and hands lane 4g + t the 4-byte word t of row g of each matrix. The instruction is specified for 16-bit
+# elements, but a pair of them is one float, so for TF32 it is a fragment load: one instruction where a lane
+# issued four loads (`mma.frag_a_base` / `frag_a_at`). The keys' B fragments of a score are the same picture with
+# rows = keys (B[k][n] = key n, dim k): one ldmatrix.x4 gives the B pairs of two n8 blocks (`frag_b2_base` /
+# `frag_b2_at`). A score k8 step of v3 loads 12 floats a lane one by one; v5 issues 3 ldmatrix. (P V's value
+# fragments need the transposed picture - B[k][n] = value row k, column n - which ldmatrix offers only for 16-bit
+# elements: those stay 4-byte loads.) The emulation below follows the PTX description lane by lane.
+
+# %%
+section("ldmatrix.x4 emulated: the row each lane names, the words each lane receives")
+
+
+def ldmatrix_x4(flat, addr):
+    """What each lane receives [32, 4] when lane L names row address addr[L] (float offsets into ``flat``)."""
+    words = np.empty((32, 4), flat.dtype)
+    for j in range(4):
+        rows = addr[8 * j: 8 * j + 8]                                          # matrix j's 8 row starts
+        words[:, j] = flat[rows[g_l] + t_l]                                    # lane 4g + t: word t of row g
+    return words
+
+
+S_T = ROW_T                                                                    # the tiles' row stride (580)
+tile = np.arange(16 * S_T, dtype=np.float32)                                   # [16 * S_T] flat shared tile
+A_t = tile.reshape(16, S_T)[:, 40:48]                                          # a 16 x 8 tile at column 40
+lane_a = 40 + (lane % 16) * S_T + (lane // 16) * 4                             # frag_a_base's row per lane
+got_a = ldmatrix_x4(tile, lane_a)                                              # [32, 4]
+check_true("A: ldmatrix.x4 with lane L naming row L % 16 at column 4 (L // 16) gives a0..a3 of every lane",
+           np.array_equal(got_a, fragments(A_t, np.zeros((8, 8)), np.zeros((16, 8)))[0]))
+K_t = tile.reshape(16, S_T)[:, 40:48]                                          # 16 keys (rows) x 8 dims
+lane_b = 40 + (lane % 8 + (lane // 16) * 8) * S_T + (lane // 8 % 2) * 4        # frag_b2_base's row per lane
+got_b = ldmatrix_x4(tile, lane_b)
+want_b = np.concatenate([fragments(np.zeros((16, 8)), K_t[:8].T, np.zeros((16, 8)))[1],       # keys 0-7
+                         fragments(np.zeros((16, 8)), K_t[8:].T, np.zeros((16, 8)))[1]], 1)   # keys 8-15
+check_true("B: one ldmatrix.x4 gives the (b0, b1) pairs of two n8 blocks of keys (B[k][n] = key n, dim k)",
+           np.array_equal(got_b, want_b))
+banks = [sorted({int(a + w) % 32 for a in lane_a[8 * j: 8 * j + 8] for w in range(4)}) for j in range(4)]
+check_true(f"bank-conflict free at stride {S_T} = {S_T % 32} mod 32: each matrix's 8 rows x 4 words hit 32 banks",
+           all(b == list(range(32)) for b in banks))
+table([("v3", 12, 0, "4-byte loads, one per float a lane"),
+       ("v5 / v6", 0, 3, "frag_a_at (queries) + 2 x frag_b2_at (keys 0-15, 16-31)"),
+       ("v7", 0, 4, "both m16 blocks' queries + the keys: 24 MMAs a step")],
+      ("variant", "4-byte loads a score k8 step", "ldmatrix.x4", "what"))
+for v in ("v5", "v6", "v7"):
+    out_v = kd.backend.full((tree_n + 1, Nt, Lkv), np.nan, np.float32)        # [n+1, N, Lkv] poisoned
+    tv.tree_attention(q_t, cache_t, start_t, paths, depths, sc, Lkv, out=out_v, variant=v)
+    check(f"tree, {tree_n + 1} nodes: {v if KERNELS else WHO} vs tree_attention_ref", out_v,
+          tv.tree_attention_ref(q_t, cache_t, start_t, parents, sc, Lkv), **TOL)
 
 # %%
 finish()
