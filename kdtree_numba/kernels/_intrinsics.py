@@ -22,6 +22,15 @@
   (16 bytes = 4 floats each) of matrix i, and lane 4 g + t receives word t of row g of each of the four matrices -
   exactly an m16n8k8 TF32 fragment's layout (kernels/mma.py ``frag_a`` / ``frag_b2``). GPU only: the simulator
   has no warp-wide load (mma.py's fragment loads read element by element there).
+- Bulk copies (sm_90): ``bulk_copy(dst, dst_off, src, src_off, nbytes, mbar)`` = one
+  ``cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes``: ``nbytes`` (a multiple of 16, both
+  addresses 16-byte aligned) from global ``src.flat[src_off ..]`` to shared ``dst.flat[dst_off ..]`` by the copy
+  engine, one instruction for a whole row, completing on the shared mbarrier ``mbar`` (an int64 [1] shared
+  array): ``mbar_init(mbar, 1)`` once (then a block barrier), per use one thread's
+  ``mbar_expect_tx(mbar, total bytes)`` (its arrival), the copies, and every reader's
+  ``while not mbar_try_wait(mbar, phase)`` with the phase bit flipping each use. ``fence_proxy_async()`` orders
+  this thread's earlier ordinary shared-memory accesses before later copy-engine ones. The simulator copies at
+  once and its waits return True.
 - ``globaltimer()``: the GPU's global nanosecond clock (PTX ``%globaltimer``, int64), read where the instruction
   runs - a device-side time stamp that a CUDA graph replays (kernels/stamp.py); the simulator reads the host's
   ``time.perf_counter_ns()``.
@@ -76,6 +85,29 @@ if SIM:
     @cuda.jit(device=True)
     def globaltimer():
         return time.perf_counter_ns()
+
+    @cuda.jit(device=True)
+    def bulk_copy(dst, dst_off, src, src_off, nbytes, mbar):
+        d = dst.reshape(-1)
+        s = src.reshape(-1)
+        for i in range(nbytes // 4):
+            d[dst_off + i] = s[src_off + i]
+
+    @cuda.jit(device=True)
+    def mbar_init(mbar, count):
+        pass
+
+    @cuda.jit(device=True)
+    def mbar_expect_tx(mbar, nbytes):
+        pass
+
+    @cuda.jit(device=True)
+    def mbar_try_wait(mbar, phase):
+        return True
+
+    @cuda.jit(device=True)
+    def fence_proxy_async():
+        pass
 else:
     def unary_f32(text):
         """An intrinsic (x: float32) -> float32 emitting the PTX statement ``text`` ($0 the result, $1 x)."""
@@ -179,21 +211,6 @@ else:
         return ret(a, off, rows, cols), codegen
 
     @intrinsic
-    def shared_address(typingctx, a):
-        """The 32-bit shared-window address of a shared array's data (``cvta.to.shared``): computed once, so the
-        loads built on it add 32-bit offsets (a 64-bit generic address costs an add-with-carry pair per load)."""
-        if not isinstance(a, types.Array):
-            return None
-
-        def codegen(context, builder, sig, args):
-            data = context.make_array(sig.args[0])(context, builder, value=args[0]).data
-            fnty = ir.FunctionType(ir.IntType(64), [ir.IntType(64)])
-            sa = builder.call(ir.InlineAsm(fnty, "cvta.to.shared.u64 $0, $1;", "=l,l"),
-                              [builder.ptrtoint(data, ir.IntType(64))])        # pure: LLVM may hoist it
-            return builder.trunc(sa, ir.IntType(32))
-        return types.uint32(a), codegen
-
-    @intrinsic
     def ldmatrix_x4(typingctx, addr):
         if not isinstance(addr, types.Integer):
             return None
@@ -211,6 +228,86 @@ else:
             return context.make_tuple(builder, ret, [builder.bitcast(builder.extract_value(res, i), ir.FloatType())
                                                      for i in range(4)])
         return ret(addr), codegen
+
+    def _shared32(context, builder, aryty, ary):
+        """The 32-bit shared-window address of a shared array's data (inline ``cvta.to.shared``)."""
+        data = context.make_array(aryty)(context, builder, value=ary).data
+        fnty = ir.FunctionType(ir.IntType(64), [ir.IntType(64)])
+        sa = builder.call(ir.InlineAsm(fnty, "cvta.to.shared.u64 $0, $1;", "=l,l"),
+                          [builder.ptrtoint(data, ir.IntType(64))])
+        return builder.trunc(sa, ir.IntType(32))
+
+    def _void_asm(builder, text, constraints, args):
+        fnty = ir.FunctionType(ir.VoidType(), [a.type for a in args])
+        clobber = constraints + "," if constraints else ""       # volatile, ordered with memory accesses
+        builder.call(ir.InlineAsm(fnty, text, clobber + "~{memory}", side_effect=True), args)
+
+    @intrinsic
+    def shared_address(typingctx, a):
+        """The 32-bit shared-window address of a shared array's data (``cvta.to.shared``): computed once, so the
+        loads built on it add 32-bit offsets (a 64-bit generic address costs an add-with-carry pair per load)."""
+        if not isinstance(a, types.Array):
+            return None
+
+        def codegen(context, builder, sig, args):
+            return _shared32(context, builder, sig.args[0], args[0])      # pure: LLVM may hoist it
+        return types.uint32(a), codegen
+
+    @intrinsic
+    def bulk_copy(typingctx, dst, dst_off, src, src_off, nbytes, mbar):
+        if not (isinstance(dst, types.Array) and isinstance(src, types.Array) and isinstance(mbar, types.Array)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            i32 = ir.IntType(32)
+            d = builder.add(_shared32(context, builder, sig.args[0], args[0]),
+                            builder.mul(builder.trunc(context.cast(builder, args[1], sig.args[1], types.int64), i32),
+                                        ir.Constant(i32, 4)))
+            s = _element_address(context, builder, sig.args[2], args[2], args[3], sig.args[3])
+            n = builder.trunc(context.cast(builder, args[4], sig.args[4], types.int64), i32)
+            m = _shared32(context, builder, sig.args[5], args[5])
+            _void_asm(builder, "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];",
+                      "r,l,r,r", [d, s, n, m])
+            return context.get_dummy_value()
+        return types.void(dst, dst_off, src, src_off, nbytes, mbar), codegen
+
+    @intrinsic
+    def mbar_init(typingctx, mbar, count):
+        def codegen(context, builder, sig, args):
+            c = builder.trunc(context.cast(builder, args[1], sig.args[1], types.int64), ir.IntType(32))
+            _void_asm(builder, "mbarrier.init.shared::cta.b64 [$0], $1;", "r,r",
+                      [_shared32(context, builder, sig.args[0], args[0]), c])
+            return context.get_dummy_value()
+        return types.void(mbar, count), codegen
+
+    @intrinsic
+    def mbar_expect_tx(typingctx, mbar, nbytes):
+        def codegen(context, builder, sig, args):
+            n = builder.trunc(context.cast(builder, args[1], sig.args[1], types.int64), ir.IntType(32))
+            _void_asm(builder, "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;", "r,r",
+                      [_shared32(context, builder, sig.args[0], args[0]), n])
+            return context.get_dummy_value()
+        return types.void(mbar, nbytes), codegen
+
+    @intrinsic
+    def mbar_try_wait(typingctx, mbar, phase):
+        def codegen(context, builder, sig, args):
+            i32 = ir.IntType(32)
+            ph = builder.trunc(context.cast(builder, args[1], sig.args[1], types.int64), i32)
+            fnty = ir.FunctionType(i32, [i32, i32])
+            asm = ("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2; "
+                   "selp.u32 $0, 1, 0, p; }")
+            r = builder.call(ir.InlineAsm(fnty, asm, "=r,r,r,~{memory}", side_effect=True),
+                             [_shared32(context, builder, sig.args[0], args[0]), ph])
+            return builder.icmp_unsigned("!=", r, ir.Constant(i32, 0))
+        return types.boolean(mbar, phase), codegen
+
+    @intrinsic
+    def fence_proxy_async(typingctx):
+        def codegen(context, builder, sig, args):
+            _void_asm(builder, "fence.proxy.async.shared::cta;", "", [])
+            return context.get_dummy_value()
+        return types.void(), codegen
 
     @intrinsic
     def globaltimer(typingctx):

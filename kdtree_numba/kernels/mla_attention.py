@@ -115,16 +115,17 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda, float32, int32, uint32, uint64
+from numba import cuda, float32, int32, int64, uint32, uint64
 
 from .. import backend
 from . import _checks
-from ._intrinsics import copy_async, copy_async_wait, view2d
+from ._intrinsics import (bulk_copy, copy_async, copy_async_wait, fence_proxy_async, mbar_expect_tx, mbar_init,
+                          mbar_try_wait, view2d)
 from .primitives import FULL, GROUP_BUF, group_max, group_sum, online_softmax_row
 from .mma import (FLOAT_UNIT, SCRATCH_SHAPE, SIM, frag_a_at, frag_a_base, frag_b2_at, frag_b2_base, mma_m16n8k8_3xtf32,
                   mma_m16n8k8_tf32, split_tf32_fast)
 
-VARIANTS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7")
+VARIANTS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8")
 NEG_INF = -math.inf
 MAX_D = 576       # widest cache row the kernels support (Kimi / DeepSeek: 512 + 64)
 MAX_LKV = 512
@@ -153,7 +154,7 @@ SCORE_ACC = 48    # 3 products x KT3 / 8 n8 blocks x 4: a warp's score accumulat
 SP_STRIDE3 = 36   # v3's partial-score row stride: 36 = 4 mod 32, P's A-fragment loads hit 32 banks
 # The kernels' static shared memory (ptxas, sm_90), the largest of the causal and tree kernels': the launchers
 # check it + the dynamic part (key tile, staged query rows) against the device's per-block limit.
-STATIC_BYTES = {"v2": 8768, "v3": 19200, "v4": 37632, "v5": 19200, "v6": 19200, "v7": 37632}
+STATIC_BYTES = {"v2": 8768, "v3": 19200, "v4": 37632, "v5": 19200, "v6": 19200, "v7": 37632, "v8": 37648}
 KPARTS = 4        # most k-parts of the score (warps per m16 block): sp [KPARTS, MT, KT]
 FRAGS = 16        # most n8 output fragments per warp: 16 x 8 = 128 of the Lkv columns
 ACC = 64          # FRAGS * 4 accumulators per thread
@@ -435,6 +436,42 @@ def _v2_load_keys(src, rows, ks, D, width, stride, base, col, kt):
         row = rows[j]
         copy_row(ks, uint64(j * ROW_T + col), src, uint64(max(row, 0)) * uint64(stride) + uint64(base), D, width,
                  u, tpr, row >= 0)
+
+
+@cuda.jit(device=True)
+def bulk_begin(ks, mbar, kt):
+    """Before a kernel's first ``bulk_load_keys``: the mbarrier initialised (one arrival a phase) and the whole key
+    tile zeroed - rows that are never copied (past the list, skipped slots) keep finite contents, which their
+    masks then hide (stale rows of earlier tiles are finite too). The zeros are ordinary stores the copy engine's
+    writes must come after (``fence_proxy_async``); the caller's barrier publishes both."""
+    tid = cuda.threadIdx.x
+    if tid == 0:
+        mbar_init(mbar, 1)
+    for i in range(tid, kt * MAX_D, cuda.blockDim.x):
+        ks[i // MAX_D, i % MAX_D] = float32(0.0)
+    fence_proxy_async()
+
+
+@cuda.jit(device=True)
+def bulk_load_keys(src, rows, ks, D, stride, base, mbar, phase, kt):
+    """The key tile by the copy engine: lane j < kt of warp 0 copies row j (``rows[j]`` >= 0; D floats from flat
+    offset rows[j] * stride + base, 16-byte aligned) with one ``bulk_copy``, lane 0 first announcing the tile's
+    bytes on ``mbar`` (a ballot counts the rows); every thread then waits for phase ``phase`` to complete. Where
+    ``_v2_load_keys`` issues 18 16-byte copies a thread (D 576), this is one instruction a row. Rows < 0 are left
+    as they are (``bulk_begin``). The caller's barrier follows, as after ``_v2_load_keys``."""
+    tid = cuda.threadIdx.x
+    if tid < 32:
+        row = rows[tid] if tid < kt else -1
+        if not SIM:                                      # (the simulator's stand-ins copy at once: no count)
+            valid = cuda.ballot_sync(FULL, row >= 0)
+            if tid == 0:
+                mbar_expect_tx(mbar, cuda.popc(valid) * D * 4)
+            cuda.syncwarp(FULL)
+        if row >= 0:
+            fence_proxy_async()                          # this tile's reads of the previous rows came first
+            bulk_copy(ks, uint64(tid * ROW_T), src, uint64(row) * uint64(stride) + uint64(base), D * 4, mbar)
+    while not mbar_try_wait(mbar, phase):
+        pass
 
 
 @cuda.jit(device=True)
@@ -1151,7 +1188,7 @@ def _named_kernel(fn, name):
     return cuda.jit(**V2_JIT)(fn)
 
 
-def _tiled_kernel(kt, sp_stride, name, wide=False, vec=False, wide_scores=None):
+def _tiled_kernel(kt, sp_stride, name, wide=False, vec=False, wide_scores=None, bulk=False):
     """The tiled kernel over kv heads with key tiles of ``kt`` rows (v2: 16, v3 / v4: 32) and partial scores at row
     stride ``sp_stride``; ``wide`` (v4): every warp on both m16 blocks (``_v4_scores``, ``_v4_accumulate``); ``vec``
     (v5): v3 with the scores' fragments loaded whole (``_v5_scores``). All
@@ -1180,6 +1217,7 @@ def _tiled_kernel(kt, sp_stride, name, wide=False, vec=False, wide_scores=None):
         scratch = cuda.shared.array(SCRATCH_SHAPE, float32)   # the simulator's MMA exchange (GPU: unused)
         buf = cuda.shared.array(GROUP_BUF, float32)      # the simulator's group scratch (GPU: unused)
         acc = cuda.local.array(ACC, float32)             # this thread's output accumulators (registers)
+        mbar = cuda.shared.array(1, int64)               # v8: the bulk copies' mbarrier
         dyn = cuda.shared.array(0, float32, alignment=TILE_ALIGN)   # dynamic shared memory:
         ks = view2d(dyn, 0, kt, ROW_T)                   # the key tile [kt, ROW_T] (cp.async: 16-byte aligned)
         qs = dyn[kt * ROW_T:]                            # the block's staged query rows [MT, Q_STRIDE2]
@@ -1208,12 +1246,20 @@ def _tiled_kernel(kt, sp_stride, name, wide=False, vec=False, wide_scores=None):
         last_key = start + ((r0 + r) // group if causal else T - 1)   # this thread's row sees rows <= last_key
         if tid < kt:                                     # the first tile's key table (_v2_begin's barrier)
             rows[tid] = k_lo + tid if k_lo + tid < k_hi else -1
+        by_engine = bulk and width == 4 and v.ndim != 3  # v8: absorbed MLA's aligned rows by the copy engine
+        if by_engine:
+            bulk_begin(ks, mbar, kt)
         _v2_begin(acc, ks, m_run, l_run, Dk, kt)
+        phase = int32(0)
         for k0 in range(k_lo, k_hi, kt):
-            _v2_load_keys(k, rows, ks, Dk, width, B * Dk, b * Dk, 0, kt)
-            if v.ndim == 3:                              # separate values, after the keys' columns
-                _v2_load_keys(v, rows, ks, Dv, width, B * Dv, b * Dv, vo, kt)
-            copy_async_wait()
+            if by_engine:
+                bulk_load_keys(k, rows, ks, Dk, B * Dk, b * Dk, mbar, phase, kt)
+                phase ^= int32(1)
+            else:
+                _v2_load_keys(k, rows, ks, Dk, width, B * Dk, b * Dk, 0, kt)
+                if v.ndim == 3:                          # separate values, after the keys' columns
+                    _v2_load_keys(v, rows, ks, Dv, width, B * Dv, b * Dv, vo, kt)
+            copy_async_wait()                            # (v8: the staged query rows' copies)
             cuda.syncthreads()
             if wide_scores and vec:
                 _v7_scores(q, qs, staged, ks, sp, r0, n, group, nq, b, Dk, scratch, kt)
@@ -1251,8 +1297,11 @@ _attention_v4_kernel = _tiled_kernel(KT3, SP_STRIDE3, "_attention_v4_kernel", wi
 _attention_v5_kernel = _tiled_kernel(KT3, SP_STRIDE3, "_attention_v5_kernel", vec=True)
 _attention_v6_kernel = _tiled_kernel(KT3, SP_STRIDE3, "_attention_v6_kernel", wide=True, vec=True)
 _attention_v7_kernel = _tiled_kernel(KT3, SP_STRIDE3, "_attention_v7_kernel", wide=True, vec=True, wide_scores=True)
+_attention_v8_kernel = _tiled_kernel(KT3, SP_STRIDE3, "_attention_v8_kernel", wide=True, vec=True, wide_scores=True,
+                                     bulk=True)
 TILED_KERNELS = {"v2": _attention_v2_kernel, "v3": _attention_v3_kernel, "v4": _attention_v4_kernel,
-                 "v5": _attention_v5_kernel, "v6": _attention_v6_kernel, "v7": _attention_v7_kernel}
+                 "v5": _attention_v5_kernel, "v6": _attention_v6_kernel, "v7": _attention_v7_kernel,
+                 "v8": _attention_v8_kernel}
 
 
 # ------------------------------------------------------------------------------------------------ combine
@@ -1434,7 +1483,7 @@ def copy_width(*arrays) -> int:
     return 4
 
 
-TILE_ROWS = {"v2": KT, "v3": KT3, "v4": KT3, "v5": KT3, "v6": KT3, "v7": KT3}   # key rows per tile of the tiled variants
+TILE_ROWS = {"v2": KT, "v3": KT3, "v4": KT3, "v5": KT3, "v6": KT3, "v7": KT3, "v8": KT3}   # key rows per tile of the tiled variants
 
 
 def tile_bytes(kt: int) -> int:

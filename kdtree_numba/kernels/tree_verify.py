@@ -43,7 +43,7 @@ are (0, 0) -> row 2, (1, 0) the root again (skipped), (1, 1) -> row 3; tile 1 = 
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda, float32, int32
+from numba import cuda, float32, int32, int64
 
 from .. import backend
 from . import _checks
@@ -54,7 +54,8 @@ from .mla_attention import (ACC, BK, HG, KPARTS, KPARTS4, KT, KT3, MAX_D, MAX_LK
                             ROW, ROW_T, SCRATCH_SHAPE, SP_STRIDE3, STAGE_MIN_KEYS, TILE_ALIGN,
                             _named_kernel, _v1_begin, _v1_end, _v1_tile, _v2_accumulate, _v2_begin, _v2_end,
                             _v2_load_keys, _v2_row, _v2_scores, _v2_softmax, _v2_stage_q, _v2_warps, _v4_accumulate,
-                            _v4_end, _v4_scores, _v5_scores, _v7_scores, check_qkv, check_splits,
+                            _v4_end, _v4_scores, _v5_scores, _v7_scores, bulk_begin, bulk_load_keys, check_qkv,
+                            check_splits,
                             check_tiled_fits, check_variant, launch_v1, launch_v2, masked_attention_fast,
                             masked_attention_ref, past_the_list, split_range, stage_bytes)
 
@@ -132,7 +133,7 @@ def _tree_key(paths, depths, start, t_first, width, k, k_hi, j, rows, kdep, knod
     knode[j] = node
 
 
-def _tiled_tree_kernel(kt, sp_stride, name, wide=False, vec=False, wide_scores=None):
+def _tiled_tree_kernel(kt, sp_stride, name, wide=False, vec=False, wide_scores=None, bulk=False):
     """The tiled tree kernel with key tiles of ``kt`` rows (v2: 16, v3 - v5: 32), partial scores at row stride
     ``sp_stride``, ``wide`` warps (v4), ``vec`` loads (v5) - compile-time constants, as
     ``mla_attention._tiled_kernel``'s."""
@@ -152,6 +153,7 @@ def _tiled_tree_kernel(kt, sp_stride, name, wide=False, vec=False, wide_scores=N
         scratch = cuda.shared.array(SCRATCH_SHAPE, float32)   # the simulator's MMA exchange (GPU: unused)
         buf = cuda.shared.array(GROUP_BUF, float32)      # the simulator's group scratch (GPU: unused)
         acc = cuda.local.array(ACC, float32)             # this thread's output accumulators (registers)
+        mbar = cuda.shared.array(1, int64)               # v8: the bulk copies' mbarrier
         dyn = cuda.shared.array(0, float32, alignment=TILE_ALIGN)   # dynamic shared memory:
         ks = view2d(dyn, 0, kt, ROW_T)                   # the key tile [kt, ROW_T]
         qs = dyn[kt * ROW_T:]                            # the block's staged query rows [MT, Q_STRIDE2]
@@ -178,10 +180,18 @@ def _tiled_tree_kernel(kt, sp_stride, name, wide=False, vec=False, wide_scores=N
             _v2_stage_q(q, qs, r0, MT, Q_STRIDE2, n_rows, n_heads, n_heads, 0, D, copy_w)
         if tid < kt:                                     # the first tile's key table (_v2_begin's barrier)
             _tree_key(paths, depths, start, t_first, width, k_lo + tid, k_hi, tid, rows, kdep, knode)
+        by_engine = bulk and copy_w == 4                 # v8: rows 16-byte aligned go by the copy engine
+        if by_engine:
+            bulk_begin(ks, mbar, kt)
         _v2_begin(acc, ks, m_run, l_run, D, kt)
+        phase = int32(0)
         for k0 in range(k_lo, k_hi, kt):
-            _v2_load_keys(cache, rows, ks, D, copy_w, D, 0, 0, kt)
-            copy_async_wait()
+            if by_engine:
+                bulk_load_keys(cache, rows, ks, D, D, 0, mbar, phase, kt)
+                phase ^= int32(1)
+            else:
+                _v2_load_keys(cache, rows, ks, D, copy_w, D, 0, 0, kt)
+            copy_async_wait()                            # (v8: the staged query rows' copies)
             cuda.syncthreads()
             if wide_scores and vec:
                 _v7_scores(q, qs, staged, ks, sp, r0, n_rows, n_heads, n_heads, 0, D, scratch, kt)
@@ -221,8 +231,11 @@ _tree_attention_v5_kernel = _tiled_tree_kernel(KT3, SP_STRIDE3, "_tree_attention
 _tree_attention_v6_kernel = _tiled_tree_kernel(KT3, SP_STRIDE3, "_tree_attention_v6_kernel", wide=True, vec=True)
 _tree_attention_v7_kernel = _tiled_tree_kernel(KT3, SP_STRIDE3, "_tree_attention_v7_kernel", wide=True, vec=True,
                                                wide_scores=True)
+_tree_attention_v8_kernel = _tiled_tree_kernel(KT3, SP_STRIDE3, "_tree_attention_v8_kernel", wide=True, vec=True,
+                                               wide_scores=True, bulk=True)
 TREE_KERNELS = {"v2": _tree_attention_v2_kernel, "v3": _tree_attention_v3_kernel, "v4": _tree_attention_v4_kernel,
-                "v5": _tree_attention_v5_kernel, "v6": _tree_attention_v6_kernel, "v7": _tree_attention_v7_kernel}
+                "v5": _tree_attention_v5_kernel, "v6": _tree_attention_v6_kernel, "v7": _tree_attention_v7_kernel,
+                "v8": _tree_attention_v8_kernel}
 
 
 # ------------------------------------------------------------------------------------------------ launcher

@@ -34,7 +34,7 @@ def test_causal_matches_reference(T, N, D, lkv, start, splits, variant):
     np.testing.assert_allclose(H(out), mla.mla_attention_ref(q, cache, start, 0.37, lkv), **TOL)
 
 
-TILED = ("v2", "v3", "v4", "v5", "v6", "v7")
+TILED = ("v2", "v3", "v4", "v5", "v6", "v7", "v8")
 
 
 @pytest.mark.parametrize("variant", TILED)
@@ -113,7 +113,7 @@ def test_tiled_tree_random_trees(n, N, start, splits, seed, variant):
     np.testing.assert_array_equal(got[last], H(out)[last])
 
 
-@pytest.mark.parametrize("variant", ("v3", "v4", "v5", "v6", "v7"))
+@pytest.mark.parametrize("variant", ("v3", "v4", "v5", "v6", "v7", "v8"))
 def test_tiled_tree_at_kimi_row_width_on_eight_warps(variant, rng=np.random.default_rng(1)):
     """D 576, Lkv 512: the simulator launches 8 warps, as the GPU does, so every k-part and column group is in use
     and P V takes its unguarded path (all FRAGS / FRAGS4 fragments) - the one the small cases above never reach.
@@ -198,8 +198,8 @@ def test_bad_splits_and_shapes_name_the_argument():
 def test_variant_selection():
     assert mla.default_variant() == ("v3" if kd.backend.name == "cuda" else "v1")
     assert mla.check_variant(None) == mla.default_variant()
-    with pytest.raises(ValueError, match="variant: expected one of 'v1', 'v2', 'v3', 'v4', 'v5', 'v6', 'v7' or None, got 'v8'"):
-        mla.mla_attention(np.zeros((1, 1, 4), np.float32), np.zeros((2, 4), np.float32), 0, 1.0, 3, variant="v8")
+    with pytest.raises(ValueError, match="variant: expected one of 'v1', 'v2', 'v3', 'v4', 'v5', 'v6', 'v7', 'v8' or None, got 'v9'"):
+        mla.mla_attention(np.zeros((1, 1, 4), np.float32), np.zeros((2, 4), np.float32), 0, 1.0, 3, variant="v9")
 
 
 def test_tree_variant_takes_v2_below_16_heads_where_the_default_is_v3():
