@@ -1,5 +1,5 @@
 """Tree-verify attention (absorbed MLA over the latent cache, ancestor-only) and causal MLA (prefill, decode): the
-kernel variants v1 (per token x 4 heads, CUDA cores) and v2 / v3 / v4 (tiles of 32 query rows, tensor cores,
+kernel variants v1 (per token x 4 heads, CUDA cores) and v2 - v8 (tiles of 32 query rows, tensor cores,
 3xTF32; mla_attention's docstring says how they differ) against PyTorch's scaled_dot_product_attention, in fp32
 and with TF32 allowed, plus % of the H200 rooflines.
 
@@ -31,6 +31,8 @@ few microseconds to SDPA: the small cells compared launchers, not kernels.)
     PYTHONPATH=$PWD python3 benchmarks/bench_verify.py            # the GPU (KDTREE_BACKEND=cuda)
     PYTHONPATH=$PWD python3 benchmarks/bench_verify.py --tables prefill,block   # only those tables
     PYTHONPATH=$PWD python3 benchmarks/bench_verify.py --tables tree --fast v4  # v4's ratios to SDPA
+    PYTHONPATH=$PWD python3 benchmarks/bench_verify.py --tables tree,causal --variants v3,v5,v7,v8 --fast v8
+                                                                  # only those variants (v1 gives 'vs v1')
     KDTREE_BACKEND=sim python3 benchmarks/bench_verify.py --quick # a smoke run on the simulator (tiny shapes,
                                                                   # no torch rows; the numbers mean nothing)
 """

@@ -19,7 +19,7 @@ Run:  KDTREE_BACKEND=sim python tutorials/14_tensor_core_attention.py [--size sm
 # 6. what each change bought on an H200, quoted from docs/PERFORMANCE.md;
 # 7. v3: the same kernel with key tiles of 32 rows (dynamic shared memory, `view2d`, the default on a GPU);
 # 8. v4: every warp on both m16 blocks - the same MMAs, half the fragment splitting;
-# 9. v5 - v7: whole fragments from shared memory with `ldmatrix` - what the instruction hands each lane.
+# 9. v5 - v8: whole fragments from shared memory with `ldmatrix` - what the instruction hands each lane.
 #
 # The functions are called by their names in the package; the constants (MT, KT, ...) are read from it, and the
 # kernels are printed from it (`show_kernel`), so the page cannot drift from the code.
@@ -1072,7 +1072,7 @@ check(f"causal start {start_b}, splits=2: {'v4' if KERNELS else WHO} vs mla_atte
       mla.mla_attention_ref(q_b, cache_b, start_b, sc, Lkv), **TOL)
 
 # %% [markdown]
-# ## 9. Whole fragments: `ldmatrix` (v5 - v7)
+# ## 9. Whole fragments: `ldmatrix` (v5 - v8)
 #
 # Section 2's fragment table has a second reading. Cut the 16 x 8 A tile into four 8 x 4 blocks (rows 0-7 / 8-15,
 # columns 0-3 / 4-7): lane 4g + t holds element (g, t) *of each block* - a0 from the first, a1 from the second,
@@ -1084,7 +1084,10 @@ check(f"causal start {start_b}, splits=2: {'v4' if KERNELS else WHO} vs mla_atte
 # rows = keys (B[k][n] = key n, dim k): one ldmatrix.x4 gives the B pairs of two n8 blocks (`frag_b2_base` /
 # `frag_b2_at`). A score k8 step of v3 loads 12 floats a lane one by one; v5 issues 3 ldmatrix. (P V's value
 # fragments need the transposed picture - B[k][n] = value row k, column n - which ldmatrix offers only for 16-bit
-# elements: those stay 4-byte loads.) The emulation below follows the PTX description lane by lane.
+# elements: those stay 4-byte loads.) v6 and v7 combine this with v4's mapping; v8 also hands the key tile to the
+# copy engine (one `cp.async.bulk` a row, completing on an mbarrier). None of v5 - v8 has been timed on a GPU yet
+# (docs/PERFORMANCE.md, twenty-fourth session: SASS counts only). The emulation below follows the PTX
+# description lane by lane.
 
 # %%
 section("ldmatrix.x4 emulated: the row each lane names, the words each lane receives")
@@ -1120,7 +1123,7 @@ table([("v3", 12, 0, "4-byte loads, one per float a lane"),
        ("v5 / v6", 0, 3, "frag_a_at (queries) + 2 x frag_b2_at (keys 0-15, 16-31)"),
        ("v7", 0, 4, "both m16 blocks' queries + the keys: 24 MMAs a step")],
       ("variant", "4-byte loads a score k8 step", "ldmatrix.x4", "what"))
-for v in ("v5", "v6", "v7"):
+for v in ("v5", "v6", "v7", "v8"):
     out_v = kd.backend.full((tree_n + 1, Nt, Lkv), np.nan, np.float32)        # [n+1, N, Lkv] poisoned
     tv.tree_attention(q_t, cache_t, start_t, paths, depths, sc, Lkv, out=out_v, variant=v)
     check(f"tree, {tree_n + 1} nodes: {v if KERNELS else WHO} vs tree_attention_ref", out_v,

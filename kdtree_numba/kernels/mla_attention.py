@@ -42,6 +42,17 @@ it.
       (2026-12-05): a score k8 step 48 instructions for 12 HMMA (v3: 61; 3 LDSM for 12 LDS), ~230 fewer a warp
       and tile of 32 keys (~10 %). P V stays v3's: 16-byte value loads (tried) put each value in the wrong
       register of its B pair and cost a move per element, where v3's 4-byte loads land in place.
+  v6  v5's scores with v4's P V (``_tiled_kernel(.., wide=True, vec=True)``): both m16 blocks per warp in P V, so
+      a value fragment is split once for both (a P V k8 step 97 instructions for 48 HMMA + P's loads, v3 145 +
+      P's); 228 registers.
+  v7  v4 whole, its score fragments by ldmatrix (``wide_scores=True``, ``_v7_scores``): a k8 step of the scores
+      69 instructions for 24 HMMA (v4 85, v5 43.5 for 12); 255 registers, no spills, v4's 37 KB of static shared
+      memory. Estimated from the SASS, per warp and 32-key tile: v3 ~2190 instructions, v5 ~1875, v6 ~1730,
+      v7 ~1570 - none of v5 - v8 timed yet (no device was lent on 2026-12-05, twenty-fourth session).
+  v8  v7 with the key tile copied by the copy engine (``bulk=True``: ``bulk_begin`` / ``bulk_load_keys``, one
+      ``cp.async.bulk`` a row by warp 0, completing on an mbarrier) where every thread issued 18 16-byte cp.async
+      copies (~150-200 instructions a warp and tile); absorbed MLA with 16-byte aligned rows only, else v7's
+      copies. Rows past the list are not copied: the tile is zeroed once and a stale row is finite and masked.
 
 v1 mapping: grid (token t, head group of HG heads, key split z). A block walks its split of t's key list in tiles
 of BK rows: the tile is loaded into shared memory (row stride padded to an odd length so column reads do not
@@ -1191,7 +1202,9 @@ def _named_kernel(fn, name):
 def _tiled_kernel(kt, sp_stride, name, wide=False, vec=False, wide_scores=None, bulk=False):
     """The tiled kernel over kv heads with key tiles of ``kt`` rows (v2: 16, v3 / v4: 32) and partial scores at row
     stride ``sp_stride``; ``wide`` (v4): every warp on both m16 blocks (``_v4_scores``, ``_v4_accumulate``); ``vec``
-    (v5): v3 with the scores' fragments loaded whole (``_v5_scores``). All
+    (v5): v3 with the scores' fragments loaded whole (``_v5_scores``); ``wide`` and ``vec`` (v6): v5's scores, v4's
+    P V; ``wide_scores`` (v7): v4's mapping with ldmatrix scores (``_v7_scores``); ``bulk`` (v8): the key tile by
+    the copy engine (``bulk_load_keys``). All
     three are compile-time constants of the kernel it returns (closure variables are frozen when numba compiles, so
     every loop over the tile unrolls as if it were written with a literal, and the other mapping's code is not
     compiled in)."""
@@ -1594,10 +1607,10 @@ def mla_attention(q, cache, start, scale: float, lkv: int, out=None, splits: int
     ``lkv``: the latent width (values are ``cache[:, :lkv]``); ``splits`` asks for that many key splits (tests): the
     launch runs ceil(keys / split_len) of them, split_len rounded up to whole tiles, which can be fewer.
     ``start``: an int, or a device int32 [1] array the kernel reads (graph replay: decode/replay.py); the grid's
-    splits are then planned for every cache row, and the tiled kernels (v2 - v5) cut each block's real key list over
+    splits are then planned for every cache row, and the tiled kernels (v2 - v8) cut each block's real key list over
     them on the device (``split_range``: the splits past it exit at once, ``past_the_list``); v1 keeps the planned
     length, its splits past a token's last key contributing nothing.
-    ``variant``: "v1" - "v5" | None (``default_variant()``, or v2 for launches ``short_splits``
+    ``variant``: "v1" - "v8" | None (``default_variant()``, or v2 for launches ``short_splits``
     names); the numpy backend runs the reference for any.
     """
     auto = variant is None

@@ -31,8 +31,9 @@ This module owns the tree-mode kernels; ``mla_attention.py`` holds the machinery
   v4 ``_tree_attention_v4_kernel``: v3 with every warp on both m16 blocks (mla_attention's v4: a key or value
      fragment split once for both blocks' MMAs; ``_tiled_tree_kernel(.., wide=True)``). ``variant="v4"`` only:
      on the H200 (bench_verify ``--fast v4``, 2026-12-05) within -1 % .. +5 % of v3, so the default stays v3.
-  v5 ``_tree_attention_v5_kernel``: v3 with the scores' fragments loaded by ldmatrix (mla_attention's v5;
-     ``_tiled_tree_kernel(.., vec=True)``).
+  v5 - v8 ``_tree_attention_v5_kernel`` ..: mla_attention's v5 - v8 over the tree's key list (ldmatrix score
+     fragments; v6 / v7 with v4's P V, v7 also v4's scores; v8 v7 with the key tile by the copy engine). Staged,
+     not yet timed on a GPU.
 Shapes: q [n+1, N, D] float32, cache [C, D] float32, paths [n+1, >= L+1] int32, depths [n+1] int32
 -> out [n+1, N, Lkv] float32.
 Example: start 2, parents [-1, 0, 0, 1]: node 3 (depth 2) sees rows 0, 1 (committed), 2 (root), 3 (node 1), 5
@@ -134,9 +135,9 @@ def _tree_key(paths, depths, start, t_first, width, k, k_hi, j, rows, kdep, knod
 
 
 def _tiled_tree_kernel(kt, sp_stride, name, wide=False, vec=False, wide_scores=None, bulk=False):
-    """The tiled tree kernel with key tiles of ``kt`` rows (v2: 16, v3 - v5: 32), partial scores at row stride
-    ``sp_stride``, ``wide`` warps (v4), ``vec`` loads (v5) - compile-time constants, as
-    ``mla_attention._tiled_kernel``'s."""
+    """The tiled tree kernel with key tiles of ``kt`` rows (v2: 16, v3 - v8: 32), partial scores at row stride
+    ``sp_stride``, ``wide`` warps (v4), ``vec`` loads (v5), ``wide_scores`` (v7), ``bulk`` copies (v8) -
+    compile-time constants, as ``mla_attention._tiled_kernel``'s."""
     wide_scores = wide and not vec if wide_scores is None else wide_scores   # v6: v5's scores, v4's P V
     kparts = KPARTS4 if wide_scores else KPARTS
     def kernel(q, cache, start0, start_dev, scale, n_heads, copy_w, split_len, direct, out, o_part, m_part, l_part,
@@ -263,7 +264,7 @@ def tree_attention(q, cache, start, paths, depths, scale: float, lkv: int, max_d
     is read on the host, the grid covers ``start <= C - (n+1)``). ``paths [n+1, >= L+1]`` / ``depths [n+1]``: each
     node's root-to-node path (``tree.ancestor_paths``, or the device tree build's); ``max_depth``: L
     (default: the paths' width - 1). ``splits`` forces the key splits (tests); ``variant`` as in
-    ``mla_attention`` ("v1" - "v5" | None: ``tree_variant(default_variant(), N, ..)``)."""
+    ``mla_attention`` ("v1" - "v8" | None: ``tree_variant(default_variant(), N, ..)``)."""
     auto = variant is None
     variant = check_variant(variant)
     q, cache, lkv, out = check_qkv(q, cache, lkv, out)
