@@ -271,23 +271,19 @@ else:
             return context.get_dummy_value()
         return types.void(dst, dst_off, src, src_off, nbytes, mbar), codegen
 
-    @intrinsic
-    def mbar_init(typingctx, mbar, count):
-        def codegen(context, builder, sig, args):
-            c = builder.trunc(context.cast(builder, args[1], sig.args[1], types.int64), ir.IntType(32))
-            _void_asm(builder, "mbarrier.init.shared::cta.b64 [$0], $1;", "r,r",
-                      [_shared32(context, builder, sig.args[0], args[0]), c])
-            return context.get_dummy_value()
-        return types.void(mbar, count), codegen
+    def _mbar_op(text):
+        """An intrinsic (mbar, n) -> None emitting ``text`` with $0 = mbar's shared address and $1 = n (32-bit)."""
+        @intrinsic
+        def impl(typingctx, mbar, n):
+            def codegen(context, builder, sig, args):
+                n32 = builder.trunc(context.cast(builder, args[1], sig.args[1], types.int64), ir.IntType(32))
+                _void_asm(builder, text, "r,r", [_shared32(context, builder, sig.args[0], args[0]), n32])
+                return context.get_dummy_value()
+            return types.void(mbar, n), codegen
+        return impl
 
-    @intrinsic
-    def mbar_expect_tx(typingctx, mbar, nbytes):
-        def codegen(context, builder, sig, args):
-            n = builder.trunc(context.cast(builder, args[1], sig.args[1], types.int64), ir.IntType(32))
-            _void_asm(builder, "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;", "r,r",
-                      [_shared32(context, builder, sig.args[0], args[0]), n])
-            return context.get_dummy_value()
-        return types.void(mbar, nbytes), codegen
+    mbar_init = _mbar_op("mbarrier.init.shared::cta.b64 [$0], $1;")                 # n: the arrival count
+    mbar_expect_tx = _mbar_op("mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;")   # n: the bytes
 
     @intrinsic
     def mbar_try_wait(typingctx, mbar, phase):

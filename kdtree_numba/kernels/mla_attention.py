@@ -503,19 +503,24 @@ def _v2_score_mma(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ks, d, g, s, scratch, 
     for 16-key tiles, 4 for 32). ``range(nbs)``, not a guarded ``range(4)``: with the guard LLVM no longer
     unrolled v2's k8 loop three times (ptxas: 36 -> 12 score HMMAs in the binary, 205 -> 188 registers; v2 ran
     2-3 % slower on the H200); with nbs folded from the caller's constant, v2's binary has its old shape again."""
-    ps = 4 * nbs                                         # one product's accumulators
     for nb in range(nbs):                                # B[k][n] = K^T[dim][key] = ks[8 nb + n, dim]
         bh0, bl0 = split_tf32_fast(ks[uint64(nb * 8 + g), uint64(d)])
         bh1, bl1 = split_tf32_fast(ks[uint64(nb * 8 + g), uint64(d + 4)])
-        i = 4 * nb
-        s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
-            al0, al1, al2, al3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
-        i = ps + 4 * nb
-        s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
-            ah0, ah1, ah2, ah3, bl0, bl1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
-        i = 2 * ps + 4 * nb
-        s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
-            ah0, ah1, ah2, ah3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+        _score_mma3(ah0, ah1, ah2, ah3, al0, al1, al2, al3, bh0, bh1, bl0, bl1, s, 4 * nb, 4 * nbs, scratch)
+
+
+@cuda.jit(device=True)
+def _score_mma3(ah0, ah1, ah2, ah3, al0, al1, al2, al3, bh0, bh1, bl0, bl1, s, i, ps, scratch):
+    """One n8 block's three 3xTF32 products into three accumulator sets: s[i ..] += lo.hi, s[ps + i ..] += hi.lo,
+    s[2 ps + i ..] += hi.hi (each set ``ps`` floats apart; summed small-first at the end)."""
+    s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+        al0, al1, al2, al3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+    i += ps
+    s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+        ah0, ah1, ah2, ah3, bl0, bl1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+    i += ps
+    s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+        ah0, ah1, ah2, ah3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
 
 
 @cuda.jit(device=True)
@@ -552,6 +557,35 @@ def _v2_stage_q(q, qs, r0, rows, stride, n, G, nq, b, D, width):
 
 
 @cuda.jit(device=True)
+def _store_scores3(sp, s, kp, r, t, nbs):
+    """A warp's partial scores of one m16 block (three sets, ``_score_mma3``) summed small-first into sp[kp]:
+    rows r and r + 8, keys 8 nb + 2t (+ 1)."""
+    ps = 4 * nbs
+    for nb in range(KT3 // 8):
+        if nb < nbs:
+            i = 4 * nb
+            sp[kp, r, nb * 8 + 2 * t] = (s[i] + s[ps + i]) + s[2 * ps + i]
+            sp[kp, r, nb * 8 + 2 * t + 1] = (s[i + 1] + s[ps + i + 1]) + s[2 * ps + i + 1]
+            sp[kp, r + 8, nb * 8 + 2 * t] = (s[i + 2] + s[ps + i + 2]) + s[2 * ps + i + 2]
+            sp[kp, r + 8, nb * 8 + 2 * t + 1] = (s[i + 3] + s[ps + i + 3]) + s[2 * ps + i + 3]
+
+
+@cuda.jit(device=True)
+def _store_scores_wide(sp, s, kp, g, t, nbs):
+    """A warp's partial scores of both m16 blocks (two sets, ``_score_mma_wide``) into sp[kp]."""
+    ps = 8 * nbs
+    for m in range(MB):
+        for nb in range(KT3 // 8):
+            if nb < nbs:
+                i = 4 * nbs * m + 4 * nb
+                r = m * 16 + g
+                sp[kp, r, nb * 8 + 2 * t] = s[i] + s[ps + i]
+                sp[kp, r, nb * 8 + 2 * t + 1] = s[i + 1] + s[ps + i + 1]
+                sp[kp, r + 8, nb * 8 + 2 * t] = s[i + 2] + s[ps + i + 2]
+                sp[kp, r + 8, nb * 8 + 2 * t + 1] = s[i + 3] + s[ps + i + 3]
+
+
+@cuda.jit(device=True)
 def _v2_scores(q, qs, staged, ks, sp, r0, n, G, nq, b, D, scratch, kt):
     """Partial scores on tensor cores: warp w -> m16 block mb = w // kparts, k-part kp = w % kparts;
     sp[kp, 16 mb .. 16 mb + 15, 0..kt-1] = Q[rows, dims of kp] @ ks[0..kt-1, dims of kp]^T (unscaled, 3xTF32).
@@ -564,25 +598,14 @@ def _v2_scores(q, qs, staged, ks, sp, r0, n, G, nq, b, D, scratch, kt):
     independent MMA chains per warp instead of two chains three times as long (an MMA waits for the one before it
     on the same accumulators). Indices are unsigned: numba's negative-index test costs a compare and a select per
     axis of every load."""
-    tid = cuda.threadIdx.x
-    lane = tid % 32
-    g = lane // 4
-    t = lane % 4
-    kparts = _v2_warps() // MB
-    mb = tid // 32 // kparts
-    kp = tid // 32 % kparts
-    ksteps = (D + 7) // 8
-    steps = (ksteps + kparts - 1) // kparts              # k8 steps per k-part (the last part may have fewer)
+    g, t, mb, kp, kk, k_end, steps = _score_part(D, _v2_warps() // MB)
     nbs = kt // 8                                        # n8 blocks of keys
-    ps = 4 * nbs
     s = cuda.local.array(SCORE_ACC, float32)             # [product][n8 block][c0..c3] (registers: 12 nbs used)
     for i in range(SCORE_ACC):
         s[i] = float32(0.0)
     if staged:
         qa = uint64((mb * 16 + g) * Q_STRIDE2 + t)       # this lane's A-fragment rows g, g + 8 in qs (column t)
         qb = qa + uint64(8 * Q_STRIDE2)
-        kk = int32(kp * steps)
-        k_end = int32(min(kp * steps + steps, ksteps))
         while kk < k_end:                                # (numba's range: a 64-bit count, a sign test a step)
             o = uint64(kk * 8)
             ah0, al0 = split_tf32_fast(qs[qa + o])
@@ -594,15 +617,9 @@ def _v2_scores(q, qs, staged, ks, sp, r0, n, G, nq, b, D, scratch, kt):
     else:
         ra = _v2_qrow(r0 + mb * 16 + g, n, G, nq, b)
         rb = _v2_qrow(r0 + mb * 16 + g + 8, n, G, nq, b)
-        for kk in range(kp * steps, min(kp * steps + steps, ksteps)):
+        for kk in range(kk, k_end):
             _v2_score_step(q, ks, ra, rb, kk * 8 + t, D, g, s, scratch, nbs)
-    for nb in range(KT3 // 8):
-        if nb < nbs:
-            i = 4 * nb
-            sp[kp, mb * 16 + g, nb * 8 + 2 * t] = (s[i] + s[ps + i]) + s[2 * ps + i]
-            sp[kp, mb * 16 + g, nb * 8 + 2 * t + 1] = (s[i + 1] + s[ps + i + 1]) + s[2 * ps + i + 1]
-            sp[kp, mb * 16 + g + 8, nb * 8 + 2 * t] = (s[i + 2] + s[ps + i + 2]) + s[2 * ps + i + 2]
-            sp[kp, mb * 16 + g + 8, nb * 8 + 2 * t + 1] = (s[i + 3] + s[ps + i + 3]) + s[2 * ps + i + 3]
+    _store_scores3(sp, s, kp, mb * 16 + g, t, nbs)
 
 
 @cuda.jit(device=True)
@@ -845,26 +862,35 @@ def _v4_score_mma(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ch0, ch1, ch2, ch3, cl
     terms are not added into the large sum one MMA at a time; with three sets of 2 x nbs x 4 the kernel took 255
     registers and spilled). ``s`` [set][block][n8 block][c0..c3] (16 nbs floats); per n8 block and block one
     chain of two MMAs and one of one - 16 independent chains a warp at nbs = 4."""
-    ps = 8 * nbs                                         # one set's accumulators, both blocks
     for nb in range(nbs):
         bh0, bl0 = split_tf32_fast(ks[uint64(nb * 8 + g), uint64(d)])
         bh1, bl1 = split_tf32_fast(ks[uint64(nb * 8 + g), uint64(d + 4)])
-        i = 4 * nb                                       # block 0
-        s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
-            al0, al1, al2, al3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
-        s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
-            ah0, ah1, ah2, ah3, bl0, bl1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
-        i = ps + 4 * nb
-        s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
-            ah0, ah1, ah2, ah3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
-        i = 4 * nbs + 4 * nb                             # block 1
-        s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
-            cl0, cl1, cl2, cl3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
-        s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
-            ch0, ch1, ch2, ch3, bl0, bl1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
-        i = ps + 4 * nbs + 4 * nb
-        s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
-            ch0, ch1, ch2, ch3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+        _score_mma_wide(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ch0, ch1, ch2, ch3, cl0, cl1, cl2, cl3,
+                        bh0, bh1, bl0, bl1, s, nb, nbs, scratch)
+
+
+@cuda.jit(device=True)
+def _score_mma_wide(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ch0, ch1, ch2, ch3, cl0, cl1, cl2, cl3, bh0, bh1, bl0,
+                    bl1, s, nb, nbs, scratch):
+    """n8 block nb of both m16 blocks (A fragments a*, c*) against one split key fragment: per block the small
+    products chained into set 0 and hi.hi into set 1 (``s`` [set][block][n8 block][c0..c3], sets 8 nbs apart)."""
+    ps = 8 * nbs                                         # one set's accumulators, both blocks
+    i = 4 * nb                                           # block 0
+    s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+        al0, al1, al2, al3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+    s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+        ah0, ah1, ah2, ah3, bl0, bl1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+    i = ps + 4 * nb
+    s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+        ah0, ah1, ah2, ah3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+    i = 4 * nbs + 4 * nb                                 # block 1
+    s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+        cl0, cl1, cl2, cl3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+    s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+        ch0, ch1, ch2, ch3, bl0, bl1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+    i = ps + 4 * nbs + 4 * nb
+    s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
+        ch0, ch1, ch2, ch3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
 
 
 @cuda.jit(device=True)
@@ -891,26 +917,47 @@ def _v4_a_frags(src, ra, rb, da, db):
 
 
 @cuda.jit(device=True)
+def _score_part(D, kparts):
+    """This lane's share of a tile's scores: (g, t, m16 block, k-part, first k8 step, end step, steps a part) -
+    warp w takes k-part w % kparts of m16 block w // kparts (v4 / v7: kparts = warps, every warp block 0 ..)."""
+    tid = cuda.threadIdx.x
+    lane = tid % 32
+    w = tid // 32
+    ksteps = (D + 7) // 8
+    steps = (ksteps + kparts - 1) // kparts              # k8 steps per k-part (the last part may have fewer)
+    kp = w % kparts
+    return lane // 4, lane % 4, w // kparts, kp, int32(kp * steps), int32(min(kp * steps + steps, ksteps)), steps
+
+
+@cuda.jit(device=True)
+def _v4_rows(r0, g, n, G, nq, b):
+    """The q rows of a wide warp's four A-fragment rows g, g + 8, g + 16, g + 24 of the tile (``_v2_qrow``)."""
+    return (_v2_qrow(r0 + g, n, G, nq, b), _v2_qrow(r0 + g + 8, n, G, nq, b), _v2_qrow(r0 + g + 16, n, G, nq, b),
+            _v2_qrow(r0 + g + 24, n, G, nq, b))
+
+
+@cuda.jit(device=True)
+def _v4_global_a(q, ra, rb, rc, rd, d, D):
+    """Both m16 blocks' split A fragments of one k8 step from global q (rows ``_v4_rows``, dims d, d + 4 clamped
+    to D - 1: past D the key tile holds zeros, so any finite q will do)."""
+    da = uint64(min(d, D - 1))
+    db = uint64(min(d + 4, D - 1))
+    ah0, ah1, ah2, ah3, al0, al1, al2, al3 = _v4_a_frags(q, ra, rb, da, db)
+    ch0, ch1, ch2, ch3, cl0, cl1, cl2, cl3 = _v4_a_frags(q, rc, rd, da, db)
+    return ah0, ah1, ah2, ah3, al0, al1, al2, al3, ch0, ch1, ch2, ch3, cl0, cl1, cl2, cl3
+
+
+@cuda.jit(device=True)
 def _v4_scores(q, qs, staged, ks, sp, r0, n, G, nq, b, D, scratch, kt):
     """``_v2_scores`` with warp w on k-part w of both m16 blocks: sp[w, 0..31, 0..kt-1] = Q[rows, dims of w] @
     ks[0..kt-1, dims of w]^T (unscaled, 3xTF32, two accumulator sets). Per k8 step a warp loads and splits 8 A
     and 8 B values for 24 MMAs, where v2 / v3's warps (one block each) take 4 A and 8 B for 12: the B side is
     split once for both blocks. A fragments from the staged rows when ``staged``, else from global q."""
-    tid = cuda.threadIdx.x
-    lane = tid % 32
-    g = lane // 4
-    t = lane % 4
-    kparts = _v2_warps()
-    kp = tid // 32
-    ksteps = (D + 7) // 8
-    steps = (ksteps + kparts - 1) // kparts
+    g, t, mb, kp, kk, k_end, steps = _score_part(D, _v2_warps())
     nbs = kt // 8
-    ps = 8 * nbs
     s = cuda.local.array(SCORE_ACC4, float32)            # [set][block][n8 block][c0..c3] (registers)
     for i in range(SCORE_ACC4):
         s[i] = float32(0.0)
-    kk = int32(kp * steps)
-    k_end = int32(min(kp * steps + steps, ksteps))
     if staged:
         qa = uint64(g * Q_STRIDE2 + t)                   # block 0's rows g, g + 8; block 1's 16 + g, 24 + g
         while kk < k_end:
@@ -921,16 +968,11 @@ def _v4_scores(q, qs, staged, ks, sp, r0, n, G, nq, b, D, scratch, kt):
                           kk * 8 + t, g, s, scratch, nbs)
             kk += int32(1)
     else:
-        ra = _v2_qrow(r0 + g, n, G, nq, b)
-        rb = _v2_qrow(r0 + g + 8, n, G, nq, b)
-        rc = _v2_qrow(r0 + g + 16, n, G, nq, b)
-        rd = _v2_qrow(r0 + g + 24, n, G, nq, b)
+        ra, rb, rc, rd = _v4_rows(r0, g, n, G, nq, b)
         while kk < k_end:
             d = kk * 8 + t
-            da = uint64(min(d, D - 1))                   # past D the key tile holds zeros: any finite q will do
-            db = uint64(min(d + 4, D - 1))
-            ah0, ah1, ah2, ah3, al0, al1, al2, al3 = _v4_a_frags(q, ra, rb, da, db)
-            ch0, ch1, ch2, ch3, cl0, cl1, cl2, cl3 = _v4_a_frags(q, rc, rd, da, db)
+            (ah0, ah1, ah2, ah3, al0, al1, al2, al3,
+             ch0, ch1, ch2, ch3, cl0, cl1, cl2, cl3) = _v4_global_a(q, ra, rb, rc, rd, d, D)
             _v4_score_mma(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ch0, ch1, ch2, ch3, cl0, cl1, cl2, cl3, ks, d, g,
                           s, scratch, nbs)
             kk += int32(1)
@@ -939,15 +981,7 @@ def _v4_scores(q, qs, staged, ks, sp, r0, n, G, nq, b, D, scratch, kt):
         while kk < kp * steps + steps:                   # steps would run ahead into the softmax
             _v4_score_mma(z, z, z, z, z, z, z, z, z, z, z, z, z, z, z, z, ks, t, g, s, scratch, nbs)
             kk += int32(1)
-    for m in range(MB):
-        for nb in range(KT3 // 8):
-            if nb < nbs:
-                i = 4 * nbs * m + 4 * nb
-                r = m * 16 + g
-                sp[kp, r, nb * 8 + 2 * t] = s[i] + s[ps + i]
-                sp[kp, r, nb * 8 + 2 * t + 1] = s[i + 1] + s[ps + i + 1]
-                sp[kp, r + 8, nb * 8 + 2 * t] = s[i + 2] + s[ps + i + 2]
-                sp[kp, r + 8, nb * 8 + 2 * t + 1] = s[i + 3] + s[ps + i + 3]
+    _store_scores_wide(sp, s, kp, g, t, nbs)
 
 
 @cuda.jit(device=True)
@@ -1019,23 +1053,13 @@ def _v5_score_mma(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ks, kb, s, scratch, nb
     """``_v2_score_mma`` with the B fragments of two n8 blocks of keys per ``frag_b2_at`` (one ldmatrix.x4 where a
     lane issued four loads): keys 16 p .. 16 p + 15 of the tile at this k8 step, ``kb`` the lane's address of
     keys 0 .. 15. ``nbs`` even."""
-    ps = 4 * nbs
     for p in range(nbs // 2):
         b0, b1, c0, c1 = frag_b2_at(ks, kb + uint32(16 * p * ROW_T * FLOAT_UNIT), ROW_T)
         for h in range(2):
-            x0 = b0 if h == 0 else c0
-            x1 = b1 if h == 0 else c1
-            bh0, bl0 = split_tf32_fast(x0)
-            bh1, bl1 = split_tf32_fast(x1)
-            i = 4 * (2 * p + h)
-            s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
-                al0, al1, al2, al3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
-            i += ps
-            s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
-                ah0, ah1, ah2, ah3, bl0, bl1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
-            i += ps
-            s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
-                ah0, ah1, ah2, ah3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+            bh0, bl0 = split_tf32_fast(b0 if h == 0 else c0)
+            bh1, bl1 = split_tf32_fast(b1 if h == 0 else c1)
+            _score_mma3(ah0, ah1, ah2, ah3, al0, al1, al2, al3, bh0, bh1, bl0, bl1, s, 4 * (2 * p + h), 4 * nbs,
+                        scratch)
 
 
 @cuda.jit(device=True)
@@ -1054,22 +1078,11 @@ def _v5_scores(q, qs, staged, ks, sp, r0, n, G, nq, b, D, scratch, kt):
     fragment of a k8 step by one ``frag_a`` (ldmatrix.x4; four loads a lane before) and the keys' B fragments
     by ``_v5_score_mma`` (two n8 blocks an ldmatrix.x4; four loads a lane each). From global q (short splits)
     the A fragment is loaded as in v2."""
-    tid = cuda.threadIdx.x
-    lane = tid % 32
-    g = lane // 4
-    t = lane % 4
-    kparts = _v2_warps() // MB
-    mb = tid // 32 // kparts
-    kp = tid // 32 % kparts
-    ksteps = (D + 7) // 8
-    steps = (ksteps + kparts - 1) // kparts
+    g, t, mb, kp, kk, k_end, steps = _score_part(D, _v2_warps() // MB)
     nbs = kt // 8
-    ps = 4 * nbs
     s = cuda.local.array(SCORE_ACC, float32)             # [product][n8 block][c0..c3] (registers)
     for i in range(SCORE_ACC):
         s[i] = float32(0.0)
-    kk = int32(kp * steps)
-    k_end = int32(min(kp * steps + steps, ksteps))
     kb = frag_b2_base(ks, kk * 8, ROW_T)                 # this lane's key address at the k-part's first k8 step
     if staged:
         qa = frag_a_base(qs, mb * 16 * Q_STRIDE2 + kk * 8, Q_STRIDE2)   # ... and its staged query address
@@ -1091,13 +1104,7 @@ def _v5_scores(q, qs, staged, ks, sp, r0, n, G, nq, b, D, scratch, kt):
             _v5_score_mma(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ks, kb, s, scratch, nbs)
             kb += uint32(8 * FLOAT_UNIT)
             kk += int32(1)
-    for nb in range(KT3 // 8):
-        if nb < nbs:
-            i = 4 * nb
-            sp[kp, mb * 16 + g, nb * 8 + 2 * t] = (s[i] + s[ps + i]) + s[2 * ps + i]
-            sp[kp, mb * 16 + g, nb * 8 + 2 * t + 1] = (s[i + 1] + s[ps + i + 1]) + s[2 * ps + i + 1]
-            sp[kp, mb * 16 + g + 8, nb * 8 + 2 * t] = (s[i + 2] + s[ps + i + 2]) + s[2 * ps + i + 2]
-            sp[kp, mb * 16 + g + 8, nb * 8 + 2 * t + 1] = (s[i + 3] + s[ps + i + 3]) + s[2 * ps + i + 3]
+    _store_scores3(sp, s, kp, mb * 16 + g, t, nbs)
 
 
 @cuda.jit(device=True)
@@ -1105,50 +1112,24 @@ def _v7_score_mma(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ch0, ch1, ch2, ch3, cl
                   nbs):
     """``_v4_score_mma`` (both m16 blocks, two accumulator sets) with the keys' B fragments by ``frag_b2_at``: two
     n8 blocks of keys an ldmatrix.x4 at the lane's key address ``kb`` of this k8 step."""
-    ps = 8 * nbs
     for p in range(nbs // 2):
         b0, b1, c0, c1 = frag_b2_at(ks, kb + uint32(16 * p * ROW_T * FLOAT_UNIT), ROW_T)
         for h in range(2):
             bh0, bl0 = split_tf32_fast(b0 if h == 0 else c0)
             bh1, bl1 = split_tf32_fast(b1 if h == 0 else c1)
-            nb = 2 * p + h
-            i = 4 * nb                                   # block 0
-            s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
-                al0, al1, al2, al3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
-            s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
-                ah0, ah1, ah2, ah3, bl0, bl1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
-            i = ps + 4 * nb
-            s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
-                ah0, ah1, ah2, ah3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
-            i = 4 * nbs + 4 * nb                         # block 1
-            s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
-                cl0, cl1, cl2, cl3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
-            s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
-                ch0, ch1, ch2, ch3, bl0, bl1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
-            i = ps + 4 * nbs + 4 * nb
-            s[i], s[i + 1], s[i + 2], s[i + 3] = mma_m16n8k8_tf32(
-                ch0, ch1, ch2, ch3, bh0, bh1, s[i], s[i + 1], s[i + 2], s[i + 3], scratch)
+            _score_mma_wide(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ch0, ch1, ch2, ch3, cl0, cl1, cl2, cl3,
+                            bh0, bh1, bl0, bl1, s, 2 * p + h, nbs, scratch)
 
 
 @cuda.jit(device=True)
 def _v7_scores(q, qs, staged, ks, sp, r0, n, G, nq, b, D, scratch, kt):
     """``_v4_scores`` (warp w on k-part w of both m16 blocks) with whole-fragment loads: the staged A fragments of
     both blocks by ``frag_a_at`` and the keys by ``_v7_score_mma``; from global q as v4."""
-    tid = cuda.threadIdx.x
-    lane = tid % 32
-    g = lane // 4
-    t = lane % 4
-    kparts = _v2_warps()
-    kp = tid // 32
-    ksteps = (D + 7) // 8
-    steps = (ksteps + kparts - 1) // kparts
+    g, t, mb, kp, kk, k_end, steps = _score_part(D, _v2_warps())
     nbs = kt // 8
-    ps = 8 * nbs
     s = cuda.local.array(SCORE_ACC4, float32)            # [set][block][n8 block][c0..c3] (registers)
     for i in range(SCORE_ACC4):
         s[i] = float32(0.0)
-    kk = int32(kp * steps)
-    k_end = int32(min(kp * steps + steps, ksteps))
     kb = frag_b2_base(ks, kk * 8, ROW_T)
     if staged:
         qa = frag_a_base(qs, kk * 8, Q_STRIDE2)          # block 0's rows; block 1's 16 rows further
@@ -1163,16 +1144,11 @@ def _v7_scores(q, qs, staged, ks, sp, r0, n, G, nq, b, D, scratch, kt):
             kb += uint32(8 * FLOAT_UNIT)
             kk += int32(1)
     else:
-        ra = _v2_qrow(r0 + g, n, G, nq, b)
-        rb = _v2_qrow(r0 + g + 8, n, G, nq, b)
-        rc = _v2_qrow(r0 + g + 16, n, G, nq, b)
-        rd = _v2_qrow(r0 + g + 24, n, G, nq, b)
+        ra, rb, rc, rd = _v4_rows(r0, g, n, G, nq, b)
         while kk < k_end:
             d = kk * 8 + t
-            da = uint64(min(d, D - 1))                   # past D the key tile holds zeros: any finite q will do
-            db = uint64(min(d + 4, D - 1))
-            ah0, ah1, ah2, ah3, al0, al1, al2, al3 = _v4_a_frags(q, ra, rb, da, db)
-            ch0, ch1, ch2, ch3, cl0, cl1, cl2, cl3 = _v4_a_frags(q, rc, rd, da, db)
+            (ah0, ah1, ah2, ah3, al0, al1, al2, al3,
+             ch0, ch1, ch2, ch3, cl0, cl1, cl2, cl3) = _v4_global_a(q, ra, rb, rc, rd, d, D)
             _v7_score_mma(ah0, ah1, ah2, ah3, al0, al1, al2, al3, ch0, ch1, ch2, ch3, cl0, cl1, cl2, cl3, ks, kb,
                           s, scratch, nbs)
             kb += uint32(8 * FLOAT_UNIT)
@@ -1182,15 +1158,7 @@ def _v7_scores(q, qs, staged, ks, sp, r0, n, G, nq, b, D, scratch, kt):
         while kk < kp * steps + steps:
             _v7_score_mma(z, z, z, z, z, z, z, z, z, z, z, z, z, z, z, z, ks, kb, s, scratch, nbs)
             kk += int32(1)
-    for m in range(MB):
-        for nb in range(KT3 // 8):
-            if nb < nbs:
-                i = 4 * nbs * m + 4 * nb
-                r = m * 16 + g
-                sp[kp, r, nb * 8 + 2 * t] = s[i] + s[ps + i]
-                sp[kp, r, nb * 8 + 2 * t + 1] = s[i + 1] + s[ps + i + 1]
-                sp[kp, r + 8, nb * 8 + 2 * t] = s[i + 2] + s[ps + i + 2]
-                sp[kp, r + 8, nb * 8 + 2 * t + 1] = s[i + 3] + s[ps + i + 3]
+    _store_scores_wide(sp, s, kp, g, t, nbs)
 
 
 def _named_kernel(fn, name):
