@@ -35,9 +35,10 @@ def test_causal_matches_reference(T, N, D, lkv, start, splits, variant):
 
 
 TILED = ("v2", "v3", "v4", "v5", "v6", "v7", "v8")
+TILED_CAUSAL = ("v2", "v3", "v4", "v5", "v8")   # v6 / v7: v5's and v4's pieces recombined, covered by the tree cases
 
 
-@pytest.mark.parametrize("variant", TILED)
+@pytest.mark.parametrize("variant", TILED_CAUSAL)
 @pytest.mark.parametrize("T,N,D,lkv,start,splits", [
     (3, 20, 24, 16, 9, None),     # 60 query rows: 2 tiles, tile 0 = token 0 + 12 heads of token 1 (masked keys)
     (5, 3, 13, 9, 0, None),       # 15 rows, 5 tokens in one tile: the causal mask inside the tile
@@ -113,7 +114,7 @@ def test_tiled_tree_random_trees(n, N, start, splits, seed, variant):
     np.testing.assert_array_equal(got[last], H(out)[last])
 
 
-@pytest.mark.parametrize("variant", ("v3", "v4", "v5", "v6", "v7", "v8"))
+@pytest.mark.parametrize("variant", ("v3", "v4", "v5", "v7"))   # v6, v8: the same score and P V paths
 def test_tiled_tree_at_kimi_row_width_on_eight_warps(variant, rng=np.random.default_rng(1)):
     """D 576, Lkv 512: the simulator launches 8 warps, as the GPU does, so every k-part and column group is in use
     and P V takes its unguarded path (all FRAGS / FRAGS4 fragments) - the one the small cases above never reach.
