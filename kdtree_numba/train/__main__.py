@@ -29,8 +29,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # defaults mirrored here so that `--help` and flag parsing need no torch import
 TARGET = dict(steps=4000, batch=32, seq=512, lr=2e-3, seed=0, val_every=500)
-DRAFTER = dict(steps=3000, batch=32, anchors=64, block=16, layers=2, target_layers="1,2,3", lr=6e-4, regen=2048,
-               regen_prompt=64, regen_batch=1024, regen_max_seconds=90.0, regen_docstring=0.0, val_every=1000)
+DRAFTER = dict(seq=512, seed=0, steps=3000, batch=32, anchors=64, block=16, layers=2, target_layers="1,2,3", lr=6e-4,
+               regen=2048, regen_prompt=64, regen_batch=1024, regen_max_seconds=90.0, regen_docstring=0.0,
+               regen_mix=0.5, val_every=1000)
 TARGET_LAYERS = 5        # DEFAULT_TARGET_CONFIG["num_hidden_layers"]
 
 
@@ -39,7 +40,7 @@ _positive_float, _nonneg_float = real(0.0, strict=True), real(0.0)
 
 
 def _fraction(s: str) -> float:
-    """A finite number in [0, 1] (``--regen-docstring``)."""
+    """A finite number in [0, 1] (``--regen-docstring``, ``--regen-mix``)."""
     try:
         value = float(s)
     except ValueError:
@@ -67,9 +68,10 @@ def _config_json(s: str) -> dict:
     return d
 
 
-def _common(p, seq_default=512):
-    p.add_argument("--seq", type=_positive_int, default=seq_default, help="sequence length S (default 512)")
-    p.add_argument("--seed", type=_nonneg_int, default=0)
+def _common(p):
+    p.add_argument("--seq", type=_positive_int, default=TARGET["seq"], help=f"sequence length S (default "
+                                                                             f"{TARGET['seq']})")
+    p.add_argument("--seed", type=_nonneg_int, default=TARGET["seed"])
     p.add_argument("--device", choices=["cuda", "cpu", "auto"], default="auto")
     p.add_argument("--attn", choices=["auto", "sdpa", "eager"], default="auto",
                    help="transformers attention for the target (auto: A/B on the first batch)")
@@ -116,6 +118,9 @@ def _drafter_flags(p, prefix=""):
                    help="fraction of the regeneration prompts (train and held-out alike) that end like a HumanEval "
                         "prompt: right after a def's docstring, closing quotes + one '\\n' token (default 0: all "
                         "random windows)")
+    p.add_argument("--regen-mix", type=_fraction, default=None, metavar="M",
+                   help=f"fraction of each training batch drawn from the regenerated text, the rest corpus windows "
+                        f"(default {DRAFTER['regen_mix']})")
 
 
 def build_parser() -> OneLineParser:
@@ -138,6 +143,9 @@ def build_parser() -> OneLineParser:
     p.add_argument("--data", required=True, help="corpus directory (tokens.npy)")
     p.add_argument("--target", required=True, help="trained target directory")
     p.add_argument("--out", required=True)
+    p.add_argument("--init", default=None, metavar="DIR",
+                   help="start from this drafter's weights (a directory an earlier run wrote, same architecture) "
+                        "instead of random ones")
     _drafter_flags(p)
     _common(p)
 
@@ -175,7 +183,9 @@ def _drafter_kw(a, prefix="") -> dict:
                 block=a.block, layers=a.layers, target_layers=a.target_layers, gamma=a.gamma, heads=a.heads,
                 kv_heads=a.kv_heads, head_dim=a.head_dim, intermediate=a.intermediate, regen=a.regen,
                 regen_prompt=a.regen_prompt, regen_batch=a.regen_batch, regen_max_seconds=a.regen_max_seconds,
-                regen_docstring=a.regen_docstring, **_common_kw(a))
+                regen_docstring=a.regen_docstring,
+                regen_mix=DRAFTER["regen_mix"] if a.regen_mix is None else a.regen_mix,
+                init=getattr(a, "init", None), **_common_kw(a))
 
 
 def _check_drafter(ap, a):
@@ -185,6 +195,11 @@ def _check_drafter(ap, a):
         ap.error(f"--anchors {a.anchors}: at most --seq - --block = {a.seq - a.block}")
     if a.regen and a.regen_prompt >= a.seq:
         ap.error(f"--regen-prompt {a.regen_prompt}: must be shorter than --seq {a.seq}")
+    if a.regen_mix is not None and not a.regen:
+        ap.error(f"--regen-mix {a.regen_mix:g}: there is no regenerated text to mix in (--regen 0)")
+    if a.regen_mix == 0 and a.regen:
+        ap.error(f"--regen-mix 0 with --regen {a.regen}: the regenerated text would never be trained on "
+                 f"(pass --regen 0 instead)")
     if a.heads % a.kv_heads:
         ap.error(f"--heads {a.heads} is not a multiple of --kv-heads {a.kv_heads}")
     if a.head_dim % 2:
@@ -197,11 +212,30 @@ def _check_drafter(ap, a):
                 n_layers = json.load(f)["num_hidden_layers"]
         except (OSError, ValueError, KeyError):
             ap.error(f"--target {a.target}: no readable config.json with num_hidden_layers (train the target first)")
+        if a.init is not None:
+            _check_init(ap, a)
     bad = [k for k in a.target_layers if k > n_layers - 2]
     if bad:
         ap.error(f"--target-layers {','.join(map(str, a.target_layers))}: layer {bad[0]} outside [0, {n_layers - 2}] "
                  f"(a {n_layers}-layer target; its last layer's HF hidden state is post-norm)")
     _check_docstring_sites(ap, a)
+
+
+def _check_init(ap, a):
+    """--init DIR: a drafter directory of exactly the architecture the flags ask for on --target, checked before the
+    target loads (a mismatch found after the regeneration would cost minutes)."""
+    from types import SimpleNamespace
+
+    from .drafter_train import drafter_config, load_init
+
+    try:
+        with open(os.path.join(a.target, "config.json")) as f:
+            tc = json.load(f)
+        cfg = drafter_config(SimpleNamespace(**tc), a.layers, a.heads, a.kv_heads, a.head_dim, a.intermediate,
+                             a.block, a.target_layers)
+        load_init(a.init, cfg, weights=False)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        ap.error(str(e) if isinstance(e, ValueError) else f"--init {a.init}: {e}")
 
 
 def _check_docstring_sites(ap, a):

@@ -294,13 +294,62 @@ def _docstring_regen(da: dict, rg: dict) -> str:
             f"bare newline token; the rest are random windows")
 
 
+def regen_rows(da: dict) -> int:
+    """Regenerated sequences in each training batch of a drafter log's arguments (``--regen-mix``, 0.5 in logs
+    older than the flag)."""
+    from .docstring_prompts import count_for
+
+    return count_for(da.get("regen_mix", 0.5), da.get("batch") or 0) if da.get("regen") else 0
+
+
+def _training_text(da: dict, rg: dict) -> str:
+    batch, n = da.get("batch") or 0, regen_rows(da)
+    regen = (f"text the target generated itself, drawn from {_int(rg.get('train_sequences'))} regenerated "
+             f"sequences")
+    corpus = "corpus windows (train split, random offsets)"
+    head = f"every batch of {da.get('batch')} sequences of {da.get('seq')} tokens is "
+    if n == 0:
+        return head + corpus
+    if n == batch:
+        return head + regen
+    if 2 * n == batch:
+        return head + f"half ({batch - n}) {corpus} and half {regen}"
+    return head + f"{batch - n} {corpus} and {n} {regen} (`--regen-mix {da.get('regen_mix')}`)"
+
+
+def drafter_commands(dlog: dict, dirs: dict | None = None) -> list:
+    """The drafter's training commands, first to last: a drafter trained from an earlier one's weights (``--init``)
+    is preceded by that one's command, as its log recorded it. ``dirs`` (the recipe's directories) renames the
+    outputs run/drafter-1, run/drafter-2, .. run/drafter and chains them through ``--init``; without it the
+    commands are as run. Weights without a log are named by their sha256 in a comment."""
+    from .__main__ import DRAFTER
+
+    chain, info = [dlog.get("args") or {}], dlog.get("init")
+    while info:
+        chain.insert(0, info.get("args") or {"_sha256": info.get("sha256")})
+        info = info.get("init")
+    cmds, prev = [], None
+    for i, args in enumerate(chain):
+        if "_sha256" in args:
+            cmds.append(f"# starting weights: model.safetensors sha256 {args['_sha256']} (no training log)")
+            prev = "DIR"
+            continue
+        if dirs is not None:
+            last = i == len(chain) - 1
+            args = {**args, **dirs, "out_dir": "run/drafter" if last else f"run/drafter-{i + 1}", "init": prev}
+            prev = args["out_dir"]
+        cmd = _cmd("drafter", args, DRAFTER, DRAFTER_DIRS)
+        cmds.append(cmd + (f" --init {args['init']}" if args.get("init") else ""))
+    return cmds
+
+
 def _training(tlog, dlog) -> list:
-    from .__main__ import DRAFTER, TARGET
+    from .__main__ import TARGET
 
     ta, da = tlog.get("args") or {}, dlog.get("args") or {}
     tv = tlog.get("versions") or {}
     t_cmd = _cmd("target", ta, TARGET, TARGET_DIRS)
-    d_cmd = _cmd("drafter", da, DRAFTER, DRAFTER_DIRS)
+    d_cmds = drafter_commands(dlog)
     tokens_seen = (ta.get("steps") or 0) * (ta.get("batch") or 0) * (ta.get("seq") or 0)
     ti, di = tlog.get("implementation") or {}, dlog.get("target_implementation") or {}
     last = (tlog.get("steps") or [{}])[-1]
@@ -312,7 +361,7 @@ def _training(tlog, dlog) -> list:
              f"`{ta.get('data_dir')}`" + (f" for the target's run and `{da.get('data_dir')}` for the drafter's"
                                           if da.get("data_dir", ta.get("data_dir")) != ta.get("data_dir") else "")
              + "):",
-             "", "```", t_cmd, d_cmd, "```", ""]
+             "", "```", t_cmd, *d_cmds, "```", ""]
     lines += ["### Target", ""]
     lines += _table(["setting", "value"], [
         ["objective", "next-token cross-entropy over every position of a window"],
@@ -343,10 +392,7 @@ def _training(tlog, dlog) -> list:
     n_val_regen = rg.get("val_sequences")
     n_blocks = (da.get("steps") or 0) * (da.get("batch") or 0) * (da.get("anchors") or 0)
     lines += _table(["setting", "value"], [
-        ["training text", f"every batch of {da.get('batch')} sequences of {da.get('seq')} tokens is half "
-                          f"({(da.get('batch') or 0) // 2}) corpus windows (train split, random offsets) and half "
-                          f"text the target generated itself, drawn from {_int(rg.get('train_sequences'))} "
-                          f"regenerated sequences"],
+        ["training text", _training_text(da, rg)],
         ["regeneration", f"{_int(rg.get('train_sequences'))} prompts of {rg.get('prompt_tokens')} tokens from the "
                          f"train split (+ {n_val_regen} from the validation split, held out), each continued "
                          f"GREEDILY by the target for {rg.get('new_tokens')} tokens (HF `generate`, do_sample=False, "
@@ -502,7 +548,7 @@ def _overfit(dlog) -> str:
     n = rg.get("train_sequences")
     if not vals or not n or not da.get("steps") or not da.get("batch"):
         return ""
-    passes = da["steps"] * (da["batch"] // 2) / n
+    passes = da["steps"] * regen_rows(da) / n
     best = min(vals, key=lambda x: x[1])
     last = vals[-1]
     if best[0] == last[0]:
@@ -601,17 +647,17 @@ def _license() -> list:
 
 
 def _reproduce(tlog, dlog) -> list:
-    from .__main__ import DRAFTER, TARGET
+    from .__main__ import TARGET
 
     gpu = (tlog.get("versions") or {}).get("gpu") or "GPU"
     dirs = {"data_dir": ".corpus", "target_dir": "run/target"}            # the recipe's directories, not the run's
     t_cmd = _cmd("target", {**(tlog.get("args") or {}), **dirs, "out_dir": "run/target"}, TARGET, TARGET_DIRS)
-    d_cmd = _cmd("drafter", {**(dlog.get("args") or {}), **dirs, "out_dir": "run/drafter"}, DRAFTER, DRAFTER_DIRS)
+    d_cmds = drafter_commands(dlog, dirs)
     return ["## How to reproduce", "", "```bash",
             "pip install -e '.[train]'                       # torch + transformers for training",
             "python -m kdtree_numba.train corpus --out .corpus           # CPU; pip-downloads the pinned wheels once",
             f"{t_cmd}   # one {gpu}: {_f(tlog.get('total_seconds'), 0)} s",
-            f"{d_cmd}   # {_f(dlog.get('total_seconds'), 0)} s",
+            *d_cmds[:-1], f"{d_cmds[-1]}   # {_f(dlog.get('total_seconds'), 0)} s",
             "# ship: run/target/{config.json,generation_config.json,model-*.safetensors,model.safetensors.index.json,"
             "tokenizer.json} -> target/,",
             "#       run/drafter/{config.json,model.safetensors} -> drafter/, run/target/train_log.json -> "

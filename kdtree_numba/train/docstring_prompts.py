@@ -46,15 +46,15 @@ _STRING_PREFIX = re.compile(r"(?:[rR][bB]?|[bB][rR]?|[uU])\Z")
 _NEWLINE_START = re.compile(r"[ \t]*\r?\n")
 
 
-def check_fraction(value) -> float:
+def check_fraction(value, flag: str = FLAG) -> float:
     """``value`` as a float in [0, 1]; anything else (negative, > 1, NaN, not a number): ValueError naming the
-    flag and the value."""
+    flag (``--regen-docstring`` unless told) and the value."""
     try:
         f = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{FLAG} {value!r}: expected a fraction in [0, 1]") from None
+        raise ValueError(f"{flag} {value!r}: expected a fraction in [0, 1]") from None
     if not (math.isfinite(f) and 0.0 <= f <= 1.0):
-        raise ValueError(f"{FLAG} {value!r}: expected a fraction in [0, 1]")
+        raise ValueError(f"{flag} {value!r}: expected a fraction in [0, 1]")
     return f
 
 

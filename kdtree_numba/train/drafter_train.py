@@ -3,8 +3,9 @@
 What: ``dflash_torch.DFlashDraftModel`` learns to predict the next ``block_size - 1`` tokens of the TARGET's own
 text from the target's hidden features, SpecForge's "anchored block" recipe:
 
-    text      each batch of Bt sequences (S = 512 tokens) is half corpus windows (train split, random offsets)
-              and half TARGET-REGENERATED text: ``--regen N`` prompts of ``--regen-prompt`` (64) tokens from the
+    text      each batch of Bt sequences (S = 512 tokens) is round(M Bt) sequences of TARGET-REGENERATED text
+              and the rest corpus windows (train split, random offsets), M = ``--regen-mix`` (default 0.5; all
+              corpus windows when there is no regenerated text): ``--regen N`` prompts of ``--regen-prompt`` (64) tokens from the
               corpus train split, continued greedily by the target for S - 64 tokens (HF ``generate``,
               do_sample=False, use_cache=True, eos_token_id=None, min_new_tokens = max_new_tokens, in equal
               batches of at most ``--regen-batch`` = 1024), so the drafter learns the target's own greedy
@@ -24,8 +25,12 @@ text from the target's hidden features, SpecForge's "anchored block" recipe:
     anchors   A per sequence (64), without replacement, uniform in [1, S - bs]; block a = [x_a, MASK x (bs-1)]
               at positions a .. a+bs-1, seeing context features j < a and its own block only
     loss      sum_k w_k CE(x_{a+k}) / sum_k w_k, w_k = exp(-(k-1)/gamma), gamma 7 (bs 16) / 4 (bs 8)
+    init      random (normal, std 0.02), or ``--init DIR``: the weights of a drafter saved by an earlier run
+              (config.json + model.safetensors of exactly this architecture), trained further - e.g. on new
+              regenerated text (another ``--seed``); the log records the starting drafter's weights sha256 and
+              its own log's arguments, so the card can give the whole chain of commands
     optimiser AdamW lr 6e-4, betas 0.9/0.95, wd 0.01 on matrices, warmup 4 %, cosine to 10 %, clip 1.0, bf16
-              autocast on CUDA, exactly --steps steps
+              autocast on CUDA, exactly --steps steps (a fresh optimiser and schedule also with --init)
     metrics   per-position top-1 accuracy and the greedy-chain acceptance length 1 + sum_k prod_{j<=k} correct_j,
               on held-out corpus windows and held-out regenerated text, every --val-every steps and at the end
     output    OUT/config.json + OUT/model.safetensors (bf16), OUT/drafter_train_log.json, OUT/tokenizer.json
@@ -33,9 +38,14 @@ text from the target's hidden features, SpecForge's "anchored block" recipe:
 Reproduce::
 
     python -m kdtree_numba.train drafter --data CORPUS_DIR --target OUT/target --out OUT/drafter   # H200 ~4 min
+    # then, e.g., on new regenerated text from that drafter's weights:
+    python -m kdtree_numba.train drafter --data CORPUS_DIR --target OUT/target --out OUT/drafter2 \
+        --init OUT/drafter --seed 1 --regen-mix 0.75
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 import shutil
@@ -50,7 +60,7 @@ from . import target_train as tt
 
 DEFAULTS = dict(steps=3000, batch=32, seq=512, anchors=64, block=16, layers=2, target_layers=(1, 2, 3), lr=6e-4,
                 seed=0, weight_decay=0.01, warmup_frac=0.04, final_lr_frac=0.1, grad_clip=1.0, regen=2048,
-                regen_prompt=64, regen_batch=1024, regen_max_seconds=90.0, regen_docstring=0.0, log_every=50,
+                regen_prompt=64, regen_batch=1024, regen_max_seconds=90.0, regen_docstring=0.0, regen_mix=0.5, log_every=50,
                 val_every=1000, print_every=200, val_windows=64, heads=8, kv_heads=4, head_dim=32, intermediate=768)
 log = tt.log
 
@@ -173,19 +183,74 @@ def sample_anchors(rng: np.random.Generator, rows: int, anchors: int, seq: int, 
 
 
 class DraftBatches:
-    """Training batches: half corpus windows, half regenerated sequences (all corpus without regen text)."""
+    """Training batches: ``regen_count(batch)`` regenerated sequences + the rest corpus windows (all corpus windows
+    without regenerated text)."""
 
-    def __init__(self, data: tt.TokenData, regen: np.ndarray, seq: int):
-        self.data, self.regen, self.seq = data, regen, seq
+    def __init__(self, data: tt.TokenData, regen: np.ndarray, seq: int, mix: float = DEFAULTS["regen_mix"]):
+        self.data, self.regen, self.seq, self.mix = data, regen, seq, mix
+
+    def regen_count(self, batch: int) -> int:
+        """Regenerated sequences in a batch of ``batch``: round(mix * batch) (halves up), 0 without regenerated
+        text."""
+        return dsp.count_for(self.mix, batch) if len(self.regen) else 0
 
     def __call__(self, rng: np.random.Generator, batch: int) -> np.ndarray:
-        n_regen = batch // 2 if len(self.regen) else 0
+        n_regen = self.regen_count(batch)
         parts = []
         if batch - n_regen:
             parts.append(self.data.sample(rng, batch - n_regen, self.seq))              # [b1, S]
         if n_regen:
             parts.append(self.regen[rng.integers(0, len(self.regen), n_regen)])         # [b2, S]
         return np.concatenate(parts)                                                    # [Bt, S]
+
+
+def drafter_config(target_config, layers: int, heads: int, kv_heads: int, head_dim: int, intermediate: int,
+                   block: int, target_layers) -> dfl.DFlashConfig:
+    """The drafter architecture the flags ask for, on a target whose (HF-like) config is ``target_config``."""
+    return dfl.config_for_target(target_config, num_hidden_layers=layers, num_attention_heads=heads,
+                                 num_key_value_heads=kv_heads, head_dim=head_dim, intermediate_size=intermediate,
+                                 block_size=block, target_layer_ids=tuple(target_layers))
+
+
+def load_init(init_dir: str, cfg: dfl.DFlashConfig, weights: bool = True):
+    """The drafter saved in ``init_dir`` (float32) if its config is ``cfg``'s architecture -> (model, info);
+    ``weights=False`` checks the directory only and returns (None, None).
+
+    info = {"dir", "sha256" of model.safetensors, "args" and "init" of its drafter_train_log.json when there is one}.
+    A missing file or any differing field -> ValueError naming ``--init``, the field and both values.
+    """
+    def need(f):
+        if not os.path.isfile(os.path.join(init_dir, f)):
+            raise ValueError(f"--init {init_dir}: no {f} there (a drafter directory written by this trainer)")
+
+    need(dfl.CONFIG_NAME)
+    with open(os.path.join(init_dir, dfl.CONFIG_NAME)) as f:
+        have = dfl.DFlashConfig.from_dict(json.load(f)).to_dict()
+    want = cfg.to_dict()
+    for key in want:
+        if key not in ("torch_dtype", "dtype") and have.get(key) != want[key]:
+            raise ValueError(f"--init {init_dir}: its {key} is {have.get(key)!r}, this run's is {want[key]!r} "
+                             f"(pass the flags it was trained with)")
+    need(dfl.WEIGHTS_NAME)
+    if not weights:
+        return None, None
+    model = dfl.DFlashDraftModel.from_pretrained(init_dir)
+    info = {"dir": os.path.abspath(init_dir), "sha256": _sha256(os.path.join(init_dir, dfl.WEIGHTS_NAME))}
+    try:
+        with open(os.path.join(init_dir, "drafter_train_log.json")) as f:
+            prev = json.load(f)
+        info.update(args=prev.get("args"), init=prev.get("init"))
+    except (OSError, ValueError):
+        pass                                                  # weights without a log: the sha256 names them
+    return model, info
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 # ------------------------------------------------------------------------------------------------ steps
@@ -242,8 +307,8 @@ def train_drafter(data_dir: str, target_dir: str, out_dir: str, *, steps: int = 
                   final_lr_frac: float = DEFAULTS["final_lr_frac"], grad_clip: float = DEFAULTS["grad_clip"],
                   regen: int = DEFAULTS["regen"], regen_prompt: int = DEFAULTS["regen_prompt"],
                   regen_batch: int = DEFAULTS["regen_batch"], regen_max_seconds: float = DEFAULTS["regen_max_seconds"],
-                  regen_docstring: float = DEFAULTS["regen_docstring"],
-                  log_every: int = DEFAULTS["log_every"], val_every: int = DEFAULTS["val_every"],
+                  regen_docstring: float = DEFAULTS["regen_docstring"], regen_mix: float = DEFAULTS["regen_mix"],
+                  init: str | None = None, log_every: int = DEFAULTS["log_every"], val_every: int = DEFAULTS["val_every"],
                   print_every: int = DEFAULTS["print_every"], val_windows: int = DEFAULTS["val_windows"],
                   device: str | None = None, attn: str = "auto", experts: str = "auto") -> dict:
     """Regenerate text with the target, train the drafter for exactly ``steps`` steps, save it (bf16) + log."""
@@ -255,6 +320,7 @@ def train_drafter(data_dir: str, target_dir: str, out_dir: str, *, steps: int = 
     if not 0 < regen_prompt < seq:
         raise ValueError(f"--regen-prompt {regen_prompt} must be in [1, --seq {seq})")
     regen_docstring = args["regen_docstring"] = dsp.check_fraction(regen_docstring)
+    regen_mix = args["regen_mix"] = dsp.check_fraction(regen_mix, "--regen-mix")
     data = tt.TokenData(data_dir)                                                       # vocab checked below
     rng = np.random.default_rng(seed)
     n_val_regen = val_regen_count(regen)
@@ -272,9 +338,8 @@ def train_drafter(data_dir: str, target_dir: str, out_dir: str, *, steps: int = 
             f"candidates) + {n_doc_val} val, {doc_info['seconds']:.1f}s")
     target = load_frozen_target(target_dir, dev)
     tcfg = target.config
-    cfg = dfl.config_for_target(tcfg, num_hidden_layers=layers, num_attention_heads=heads,
-                                num_key_value_heads=kv_heads, head_dim=head_dim, intermediate_size=intermediate,
-                                block_size=block, target_layer_ids=tuple(target_layers))
+    cfg = drafter_config(tcfg, layers, heads, kv_heads, head_dim, intermediate, block, target_layers)
+    init_model, init_info = load_init(init, cfg) if init is not None else (None, None)     # before any long work
     gamma = dfl.default_gamma(block) if gamma is None else float(gamma)
     weights = dfl.position_weights(block, gamma).to(dev)                                # [bs-1]
     data.check_vocab(tcfg.vocab_size)
@@ -311,7 +376,7 @@ def train_drafter(data_dir: str, target_dir: str, out_dir: str, *, steps: int = 
             regen_info["docstring"] = doc_info
             if n_doc_val:
                 regen_info["docstring"]["sample"] = _decode_sample(tok, regen_val[n_val_regen - n_doc_val])
-    batches = DraftBatches(data, regen_train, seq)
+    batches = DraftBatches(data, regen_train, seq, regen_mix)
 
     # ---- fixed validation sets
     vrng = np.random.default_rng(seed + 104729)
@@ -324,7 +389,11 @@ def train_drafter(data_dir: str, target_dir: str, out_dir: str, *, steps: int = 
 
     # ---- model, optimiser
     torch.manual_seed(seed)
-    drafter = dfl.DFlashDraftModel(cfg).to(dev)
+    if init_model is None:
+        drafter = dfl.DFlashDraftModel(cfg).to(dev)
+    else:
+        drafter = init_model.to(dev)
+        log(f"[drafter] starting from {init} (weights sha256 {init_info['sha256'][:12]}..)")
     drafter.train()
     feats = TargetFeatures(target, cfg.target_layer_ids)
     embed_w = target.model.embed_tokens.weight                                          # [V, H] frozen
@@ -334,11 +403,12 @@ def train_drafter(data_dir: str, target_dir: str, out_dir: str, *, steps: int = 
     params = list(drafter.parameters())
     record = {"config": cfg.to_dict(), "target": {"dir": os.path.abspath(target_dir), "config": tcfg.to_dict()},
               "args": args, "params": n_params, "gamma": gamma, "position_weights": weights.cpu().tolist(),
-              "device": str(dev), "versions": tt.versions(), "target_implementation": impl, "regen": regen_info,
+              "device": str(dev), "versions": tt.versions(), "target_implementation": impl, "regen": regen_info, "init": init_info,
               "steps": [], "val": []}
     log_path = os.path.join(out_dir, "drafter_train_log.json")
     log(f"[drafter] {n_params / 1e6:.2f} M params ({cfg.num_hidden_layers} layers, block {block}, gamma {gamma:g}); "
-        f"{steps} steps x {batch} sequences x {anchors} anchors; regen train {len(regen_train)} sequences")
+        f"{steps} steps x {batch} sequences ({batches.regen_count(batch)} regenerated) x {anchors} anchors; regen "
+        f"train {len(regen_train)} sequences")
 
     def run_val(step):
         res = {"step": step}
@@ -417,4 +487,4 @@ def train_drafter(data_dir: str, target_dir: str, out_dir: str, *, steps: int = 
 
 __all__ = ["DEFAULTS", "TargetFeatures", "load_frozen_target", "regenerate", "val_regen_count", "sample_anchors",
            "DraftBatches",
-           "drafter_loss", "evaluate_drafter", "train_drafter"]
+           "drafter_config", "load_init", "drafter_loss", "evaluate_drafter", "train_drafter"]

@@ -315,6 +315,57 @@ def test_regen_docstring_refused_before_the_target_loads(data_dir, tmp_path, mon
             dt.train_drafter(data_dir, "T", str(tmp_path), regen=64, regen_prompt=8, seq=SEQ, regen_docstring=bad)
 
 
+def test_draft_batches_mix_regenerated_text_and_corpus_windows(data_dir):
+    """--regen-mix M: round(M Bt) rows of a batch come from the regenerated sequences (halves up), the rest are corpus
+    windows; without regenerated text every row is a corpus window whatever M is."""
+    data = tt.TokenData(data_dir)
+    regen = np.full((5, SEQ), 7, np.int64) + np.arange(5)[:, None] * 1000               # rows no window can equal
+    for mix, batch, n_regen in ((0.5, 8, 4), (0.75, 8, 6), (1.0, 3, 3), (0.25, 2, 1), (0.0, 4, 0)):
+        b = dt.DraftBatches(data, regen, SEQ, mix)
+        rows = b(np.random.default_rng(0), batch)
+        is_regen = (rows >= 1000).any(1) | (rows == 7).all(1)
+        assert rows.shape == (batch, SEQ) and b.regen_count(batch) == n_regen == int(is_regen.sum()), mix
+        assert not is_regen[:batch - n_regen].any()                                   # corpus windows first
+    none = dt.DraftBatches(data, np.zeros((0, SEQ), np.int64), SEQ, 1.0)
+    assert none.regen_count(8) == 0 and none(np.random.default_rng(0), 8).max() < V
+
+
+def test_drafter_init_starts_from_saved_weights_and_records_them(trained_target, data_dir, tmp_path):
+    """--init DIR: training starts from DIR's weights (at lr ~0 one step leaves them unchanged), the log names them
+    by sha256 and keeps the earlier run's arguments; the regenerated-text share follows --regen-mix."""
+    import hashlib
+
+    tdir, _ = trained_target
+    first = tmp_path / "first"
+    dt.train_drafter(data_dir, tdir, str(first), regen=2, seed=1, **_REGEN_RUN)
+    rec = dt.train_drafter(data_dir, tdir, str(tmp_path / "again"), regen=2, seed=2, lr=1e-30, regen_mix=1.0,
+                           init=str(first), **_REGEN_RUN)
+    a = dfl.DFlashDraftModel.from_pretrained(first).state_dict()
+    b = dfl.DFlashDraftModel.from_pretrained(tmp_path / "again").state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    sha = hashlib.sha256((first / "model.safetensors").read_bytes()).hexdigest()
+    log = json.load(open(tmp_path / "again" / "drafter_train_log.json"))
+    assert log["init"]["sha256"] == sha == rec["init"]["sha256"] and log["init"]["dir"] == str(first)
+    assert log["init"]["args"]["seed"] == 1 and log["init"]["init"] is None
+    assert log["args"]["init"] == str(first) and log["args"]["regen_mix"] == 1.0
+
+
+def test_drafter_init_of_another_architecture_refused_before_regenerating(trained_target, data_dir, tmp_path,
+                                                                          monkeypatch):
+    tdir, _ = trained_target
+    first = tmp_path / "first"
+    dt.train_drafter(data_dir, tdir, str(first), regen=0, **_REGEN_RUN)
+    monkeypatch.setattr(dt, "regenerate", lambda *a, **k: pytest.fail("regenerated before the check"))
+    other = dict(_REGEN_RUN, layers=1)
+    with pytest.raises(ValueError, match=rf"--init {first}: its num_hidden_layers is 2, this run's is 1"):
+        dt.train_drafter(data_dir, tdir, str(tmp_path / "x"), regen=2, init=str(first), **other)
+    with pytest.raises(ValueError, match=r"--init .*: no config.json there"):
+        dt.train_drafter(data_dir, tdir, str(tmp_path / "x"), regen=2, init=str(tmp_path), **_REGEN_RUN)
+    with pytest.raises(ValueError, match=r"--regen-mix 2: expected a fraction"):
+        dt.train_drafter(data_dir, tdir, str(tmp_path / "x"), regen=2, regen_mix=2, **_REGEN_RUN)
+    assert not (tmp_path / "x").exists()
+
+
 def test_anchor_sampling():
     a = dt.sample_anchors(np.random.default_rng(0), 3, 10, 40, 8)
     assert a.shape == (3, 10) and a.min() >= 1 and a.max() <= 32
@@ -336,7 +387,9 @@ def test_cli_bad_flag_exits_2_with_one_line(tmp_path):
                                   ["all", "--data", "MISSING", "--out", "O"], ["bogus"],
                                   ["drafter", "--data", "D", "--target", "T", "--out", "O", "--regen-docstring", "nan"],
                                   ["all", "--data", "D", "--out", "O", "--regen-docstring", "-0.1"],
-                                  ["all", "--data", "D", "--out", "O", "--regen-docstring", "1.5"]])
+                                  ["all", "--data", "D", "--out", "O", "--regen-docstring", "1.5"],
+                                  ["all", "--data", "D", "--out", "O", "--regen-mix", "1.5"],
+                                  ["all", "--data", "D", "--out", "O", "--init", "X"]])
 def test_cli_errors_in_process(argv, capsys):
     from kdtree_numba.train.__main__ import main
 
@@ -398,9 +451,10 @@ def test_cli_defaults_mirror_the_training_modules():
 
     for k in ("steps", "batch", "seq", "lr", "seed", "val_every"):
         assert cli.TARGET[k] == tt.DEFAULTS[k], k
-    for k in ("steps", "batch", "anchors", "block", "layers", "lr", "regen", "regen_prompt", "regen_batch",
-              "regen_max_seconds", "regen_docstring", "val_every"):
+    for k in ("seq", "seed", "steps", "batch", "anchors", "block", "layers", "lr", "regen", "regen_prompt", "regen_batch",
+              "regen_max_seconds", "regen_docstring", "regen_mix", "val_every"):
         assert cli.DRAFTER[k] == dt.DEFAULTS[k], k
+    assert (cli.DRAFTER["seq"], cli.DRAFTER["seed"]) == (cli.TARGET["seq"], cli.TARGET["seed"])    # one --seq, --seed
     assert tuple(int(x) for x in cli.DRAFTER["target_layers"].split(",")) == dt.DEFAULTS["target_layers"]
     assert cli.TARGET_LAYERS == tt.DEFAULT_TARGET_CONFIG["num_hidden_layers"]
 
@@ -411,6 +465,32 @@ def test_cli_refuses_target_layers_beyond_the_target_before_training(data_dir, c
     with pytest.raises(SystemExit) as e:
         main(["all", "--data", data_dir, "--out", "O", "--config-json", '{"num_hidden_layers": 3}'])  # 1,2,3
     assert e.value.code == 2 and "--target-layers" in capsys.readouterr().err
+
+
+def test_cli_refuses_a_bad_init_or_mix_before_training(data_dir, trained_target, tmp_path, capsys, monkeypatch):
+    """--init of another architecture or without weights, --regen-mix without regenerated text or 0 with it: one
+    line, exit 2, nothing loaded or trained."""
+    from kdtree_numba.train.__main__ import main
+
+    monkeypatch.setattr(dt, "load_frozen_target", lambda *a, **k: pytest.fail("the target was loaded"))
+    tdir, _ = trained_target
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(dfl.DFlashConfig(
+        hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=8, vocab_size=V, block_size=4, num_target_layers=3, target_layer_ids=(0, 1),
+        max_position_embeddings=128).to_dict()))
+    base = ["drafter", "--data", data_dir, "--target", tdir, "--out", str(tmp_path / "o"), "--target-layers", "0,1",
+            "--block", "4", "--heads", "4", "--kv-heads", "2", "--head-dim", "8", "--intermediate", "48"]
+    for extra, msg in ((["--init", str(d)], "its num_hidden_layers is 1, this run's is 2"),
+                       (["--init", str(d), "--layers", "1"], "no model.safetensors there"),
+                       (["--init", str(tmp_path / "none")], "no config.json there"),
+                       (["--regen", "0", "--regen-mix", "0.5"], "no regenerated text to mix in"),
+                       (["--regen-mix", "0"], "would never be trained on")):
+        with pytest.raises(SystemExit) as e:
+            main(base + extra)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1 and msg in err[0], (extra, err)
 
 
 def test_cli_refuses_too_few_docstring_sites_before_training(data_dir, trained_target, capsys, monkeypatch):
