@@ -5,8 +5,8 @@ text from the target's hidden features, SpecForge's "anchored block" recipe:
 
     text      each batch of Bt sequences (S = 512 tokens) is round(M Bt) sequences of TARGET-REGENERATED text
               and the rest corpus windows (train split, random offsets), M = ``--regen-mix`` (default 0.5; all
-              corpus windows when there is no regenerated text): ``--regen N`` prompts of ``--regen-prompt`` (64) tokens from the
-              corpus train split, continued greedily by the target for S - 64 tokens (HF ``generate``,
+              corpus windows when there is no regenerated text): ``--regen N`` prompts of ``--regen-prompt`` (64)
+              tokens from the corpus train split, continued greedily by the target for S - 64 tokens (HF ``generate``,
               do_sample=False, use_cache=True, eos_token_id=None, min_new_tokens = max_new_tokens, in equal
               batches of at most ``--regen-batch`` = 1024), so the drafter learns the target's own greedy
               behaviour (what DFlash does).
@@ -60,8 +60,9 @@ from . import target_train as tt
 
 DEFAULTS = dict(steps=3000, batch=32, seq=512, anchors=64, block=16, layers=2, target_layers=(1, 2, 3), lr=6e-4,
                 seed=0, weight_decay=0.01, warmup_frac=0.04, final_lr_frac=0.1, grad_clip=1.0, regen=2048,
-                regen_prompt=64, regen_batch=1024, regen_max_seconds=90.0, regen_docstring=0.0, regen_mix=0.5, log_every=50,
-                val_every=1000, print_every=200, val_windows=64, heads=8, kv_heads=4, head_dim=32, intermediate=768)
+                regen_prompt=64, regen_batch=1024, regen_max_seconds=90.0, regen_docstring=0.0, regen_mix=0.5,
+                log_every=50, val_every=1000, print_every=200, val_windows=64, heads=8, kv_heads=4, head_dim=32,
+                intermediate=768)
 log = tt.log
 
 
@@ -308,7 +309,8 @@ def train_drafter(data_dir: str, target_dir: str, out_dir: str, *, steps: int = 
                   regen: int = DEFAULTS["regen"], regen_prompt: int = DEFAULTS["regen_prompt"],
                   regen_batch: int = DEFAULTS["regen_batch"], regen_max_seconds: float = DEFAULTS["regen_max_seconds"],
                   regen_docstring: float = DEFAULTS["regen_docstring"], regen_mix: float = DEFAULTS["regen_mix"],
-                  init: str | None = None, log_every: int = DEFAULTS["log_every"], val_every: int = DEFAULTS["val_every"],
+                  init: str | None = None, log_every: int = DEFAULTS["log_every"],
+                  val_every: int = DEFAULTS["val_every"],
                   print_every: int = DEFAULTS["print_every"], val_windows: int = DEFAULTS["val_windows"],
                   device: str | None = None, attn: str = "auto", experts: str = "auto") -> dict:
     """Regenerate text with the target, train the drafter for exactly ``steps`` steps, save it (bf16) + log."""
@@ -403,7 +405,8 @@ def train_drafter(data_dir: str, target_dir: str, out_dir: str, *, steps: int = 
     params = list(drafter.parameters())
     record = {"config": cfg.to_dict(), "target": {"dir": os.path.abspath(target_dir), "config": tcfg.to_dict()},
               "args": args, "params": n_params, "gamma": gamma, "position_weights": weights.cpu().tolist(),
-              "device": str(dev), "versions": tt.versions(), "target_implementation": impl, "regen": regen_info, "init": init_info,
+              "device": str(dev), "versions": tt.versions(), "target_implementation": impl, "regen": regen_info,
+              "init": init_info,
               "steps": [], "val": []}
     log_path = os.path.join(out_dir, "drafter_train_log.json")
     log(f"[drafter] {n_params / 1e6:.2f} M params ({cfg.num_hidden_layers} layers, block {block}, gamma {gamma:g}); "

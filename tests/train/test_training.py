@@ -451,8 +451,8 @@ def test_cli_defaults_mirror_the_training_modules():
 
     for k in ("steps", "batch", "seq", "lr", "seed", "val_every"):
         assert cli.TARGET[k] == tt.DEFAULTS[k], k
-    for k in ("seq", "seed", "steps", "batch", "anchors", "block", "layers", "lr", "regen", "regen_prompt", "regen_batch",
-              "regen_max_seconds", "regen_docstring", "regen_mix", "val_every"):
+    for k in ("seq", "seed", "steps", "batch", "anchors", "block", "layers", "lr", "regen", "regen_prompt",
+              "regen_batch", "regen_max_seconds", "regen_docstring", "regen_mix", "val_every"):
         assert cli.DRAFTER[k] == dt.DEFAULTS[k], k
     assert (cli.DRAFTER["seq"], cli.DRAFTER["seed"]) == (cli.TARGET["seq"], cli.TARGET["seed"])    # one --seq, --seed
     assert tuple(int(x) for x in cli.DRAFTER["target_layers"].split(",")) == dt.DEFAULTS["target_layers"]
