@@ -197,9 +197,13 @@ def _check_drafter(ap, a):
         ap.error(f"--regen-prompt {a.regen_prompt}: must be shorter than --seq {a.seq}")
     if a.regen_mix is not None and not a.regen:
         ap.error(f"--regen-mix {a.regen_mix:g}: there is no regenerated text to mix in (--regen 0)")
-    if a.regen_mix == 0 and a.regen:
-        ap.error(f"--regen-mix 0 with --regen {a.regen}: the regenerated text would never be trained on "
-                 f"(pass --regen 0 instead)")
+    if a.regen_mix is not None:
+        from .drafter_train import check_regen_mix
+
+        try:
+            check_regen_mix(a.regen, a.regen_mix)
+        except ValueError as e:
+            ap.error(str(e))
     if a.heads % a.kv_heads:
         ap.error(f"--heads {a.heads} is not a multiple of --kv-heads {a.kv_heads}")
     if a.head_dim % 2:
@@ -234,7 +238,7 @@ def _check_init(ap, a):
         cfg = drafter_config(SimpleNamespace(**tc), a.layers, a.heads, a.kv_heads, a.head_dim, a.intermediate,
                              a.block, a.target_layers)
         load_init(a.init, cfg, weights=False)
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         ap.error(str(e) if isinstance(e, ValueError) else f"--init {a.init}: {e}")
 
 

@@ -205,6 +205,16 @@ class DraftBatches:
         return np.concatenate(parts)                                                    # [Bt, S]
 
 
+def check_regen_mix(regen: int, mix) -> float:
+    """``--regen-mix`` as a fraction in [0, 1]; 0 with regenerated text asked for (``regen`` > 0) is refused, since
+    minutes of regeneration would never be trained on. ValueError naming the flag otherwise."""
+    mix = dsp.check_fraction(mix, "--regen-mix")
+    if mix == 0 and regen:
+        raise ValueError(f"--regen-mix 0 with --regen {regen}: the regenerated text would never be trained on "
+                         f"(pass --regen 0 instead)")
+    return mix
+
+
 def drafter_config(target_config, layers: int, heads: int, kv_heads: int, head_dim: int, intermediate: int,
                    block: int, target_layers) -> dfl.DFlashConfig:
     """The drafter architecture the flags ask for, on a target whose (HF-like) config is ``target_config``."""
@@ -322,7 +332,7 @@ def train_drafter(data_dir: str, target_dir: str, out_dir: str, *, steps: int = 
     if not 0 < regen_prompt < seq:
         raise ValueError(f"--regen-prompt {regen_prompt} must be in [1, --seq {seq})")
     regen_docstring = args["regen_docstring"] = dsp.check_fraction(regen_docstring)
-    regen_mix = args["regen_mix"] = dsp.check_fraction(regen_mix, "--regen-mix")
+    regen_mix = args["regen_mix"] = check_regen_mix(regen, regen_mix)
     data = tt.TokenData(data_dir)                                                       # vocab checked below
     rng = np.random.default_rng(seed)
     n_val_regen = val_regen_count(regen)
@@ -490,4 +500,4 @@ def train_drafter(data_dir: str, target_dir: str, out_dir: str, *, steps: int = 
 
 __all__ = ["DEFAULTS", "TargetFeatures", "load_frozen_target", "regenerate", "val_regen_count", "sample_anchors",
            "DraftBatches",
-           "drafter_config", "load_init", "drafter_loss", "evaluate_drafter", "train_drafter"]
+           "check_regen_mix", "drafter_config", "load_init", "drafter_loss", "evaluate_drafter", "train_drafter"]

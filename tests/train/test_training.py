@@ -363,6 +363,8 @@ def test_drafter_init_of_another_architecture_refused_before_regenerating(traine
         dt.train_drafter(data_dir, tdir, str(tmp_path / "x"), regen=2, init=str(tmp_path), **_REGEN_RUN)
     with pytest.raises(ValueError, match=r"--regen-mix 2: expected a fraction"):
         dt.train_drafter(data_dir, tdir, str(tmp_path / "x"), regen=2, regen_mix=2, **_REGEN_RUN)
+    with pytest.raises(ValueError, match=r"--regen-mix 0 with --regen 2: the regenerated text would never"):
+        dt.train_drafter(data_dir, tdir, str(tmp_path / "x"), regen=2, regen_mix=0, **_REGEN_RUN)
     assert not (tmp_path / "x").exists()
 
 
