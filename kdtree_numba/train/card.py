@@ -306,6 +306,9 @@ def _training_text(da: dict, rg: dict) -> str:
     batch, n = da.get("batch") or 0, regen_rows(da)
     regen = (f"text the target generated itself, drawn from {_int(rg.get('train_sequences'))} regenerated "
              f"sequences")
+    if n and da.get("regen_anchors") == "generated":
+        regen += (f" (their blocks start in the generated part only, from position {da.get('regen_prompt')}: "
+                  f"`--regen-anchors generated`)")
     corpus = "corpus windows (train split, random offsets)"
     head = f"every batch of {da.get('batch')} sequences of {da.get('seq')} tokens is "
     if n == 0:

@@ -23,7 +23,10 @@ text from the target's hidden features, SpecForge's "anchored block" recipe:
     features  frozen target, no grad, bf16 autocast: feat = concat_k hs[k + 1] for k in --target-layers
               (forward hooks on decoder layer k = HF output_hidden_states[k + 1])           [Bt, S, nF*H]
     anchors   A per sequence (64), without replacement, uniform in [1, S - bs]; block a = [x_a, MASK x (bs-1)]
-              at positions a .. a+bs-1, seeing context features j < a and its own block only
+              at positions a .. a+bs-1, seeing context features j < a and its own block only.
+              ``--regen-anchors generated``: a regenerated sequence's anchors only in [P, S - bs] (P =
+              --regen-prompt), so that the root and all bs-1 labels are the target's own greedy tokens, as in
+              every decode round; its prompt positions (corpus text, not what the target writes) give no block
     loss      sum_k w_k CE(x_{a+k}) / sum_k w_k, w_k = exp(-(k-1)/gamma), gamma 7 (bs 16) / 4 (bs 8)
     init      random (normal, std 0.02), or ``--init DIR``: the weights of a drafter saved by an earlier run
               (config.json + model.safetensors of exactly this architecture), trained further - e.g. on new
@@ -61,8 +64,9 @@ from . import target_train as tt
 DEFAULTS = dict(steps=3000, batch=32, seq=512, anchors=64, block=16, layers=2, target_layers=(1, 2, 3), lr=6e-4,
                 seed=0, weight_decay=0.01, warmup_frac=0.04, final_lr_frac=0.1, grad_clip=1.0, regen=2048,
                 regen_prompt=64, regen_batch=1024, regen_max_seconds=90.0, regen_docstring=0.0, regen_mix=0.5,
-                log_every=50, val_every=1000, print_every=200, val_windows=64, heads=8, kv_heads=4, head_dim=32,
-                intermediate=768)
+                regen_anchors="all", log_every=50, val_every=1000, print_every=200, val_windows=64, heads=8,
+                kv_heads=4, head_dim=32, intermediate=768)
+REGEN_ANCHORS = ("all", "generated")     # --regen-anchors: where a regenerated sequence's blocks may start
 log = tt.log
 
 
@@ -174,21 +178,27 @@ def val_regen_count(regen: int) -> int:
     return max(4, min(64, regen // 32)) if regen > 0 else 0
 
 
-def sample_anchors(rng: np.random.Generator, rows: int, anchors: int, seq: int, block: int) -> np.ndarray:
-    """``anchors`` distinct anchors per row, uniform in [1, seq - block], sorted                -> [rows, A] int64"""
-    hi = seq - block
-    if anchors > hi:
-        raise ValueError(f"--anchors {anchors} > the {hi} possible anchors of a {seq}-token sequence, block {block}")
-    a = np.argsort(rng.random((rows, hi)), axis=1)[:, :anchors] + 1
+def sample_anchors(rng: np.random.Generator, rows: int, anchors: int, seq: int, block: int,
+                   lo: int = 1) -> np.ndarray:
+    """``anchors`` distinct anchors per row, uniform in [lo, seq - block], sorted              -> [rows, A] int64
+
+    E.g. rows 2, anchors 3, seq 12, block 4, lo 5: three of 5..8 per row, such as [[5, 7, 8], [5, 6, 8]]."""
+    n = seq - block - lo + 1                                                            # possible anchors
+    if anchors > n:
+        raise ValueError(f"--anchors {anchors} > the {n} possible anchors of a {seq}-token sequence, block {block}"
+                         + (f", from position {lo}" if lo != 1 else ""))
+    a = np.argsort(rng.random((rows, n)), axis=1)[:, :anchors] + lo
     return np.sort(a, axis=1).astype(np.int64)
 
 
 class DraftBatches:
     """Training batches: ``regen_count(batch)`` regenerated sequences + the rest corpus windows (all corpus windows
-    without regenerated text)."""
+    without regenerated text), corpus rows first; ``anchors`` draws each row's anchors, the regenerated rows' from
+    ``regen_from`` on (1: anywhere, as a corpus window's; the prompt length: the generated part only)."""
 
-    def __init__(self, data: tt.TokenData, regen: np.ndarray, seq: int, mix: float = DEFAULTS["regen_mix"]):
-        self.data, self.regen, self.seq, self.mix = data, regen, seq, mix
+    def __init__(self, data: tt.TokenData, regen: np.ndarray, seq: int, mix: float = DEFAULTS["regen_mix"],
+                 regen_from: int = 1):
+        self.data, self.regen, self.seq, self.mix, self.regen_from = data, regen, seq, mix, regen_from
 
     def regen_count(self, batch: int) -> int:
         """Regenerated sequences in a batch of ``batch``: round(mix * batch) (halves up), 0 without regenerated
@@ -204,6 +214,14 @@ class DraftBatches:
             parts.append(self.regen[rng.integers(0, len(self.regen), n_regen)])         # [b2, S]
         return np.concatenate(parts)                                                    # [Bt, S]
 
+    def anchors(self, rng: np.random.Generator, batch: int, anchors: int, block: int) -> np.ndarray:
+        """Anchors for a batch of ``batch`` rows as ``__call__`` lays them out                       -> [Bt, A]"""
+        n_regen = self.regen_count(batch)
+        if self.regen_from == 1 or not n_regen:                                         # one draw, as always
+            return sample_anchors(rng, batch, anchors, self.seq, block)
+        return np.concatenate([sample_anchors(rng, batch - n_regen, anchors, self.seq, block),
+                               sample_anchors(rng, n_regen, anchors, self.seq, block, lo=self.regen_from)])
+
 
 def check_regen_mix(regen: int, mix) -> float:
     """``--regen-mix`` as a fraction in [0, 1]; 0 with regenerated text asked for (``regen`` > 0) is refused, since
@@ -213,6 +231,24 @@ def check_regen_mix(regen: int, mix) -> float:
         raise ValueError(f"--regen-mix 0 with --regen {regen}: the regenerated text would never be trained on "
                          f"(pass --regen 0 instead)")
     return mix
+
+
+def check_regen_anchors(regen_anchors: str, regen: int, regen_prompt: int, seq: int, block: int,
+                        anchors: int) -> int:
+    """``--regen-anchors`` -> the first anchor of a regenerated sequence (1, or ``regen_prompt`` for
+    "generated"). ValueError naming the flag for an unknown value, for "generated" without regenerated text, and
+    when the generated part has fewer than ``anchors`` possible anchors."""
+    if regen_anchors not in REGEN_ANCHORS:
+        raise ValueError(f"--regen-anchors {regen_anchors!r}: expected one of {', '.join(REGEN_ANCHORS)}")
+    if regen_anchors == "all":
+        return 1
+    if not regen:
+        raise ValueError("--regen-anchors generated: there is no regenerated text (--regen 0)")
+    n = seq - block - regen_prompt + 1
+    if anchors > n:
+        raise ValueError(f"--regen-anchors generated: --anchors {anchors} > the {n} anchors of the generated part "
+                         f"(--seq {seq} - --regen-prompt {regen_prompt} - --block {block} + 1)")
+    return regen_prompt
 
 
 def drafter_config(target_config, layers: int, heads: int, kv_heads: int, head_dim: int, intermediate: int,
@@ -319,7 +355,7 @@ def train_drafter(data_dir: str, target_dir: str, out_dir: str, *, steps: int = 
                   regen: int = DEFAULTS["regen"], regen_prompt: int = DEFAULTS["regen_prompt"],
                   regen_batch: int = DEFAULTS["regen_batch"], regen_max_seconds: float = DEFAULTS["regen_max_seconds"],
                   regen_docstring: float = DEFAULTS["regen_docstring"], regen_mix: float = DEFAULTS["regen_mix"],
-                  init: str | None = None, log_every: int = DEFAULTS["log_every"],
+                  regen_anchors: str = DEFAULTS["regen_anchors"], init: str | None = None, log_every: int = DEFAULTS["log_every"],
                   val_every: int = DEFAULTS["val_every"],
                   print_every: int = DEFAULTS["print_every"], val_windows: int = DEFAULTS["val_windows"],
                   device: str | None = None, attn: str = "auto", experts: str = "auto") -> dict:
@@ -333,6 +369,7 @@ def train_drafter(data_dir: str, target_dir: str, out_dir: str, *, steps: int = 
         raise ValueError(f"--regen-prompt {regen_prompt} must be in [1, --seq {seq})")
     regen_docstring = args["regen_docstring"] = dsp.check_fraction(regen_docstring)
     regen_mix = args["regen_mix"] = check_regen_mix(regen, regen_mix)
+    regen_from = check_regen_anchors(regen_anchors, regen, regen_prompt, seq, block, anchors)
     data = tt.TokenData(data_dir)                                                       # vocab checked below
     rng = np.random.default_rng(seed)
     n_val_regen = val_regen_count(regen)
@@ -388,7 +425,7 @@ def train_drafter(data_dir: str, target_dir: str, out_dir: str, *, steps: int = 
             regen_info["docstring"] = doc_info
             if n_doc_val:
                 regen_info["docstring"]["sample"] = _decode_sample(tok, regen_val[n_val_regen - n_doc_val])
-    batches = DraftBatches(data, regen_train, seq, regen_mix)
+    batches = DraftBatches(data, regen_train, seq, regen_mix, regen_from)
 
     # ---- fixed validation sets
     vrng = np.random.default_rng(seed + 104729)
@@ -445,7 +482,7 @@ def train_drafter(data_dir: str, target_dir: str, out_dir: str, *, steps: int = 
         for g in opt.param_groups:
             g["lr"] = cur_lr
         ids = torch.from_numpy(batches(rng, batch)).to(dev, non_blocking=True)           # [Bt, S]
-        anc = torch.from_numpy(sample_anchors(rng, batch, anchors, seq, block)).to(dev)  # [Bt, A]
+        anc = torch.from_numpy(batches.anchors(rng, batch, anchors, block)).to(dev)     # [Bt, A]
         with tt.autocast(dev):
             loss, correct = drafter_loss(drafter, feats, embed_w, head_w, ids, anc, weights)
         loss.backward()
@@ -500,4 +537,4 @@ def train_drafter(data_dir: str, target_dir: str, out_dir: str, *, steps: int = 
 
 __all__ = ["DEFAULTS", "TargetFeatures", "load_frozen_target", "regenerate", "val_regen_count", "sample_anchors",
            "DraftBatches",
-           "check_regen_mix", "drafter_config", "load_init", "drafter_loss", "evaluate_drafter", "train_drafter"]
+           "check_regen_mix", "REGEN_ANCHORS", "check_regen_anchors", "drafter_config", "load_init", "drafter_loss", "evaluate_drafter", "train_drafter"]

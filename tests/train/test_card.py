@@ -306,11 +306,13 @@ def test_card_reproduce_commands_carry_the_runs_flags(tmp_path):
 
 def test_card_gives_the_whole_chain_of_a_drafter_trained_from_another(tmp_path):
     """A drafter trained with --init from an earlier one: both commands, first to last, as run and as a recipe
-    (run/drafter-1 feeds run/drafter); a --regen-mix other than 0.5 is a flag and the training-text row says it."""
+    (run/drafter-1 feeds run/drafter); a --regen-mix other than 0.5 and --regen-anchors generated are flags and the
+    training-text row says them."""
     d = _fake_dir(tmp_path)
     log = json.load(open(os.path.join(d, "drafter_train_log.json")))
     first = dict(log["args"], regen=16384)
-    log["args"] = dict(log["args"], seed=1, regen_mix=0.75, init="/runs/E", out_dir="O/drafter2")
+    log["args"] = dict(log["args"], seed=1, regen_mix=0.75, regen_anchors="generated", init="/runs/E",
+                       out_dir="O/drafter2")
     log["init"] = {"dir": "/runs/E", "sha256": "cd" * 32, "args": first, "init": None}
     _write(os.path.join(d, "drafter_train_log.json"), log)
     text = card.build_card(d, _eval())
@@ -320,9 +322,11 @@ def test_card_gives_the_whole_chain_of_a_drafter_trained_from_another(tmp_path):
     assert "--out run/drafter-1 " in cmds[0] and "--regen 16384" in cmds[0] and "--init" not in cmds[0]
     assert "--out run/drafter " in cmds[1] and cmds[1].split("   #")[0].endswith(" --init run/drafter-1")
     assert "--seed 1" in cmds[1] and "--regen-mix 0.75" in cmds[1] and "--regen-mix" not in cmds[0]
+    assert "--regen-anchors generated" in cmds[1] and "--regen-anchors" not in cmds[0]     # E's log lacks the key
     as_run = text.split("## Training")[1].split("```")[1]
     assert "--out O/drafter2" in as_run and "--init /runs/E" in as_run
     assert "is 8 corpus windows (train split, random offsets) and 24 text the target generated" in text
+    assert "start in the generated part only, from position" in text
     log["init"] = {"dir": "/w", "sha256": "ef" * 32, "args": None, "init": None}           # weights without a log
     _write(os.path.join(d, "drafter_train_log.json"), log)
     recipe = card.build_card(d, _eval()).split("## How to reproduce")[1].split("```")[1]

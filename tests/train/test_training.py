@@ -339,7 +339,7 @@ def test_drafter_init_starts_from_saved_weights_and_records_them(trained_target,
     first = tmp_path / "first"
     dt.train_drafter(data_dir, tdir, str(first), regen=2, seed=1, **_REGEN_RUN)
     rec = dt.train_drafter(data_dir, tdir, str(tmp_path / "again"), regen=2, seed=2, lr=1e-30, regen_mix=1.0,
-                           init=str(first), **_REGEN_RUN)
+                           regen_anchors="generated", init=str(first), **_REGEN_RUN)
     a = dfl.DFlashDraftModel.from_pretrained(first).state_dict()
     b = dfl.DFlashDraftModel.from_pretrained(tmp_path / "again").state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -348,6 +348,7 @@ def test_drafter_init_starts_from_saved_weights_and_records_them(trained_target,
     assert log["init"]["sha256"] == sha == rec["init"]["sha256"] and log["init"]["dir"] == str(first)
     assert log["init"]["args"]["seed"] == 1 and log["init"]["init"] is None
     assert log["args"]["init"] == str(first) and log["args"]["regen_mix"] == 1.0
+    assert log["args"]["regen_anchors"] == "generated"
 
 
 def test_drafter_init_of_another_architecture_refused_before_regenerating(trained_target, data_dir, tmp_path,
@@ -374,6 +375,32 @@ def test_anchor_sampling():
     assert all(len(set(r)) == 10 for r in a.tolist())
     with pytest.raises(ValueError):
         dt.sample_anchors(np.random.default_rng(0), 1, 33, 40, 8)
+    b = dt.sample_anchors(np.random.default_rng(0), 200, 4, 40, 8, lo=29)                # 29..32: every one
+    assert (b == np.arange(29, 33)).all()
+    with pytest.raises(ValueError, match="the 4 possible anchors .* from position 29"):
+        dt.sample_anchors(np.random.default_rng(0), 1, 5, 40, 8, lo=29)
+
+
+def test_regen_anchors_generated_keeps_regenerated_blocks_out_of_the_prompt(data_dir):
+    """--regen-anchors generated: a regenerated row's anchors are >= the prompt length (its root and labels are all
+    generated text), a corpus row's still start anywhere; "all" draws exactly what the single draw always did (the
+    recipes of the shipped drafters reproduce)."""
+    data = tt.TokenData(data_dir)
+    regen = np.zeros((5, SEQ), np.int64)
+    P = 20
+    gen = dt.DraftBatches(data, regen, SEQ, 0.5, regen_from=dt.check_regen_anchors("generated", 5, P, SEQ, 4, 6))
+    a = gen.anchors(np.random.default_rng(3), 8, 6, 4)                                  # [8, 6]
+    assert a.shape == (8, 6) and a[4:].min() >= P and a.max() <= SEQ - 4
+    assert a[:4].min() < P                                                              # 4 x 6 draws from 1..44
+    old = dt.sample_anchors(np.random.default_rng(3), 8, 6, SEQ, 4)
+    for batches in (dt.DraftBatches(data, regen, SEQ, 0.5), dt.DraftBatches(data, regen[:0], SEQ, 0.5, regen_from=P)):
+        assert (batches.anchors(np.random.default_rng(3), 8, 6, 4) == old).all()
+    assert dt.check_regen_anchors("all", 0, P, SEQ, 4, 6) == 1
+    for args, msg in ((("sometimes", 5, P, SEQ, 4, 6), "--regen-anchors 'sometimes': expected one of all, generated"),
+                      (("generated", 0, P, SEQ, 4, 6), "no regenerated text"),
+                      (("generated", 5, 40, SEQ, 4, 6), "--anchors 6 > the 5 anchors of the generated part")):
+        with pytest.raises(ValueError, match=msg):
+            dt.check_regen_anchors(*args)
 
 
 # ------------------------------------------------------------------------------------------------ CLI
@@ -454,7 +481,7 @@ def test_cli_defaults_mirror_the_training_modules():
     for k in ("steps", "batch", "seq", "lr", "seed", "val_every"):
         assert cli.TARGET[k] == tt.DEFAULTS[k], k
     for k in ("seq", "seed", "steps", "batch", "anchors", "block", "layers", "lr", "regen", "regen_prompt",
-              "regen_batch", "regen_max_seconds", "regen_docstring", "regen_mix", "val_every"):
+              "regen_batch", "regen_max_seconds", "regen_docstring", "regen_mix", "regen_anchors", "val_every"):
         assert cli.DRAFTER[k] == dt.DEFAULTS[k], k
     assert (cli.DRAFTER["seq"], cli.DRAFTER["seed"]) == (cli.TARGET["seq"], cli.TARGET["seed"])    # one --seq, --seed
     assert tuple(int(x) for x in cli.DRAFTER["target_layers"].split(",")) == dt.DEFAULTS["target_layers"]
@@ -469,9 +496,10 @@ def test_cli_refuses_target_layers_beyond_the_target_before_training(data_dir, c
     assert e.value.code == 2 and "--target-layers" in capsys.readouterr().err
 
 
-def test_cli_refuses_a_bad_init_or_mix_before_training(data_dir, trained_target, tmp_path, capsys, monkeypatch):
-    """--init of another architecture or without weights, --regen-mix without regenerated text or 0 with it: one
-    line, exit 2, nothing loaded or trained."""
+def test_cli_refuses_a_bad_init_mix_or_anchors_before_training(data_dir, trained_target, tmp_path, capsys, monkeypatch):
+    """--init of another architecture or without weights, --regen-mix without regenerated text or 0 with it,
+    --regen-anchors generated without regenerated text or with too short a generated part: one line, exit 2,
+    nothing loaded or trained."""
     from kdtree_numba.train.__main__ import main
 
     monkeypatch.setattr(dt, "load_frozen_target", lambda *a, **k: pytest.fail("the target was loaded"))
@@ -488,7 +516,12 @@ def test_cli_refuses_a_bad_init_or_mix_before_training(data_dir, trained_target,
                        (["--init", str(d), "--layers", "1"], "no model.safetensors there"),
                        (["--init", str(tmp_path / "none")], "no config.json there"),
                        (["--regen", "0", "--regen-mix", "0.5"], "no regenerated text to mix in"),
-                       (["--regen-mix", "0"], "would never be trained on")):
+                       (["--regen-mix", "0"], "would never be trained on"),
+                       (["--regen", "0", "--regen-anchors", "generated"], "--regen-anchors generated: there is no "
+                                                                           "regenerated text"),
+                       (["--regen-anchors", "generated", "--seq", "64", "--regen-prompt", "40", "--anchors", "30"],
+                        "--anchors 30 > the 21 anchors of the generated part"),
+                       (["--regen-anchors", "middle"], "invalid choice: 'middle'")):
         with pytest.raises(SystemExit) as e:
             main(base + extra)
         err = capsys.readouterr().err.strip().splitlines()
