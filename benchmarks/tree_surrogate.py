@@ -24,7 +24,10 @@ Scores compared at each budget (the ratio is against the surrogate on the same r
     K = B/2, B/4 the surrogate with fewer candidates per depth (the top-K stage sorts K = budget)
 
 Also printed: the drafter's top-1 accuracy per depth, marginal and given a correct prefix, and its calibration
-(mean p against how often the candidate is right) on the whole set.
+(mean p against how often the candidate is right) on the whole set; and by how far into the continuation a round's
+root lies (``--new-tokens 448`` shows it best): the chain's accepted length if a round started at every position
+of a band - the target's greedy text turns repetitive after ~100 tokens, so the first band is where the rounds
+are (and where a drafter's training text should be; ``train drafter --regen-anchors``).
 
     python benchmarks/tree_surrogate.py --data CORPUS_DIR [--drafter DIR] [--budgets 16,32,64] [--prompts N]
 
@@ -92,6 +95,17 @@ def prefix_top1(ranks) -> np.ndarray:
     """[..., L] bool: the text's tokens at depths < d were all the drafter's top-1 (True at depth 1)."""
     ok = np.cumprod(ranks == 0, axis=-1).astype(bool)
     return np.concatenate([np.ones_like(ok[..., :1]), ok[..., :-1]], axis=-1)
+
+
+def by_offset(ranks, band: int = 32) -> list:
+    """Per band of ``band`` anchors (root offsets into the continuation): the mean chain length 1 + the number of
+    leading depths where the text's token is the drafter's top-1, and the depth-1 top-1 accuracy.
+
+    ranks [N, A, L] -> [{"offsets": [lo, hi], "chain": float, "acc1": float}, ...]; e.g. ranks of one anchor
+    [[[0, 0, 3]]] -> chain 3 (the bonus + two depths), acc1 1.0."""
+    run = np.cumprod(ranks == 0, axis=-1).sum(-1)                                       # [N, A]
+    return [{"offsets": [lo, min(lo + band, ranks.shape[1]) - 1], "chain": float(1 + run[:, lo:lo + band].mean()),
+             "acc1": float((ranks[:, lo:lo + band, 0] == 0).mean())} for lo in range(0, ranks.shape[1], band)]
 
 
 def _logit(p):
@@ -231,7 +245,8 @@ def main(argv=None) -> int:
     ab = fit_platt(base[list(fit)], ranks[list(fit)])
     results = C.RESULTS
     results.update({"budgets": {}, "platt": ab.tolist(), **{k: z[k] for k in ("prompts", "anchors", "temperatures")},
-                    "accuracy": accuracy_tables(base, ranks), "fit_rows": "even", "report_rows": "odd"})
+                    "accuracy": accuracy_tables(base, ranks), "by_offset": by_offset(ranks), "fit_rows": "even",
+                    "report_rows": "odd"})
     rows = []
     for B in a.budgets:
         t0 = time.perf_counter()
@@ -254,6 +269,10 @@ def main(argv=None) -> int:
     C.table("calibration given a top-1 prefix (ranks < 8)", ["p", "mean p", "right", "candidates"],
             [[f"{b['p'][0]:g}-{b['p'][1]:g}", f"{b['mean_p']:.3f}", f"{b['right']:.3f}", b["n"]]
              for b in results["accuracy"]["calibration"]])
+    C.table("the chain's accepted length by the root's offset into the continuation (all texts)",
+            ["root offset", "chain length if a round started there", "depth-1 top-1 acc"],
+            [[f"{b['offsets'][0]}-{b['offsets'][1]}", f"{b['chain']:.2f}", f"{b['acc1']:.3f}"]
+             for b in results["by_offset"]])
     C.save("tree_surrogate")
     return 0
 

@@ -59,6 +59,17 @@ def test_prefix_top1():
     assert ts.prefix_top1(ranks).tolist() == [[True, True, True, False], [True, False, False, False]]
 
 
+def test_by_offset_bands_the_chain_length_by_root_offset():
+    ranks = np.zeros((2, 5, 3), np.int32)                                              # 2 texts, 5 anchors, L 3
+    ranks[0, 0] = [0, 0, 3]                                                            # chain 3
+    ranks[1, 0] = [1, 0, 0]                                                            # chain 1, depth 1 wrong
+    ranks[:, 4] = [0, 2, 0]                                                            # chain 2
+    bands = ts.by_offset(ranks, band=2)
+    assert [b["offsets"] for b in bands] == [[0, 1], [2, 3], [4, 4]]
+    assert bands[0]["chain"] == (3 + 4 + 1 + 4) / 4 and bands[0]["acc1"] == 0.75
+    assert bands[1]["chain"] == 4 and bands[2]["chain"] == 2 and bands[2]["acc1"] == 1
+
+
 def test_fit_platt_recovers_known_parameters():
     """Candidates right with probability sigmoid(2 logit(p) + 0.5): the fit finds (2, 0.5) at every depth, and the
     scores it gives are monotone in p (the heap's sibling order stays the rank order)."""
