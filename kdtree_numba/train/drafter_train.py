@@ -355,7 +355,8 @@ def train_drafter(data_dir: str, target_dir: str, out_dir: str, *, steps: int = 
                   regen: int = DEFAULTS["regen"], regen_prompt: int = DEFAULTS["regen_prompt"],
                   regen_batch: int = DEFAULTS["regen_batch"], regen_max_seconds: float = DEFAULTS["regen_max_seconds"],
                   regen_docstring: float = DEFAULTS["regen_docstring"], regen_mix: float = DEFAULTS["regen_mix"],
-                  regen_anchors: str = DEFAULTS["regen_anchors"], init: str | None = None, log_every: int = DEFAULTS["log_every"],
+                  regen_anchors: str = DEFAULTS["regen_anchors"], init: str | None = None,
+                  log_every: int = DEFAULTS["log_every"],
                   val_every: int = DEFAULTS["val_every"],
                   print_every: int = DEFAULTS["print_every"], val_windows: int = DEFAULTS["val_windows"],
                   device: str | None = None, attn: str = "auto", experts: str = "auto") -> dict:
@@ -537,4 +538,5 @@ def train_drafter(data_dir: str, target_dir: str, out_dir: str, *, steps: int = 
 
 __all__ = ["DEFAULTS", "TargetFeatures", "load_frozen_target", "regenerate", "val_regen_count", "sample_anchors",
            "DraftBatches",
-           "check_regen_mix", "REGEN_ANCHORS", "check_regen_anchors", "drafter_config", "load_init", "drafter_loss", "evaluate_drafter", "train_drafter"]
+           "check_regen_mix", "REGEN_ANCHORS", "check_regen_anchors", "drafter_config", "load_init", "drafter_loss",
+           "evaluate_drafter", "train_drafter"]
