@@ -43,7 +43,7 @@ Reproduce::
     python -m kdtree_numba.train drafter --data CORPUS_DIR --target OUT/target --out OUT/drafter   # H200 ~4 min
     # then, e.g., on new regenerated text from that drafter's weights:
     python -m kdtree_numba.train drafter --data CORPUS_DIR --target OUT/target --out OUT/drafter2 \
-        --init OUT/drafter --seed 1 --regen-mix 0.75
+        --init OUT/drafter --seed 1 --regen-mix 1.0 --regen-anchors generated
 """
 from __future__ import annotations
 
