@@ -47,7 +47,6 @@ Reproduce::
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -60,6 +59,7 @@ import torch
 from . import dflash_torch as dfl
 from . import docstring_prompts as dsp
 from . import target_train as tt
+from .corpus import sha256_file
 
 DEFAULTS = dict(steps=3000, batch=32, seq=512, anchors=64, block=16, layers=2, target_layers=(1, 2, 3), lr=6e-4,
                 seed=0, weight_decay=0.01, warmup_frac=0.04, final_lr_frac=0.1, grad_clip=1.0, regen=2048,
@@ -282,7 +282,7 @@ def load_init(init_dir: str, cfg: dfl.DFlashConfig, weights: bool = True):
     if not weights:
         return None, None
     model = dfl.DFlashDraftModel.from_pretrained(init_dir)
-    info = {"dir": os.path.abspath(init_dir), "sha256": _sha256(os.path.join(init_dir, dfl.WEIGHTS_NAME))}
+    info = {"dir": os.path.abspath(init_dir), "sha256": sha256_file(os.path.join(init_dir, dfl.WEIGHTS_NAME))}
     try:
         with open(os.path.join(init_dir, "drafter_train_log.json")) as f:
             prev = json.load(f)
@@ -290,14 +290,6 @@ def load_init(init_dir: str, cfg: dfl.DFlashConfig, weights: bool = True):
     except (OSError, ValueError):
         pass                                                  # weights without a log: the sha256 names them
     return model, info
-
-
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # ------------------------------------------------------------------------------------------------ steps
