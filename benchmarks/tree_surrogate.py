@@ -48,6 +48,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _common as C  # noqa: E402
 from kdtree_numba.argtypes import OneLineParser, whole, whole_list  # noqa: E402
+from kdtree_numba.kernels.tree_accept import walk_ref  # noqa: E402
 from kdtree_numba.kernels.tree_build import build_tree_ref  # noqa: E402
 
 TEMPERATURES = (0.6, 0.7, 0.8, 0.9, 1.0, 1.15, 1.3)
@@ -55,17 +56,14 @@ TEMPERATURES = (0.6, 0.7, 0.8, 0.9, 1.0, 1.15, 1.3)
 
 # ------------------------------------------------------------------------------------------------ simulation
 def accepted_length(tree, labels) -> int:
-    """Tokens a round commits when the target's continuation is ``labels [L]`` (labels[d - 1] at depth d): 1 (the
-    bonus) + the depth of the deepest tree node on that path. Nodes are in pop order, so parents come first."""
-    on_path = np.zeros(tree.n + 1, bool)                                                # node 0 = the root
-    on_path[0] = True
-    best = 0
-    for i in range(1, tree.n + 1):
-        d = int(tree.depths[i - 1])
-        if on_path[tree.parents[i]] and tree.tokens[i - 1] == labels[d - 1]:
-            on_path[i] = True
-            best = max(best, d)
-    return 1 + best
+    """Tokens a round commits when the target's continuation is ``labels [L]`` (labels[d - 1] at depth d): the
+    engine's own walk (``tree_accept.walk_ref``) with the target choosing labels[d] after a node of depth d - its
+    path incl. the root, the bonus counted by the root (1 + the deepest tree node on the text's path)."""
+    L = len(labels)
+    chosen = np.array([labels[0]] + [labels[d] if d < L else 0 for d in tree.depths], np.int64)   # [1 + n]
+    # (a node of depth L has no children: its choice is only the bonus, which the count does not need)
+    path, _ = walk_ref(chosen, tree.tokens, tree.parents[1:], tree.n)
+    return len(path)
 
 
 def simulate(scores, ids, labels, budget: int, K: int | None = None) -> tuple[int, int]:
