@@ -263,7 +263,10 @@ def load_init(init_dir: str, cfg: dfl.DFlashConfig, weights: bool = True):
     """The drafter saved in ``init_dir`` (float32) if its config is ``cfg``'s architecture -> (model, info);
     ``weights=False`` checks the directory only and returns (None, None).
 
-    info = {"dir", "sha256" of model.safetensors, "args" and "init" of its drafter_train_log.json when there is one}.
+    info = {"dir", "sha256" of model.safetensors, "args" and "init" of its training log when there is one}. The
+    log is ``init_dir/drafter_train_log.json`` (a run's output folder) or, in the shipped pair's layout
+    (``default_model/drafter`` beside ``default_model/drafter_train_log.json``), the one beside ``init_dir``; a log
+    that records its weights' sha256 (``weights_sha256``, since 2026-12-05) counts only for those weights.
     A missing file or any differing field -> ValueError naming ``--init``, the field and both values.
     """
     def need(f):
@@ -283,13 +286,26 @@ def load_init(init_dir: str, cfg: dfl.DFlashConfig, weights: bool = True):
         return None, None
     model = dfl.DFlashDraftModel.from_pretrained(init_dir)
     info = {"dir": os.path.abspath(init_dir), "sha256": sha256_file(os.path.join(init_dir, dfl.WEIGHTS_NAME))}
-    try:
-        with open(os.path.join(init_dir, "drafter_train_log.json")) as f:
-            prev = json.load(f)
+    prev = _init_log(init_dir, info["sha256"])
+    if prev is not None:                                      # weights without a log: the sha256 names them
         info.update(args=prev.get("args"), init=prev.get("init"))
-    except (OSError, ValueError):
-        pass                                                  # weights without a log: the sha256 names them
     return model, info
+
+
+def _init_log(init_dir: str, sha256: str) -> dict | None:
+    """The training log of the weights in ``init_dir`` (see load_init), or None."""
+    here = os.path.join(init_dir, "drafter_train_log.json")
+    beside = os.path.join(os.path.dirname(os.path.abspath(init_dir)), "drafter_train_log.json")
+    for path, need_sha in ((here, False), (beside, True)):
+        try:
+            with open(path) as f:
+                prev = json.load(f)
+        except (OSError, ValueError):
+            continue
+        recorded = prev.get("weights_sha256")
+        if recorded == sha256 or (recorded is None and not need_sha):
+            return prev
+    return None
 
 
 # ------------------------------------------------------------------------------------------------ steps
@@ -517,6 +533,7 @@ def train_drafter(data_dir: str, target_dir: str, out_dir: str, *, steps: int = 
         record["peak_mem_gb"] = torch.cuda.max_memory_allocated(dev) / 2**30
     feats.remove()
     drafter.save_pretrained(out_dir)                                                    # bf16
+    record["weights_sha256"] = sha256_file(os.path.join(out_dir, dfl.WEIGHTS_NAME))   # ties this log to them
     for src in (os.path.join(target_dir, "tokenizer.json"), os.path.join(data_dir, "tokenizer.json")):
         if os.path.exists(src):
             shutil.copyfile(src, os.path.join(out_dir, "tokenizer.json"))

@@ -2,6 +2,7 @@
 mask against its one-block reference, the weighted loss, save/load round trips, the CLI."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -349,6 +350,21 @@ def test_drafter_init_starts_from_saved_weights_and_records_them(trained_target,
     assert log["init"]["args"]["seed"] == 1 and log["init"]["init"] is None
     assert log["args"]["init"] == str(first) and log["args"]["regen_mix"] == 1.0
     assert log["args"]["regen_anchors"] == "generated"
+    assert json.load(open(first / "drafter_train_log.json"))["weights_sha256"] == sha
+
+    # the shipped pair's layout: weights in PAIR/drafter, their log beside the folder, tied to them by sha256
+    pair = tmp_path / "pair"
+    (pair / "drafter").mkdir(parents=True)
+    for f in ("config.json", "model.safetensors"):
+        shutil.copyfile(first / f, pair / "drafter" / f)
+    shutil.copyfile(first / "drafter_train_log.json", pair / "drafter_train_log.json")
+    cfg = dfl.DFlashConfig.from_dict(json.load(open(first / "config.json")))
+    _, info = dt.load_init(str(pair / "drafter"), cfg)
+    assert info["sha256"] == sha and info["args"]["seed"] == 1
+    stale = dict(json.load(open(first / "drafter_train_log.json")), weights_sha256="0" * 64)
+    json.dump(stale, open(pair / "drafter_train_log.json", "w"))          # another run's log: not these weights'
+    _, info = dt.load_init(str(pair / "drafter"), cfg)
+    assert info["sha256"] == sha and "args" not in info
 
 
 def test_drafter_init_of_another_architecture_refused_before_regenerating(trained_target, data_dir, tmp_path,
