@@ -17,9 +17,10 @@ Run:  KDTREE_BACKEND=sim python tutorials/14_tensor_core_attention.py [--size sm
 # 4. the online softmax on 8 lanes per query row (`_v2_row`, `_v2_softmax`);
 # 5. the whole kernel against `mla_attention_ref` and `tree_attention_ref`, outputs poisoned with NaN;
 # 6. what each change bought on an H200, quoted from docs/PERFORMANCE.md;
-# 7. v3: the same kernel with key tiles of 32 rows (dynamic shared memory, `view2d`, the default on a GPU);
+# 7. v3: the same kernel with key tiles of 32 rows (dynamic shared memory, `view2d`);
 # 8. v4: every warp on both m16 blocks - the same MMAs, half the fragment splitting;
-# 9. v5 - v8: whole fragments from shared memory with `ldmatrix` - what the instruction hands each lane.
+# 9. v5 - v8: whole fragments from shared memory with `ldmatrix` - what the instruction hands each lane (v5: the
+#    default on a GPU).
 #
 # The functions are called by their names in the package; the constants (MT, KT, ...) are read from it, and the
 # kernels are printed from it (`show_kernel`), so the page cannot drift from the code.
@@ -1085,9 +1086,12 @@ check(f"causal start {start_b}, splits=2: {'v4' if KERNELS else WHO} vs mla_atte
 # `frag_b2_at`). A score k8 step of v3 loads 12 floats a lane one by one; v5 issues 3 ldmatrix. (P V's value
 # fragments need the transposed picture - B[k][n] = value row k, column n - which ldmatrix offers only for 16-bit
 # elements: those stay 4-byte loads.) v6 and v7 combine this with v4's mapping; v8 also hands the key tile to the
-# copy engine (one `cp.async.bulk` a row, completing on an mbarrier). None of v5 - v8 has been timed on a GPU yet
-# (docs/PERFORMANCE.md, twenty-fourth session: SASS counts only). The emulation below follows the PTX
-# description lane by lane.
+# copy engine (one `cp.async.bulk` a row, completing on an mbarrier). Timed on an H200 (docs/PERFORMANCE.md,
+# 2026-12-05, twenty-seventh session): v5 is 1-6 % faster than v3 on every tree and causal cell of bench_verify,
+# so it is the default on a GPU; v8 is 4-6 % faster than v5 on the largest tree cells (256 nodes x 64 heads over
+# 4096+ keys) and ~10 % slower on the smallest. Fewer instructions did not buy proportionally less time: the
+# SASS estimate was 14 % (v5) to 28 % (v7) fewer a tile. The emulation below follows the PTX description lane by
+# lane.
 
 # %%
 section("ldmatrix.x4 emulated: the row each lane names, the words each lane receives")

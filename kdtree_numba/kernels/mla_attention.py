@@ -11,7 +11,7 @@ serves a prefill chunk (T tokens) and a single-token decode step (T = 1). The tr
 (``tree_verify.py``) builds its kernels from this module's device functions with another key list: this module
 holds the shared machinery (tiles, scores, online softmax, accumulators, key splits and their combine).
 
-Variants (``variant=`` picks one; None -> ``default_variant()``: v3 on a GPU - v2 for a small decode grid,
+Variants (``variant=`` picks one; None -> ``default_variant()``: v5 on a GPU - v2 for a small decode grid,
 ``short_splits`` - and v1 on the simulator, where the MMA stand-in costs a block barrier per instruction). Each is
 checked against ``masked_attention_ref`` in tests/kernels/test_attention.py before benchmarks/bench_verify.py times
 it.
@@ -48,7 +48,7 @@ it.
   v7  v4 whole, its score fragments by ldmatrix (``wide_scores=True``, ``_v7_scores``): a k8 step of the scores
       69 instructions for 24 HMMA (v4 85, v5 43.5 for 12); 255 registers, no spills, v4's 37 KB of static shared
       memory. Estimated from the SASS, per warp and 32-key tile: v3 ~2190 instructions, v5 ~1875, v6 ~1730,
-      v7 ~1570 - none of v5 - v8 timed yet (no device was lent on 2026-12-05, twenty-fourth session).
+      v7 ~1570.
   v8  v7 with the key tile copied by the copy engine (``bulk=True``: ``bulk_begin`` / ``bulk_load_keys``, one
       ``cp.async.bulk`` a row by warp 0, completing on an mbarrier) where every thread issued 18 16-byte cp.async
       copies (~150-200 instructions a warp and tile); absorbed MLA with 16-byte aligned rows only, else v7's
@@ -202,11 +202,14 @@ def default_variant() -> str:
 
 
 def tiled_default() -> str:
-    """v3 (32-key tiles) where it can stage its query rows (sm_90: 168 KB a block), else v2 where v2 can (sm_80:
-    120 KB; on the H200 staging measured 1.2-1.36x, the longer tiles 1.03-1.13x), else v3 without them where it
-    fits (sm_86 / sm_89: 91 KB), else v2 (sm_75: 64 KB)."""
-    if stage_bytes("v3") or (not stage_bytes("v2") and tiled_fits("v3")):
-        return "v3"
+    """v5 (v3's 32-key tiles, fragments by ldmatrix) where it can stage its query rows (sm_90: 168 KB a block),
+    else v2 where v2 can (sm_80: 120 KB; on the H200 staging measured 1.2-1.36x, the longer tiles 1.03-1.13x),
+    else v5 without them where it fits (sm_86 / sm_89: 91 KB), else v2 (sm_75: 64 KB). v5 rather than v3: the
+    same tiles and shared memory, and faster on every bench_verify cell (H200, 2026-12-05: 1-6 %, tree and
+    causal); v8 is faster still on the largest tree cells (4-6 % at 4096+ keys x 256 nodes x 64 heads) but 10 %
+    slower on the small ones, and v4, v6, v7 are never ahead of both."""
+    if stage_bytes("v5") or (not stage_bytes("v2") and tiled_fits("v5")):
+        return "v5"
     return "v2"
 
 
@@ -1499,7 +1502,8 @@ def short_splits(rows: int, max_keys: int) -> bool:
     """Whether v2's launch for ``rows`` query rows over ``max_keys`` keys has splits of a single 16-key tile: a
     small grid (a decode step over a short context), latency-bound, where v3's half as many blocks of twice the
     keys are slower - the default pair's decode step (8 rows, 300 keys): v2 0.022 ms, v3 0.028 (H200). Causal
-    launches with ``variant=None`` run v2 there. (A tree verify always has enough rows for v3 to pay.)"""
+    launches with ``variant=None`` run v2 there, not the 32-key default (v5). (A tree verify always has enough
+    rows for the 32-key tiles to pay.)"""
     tiles = -(-rows // MT)
     return plan_splits(tiles, max_keys, KT, MIN_SPLIT_TILES * KT, None, tiled_wave())[1] < 2 * KT
 
@@ -1601,8 +1605,8 @@ def mla_attention(q, cache, start, scale: float, lkv: int, out=None, splits: int
     max_keys = cache.shape[0] if device_start else start0 + T
     if variant == "v1":
         return launch_v1(_attention_kernel, q, cache, start, scale, lkv, out, max_keys, splits)
-    if auto and variant == "v3" and splits is None and short_splits(T * q.shape[1], max_keys):
-        variant = "v2"
+    if auto and variant != "v2" and splits is None and short_splits(T * q.shape[1], max_keys):
+        variant = "v2"                           # the default's 32-key tiles: too few blocks for a short decode
     check_tiled_fits(variant)
     keys = cache.reshape(cache.shape[0], 1, cache.shape[1])                        # [C, 1, D]: one kv head
     return attention_v2(q, keys, None, start0, start_dev, scale, True, out, max_keys, splits, variant,

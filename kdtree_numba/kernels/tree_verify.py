@@ -25,15 +25,18 @@ This module owns the tree-mode kernels; ``mla_attention.py`` holds the machinery
      computed per (query row, key) from the paths, never stored). With N >= 32 heads a tile holds one token:
      its list is exactly its own path; with N = 16 two tokens share 2 (L + 1) slots.
   v3 ``_tree_attention_v3_kernel``: v2 with key tiles of 32 rows (the same source, ``_tiled_tree_kernel(32, ..)``;
-     see mla_attention's v3). The default on a GPU: every tree cell of bench_verify ran as fast or faster (H200:
-     4096 / 256 / 64 5.34 -> 4.97 ms; the default pair's 65-node verify 0.036 -> 0.029) - except below 16 heads
+     see mla_attention's v3). Every tree cell of bench_verify ran as fast or faster than v2 (H200: 4096 / 256 /
+     64 5.34 -> 4.97 ms; the default pair's 65-node verify 0.036 -> 0.029) - except below 16 heads
      (``tree_variant``): the default pair's 8-head verify, measured again in the round, runs faster on v2.
   v4 ``_tree_attention_v4_kernel``: v3 with every warp on both m16 blocks (mla_attention's v4: a key or value
      fragment split once for both blocks' MMAs; ``_tiled_tree_kernel(.., wide=True)``). ``variant="v4"`` only:
-     on the H200 (bench_verify ``--fast v4``, 2026-12-05) within -1 % .. +5 % of v3, so the default stays v3.
+     on the H200 (bench_verify ``--fast v4``, 2026-12-05) within -1 % .. +5 % of v3.
   v5 - v8 ``_tree_attention_v5_kernel`` ..: mla_attention's v5 - v8 over the tree's key list (ldmatrix score
-     fragments; v6 / v7 with v4's P V, v7 also v4's scores; v8 v7 with the key tile by the copy engine). Staged,
-     not yet timed on a GPU.
+     fragments; v6 / v7 with v4's P V, v7 also v4's scores; v8 v7 with the key tile by the copy engine). **v5 is
+     the default on a GPU** (16+ heads): v3's tiles and shared memory, 1-6 % faster than v3 on every tree cell
+     (H200, 2026-12-05, bench_verify: 512 / 16 / 16 0.044 -> 0.043 ms, 4096 / 256 / 64 3.91 -> 3.82, 32768 /
+     256 / 64 30.4 -> 30.3). v8 leads on the largest cells (28.5 ms at 32768 / 256 / 64) and trails on the
+     small ones (0.049 at 512 / 16 / 16); v6 and v7 sit between.
 Shapes: q [n+1, N, D] float32, cache [C, D] float32, paths [n+1, >= L+1] int32, depths [n+1] int32
 -> out [n+1, N, Lkv] float32.
 Example: start 2, parents [-1, 0, 0, 1]: node 3 (depth 2) sees rows 0, 1 (committed), 2 (root), 3 (node 1), 5
@@ -240,19 +243,19 @@ TREE_KERNELS = {"v2": _tree_attention_v2_kernel, "v3": _tree_attention_v3_kernel
 
 
 # ------------------------------------------------------------------------------------------------ launcher
-V3_MIN_HEADS = 16   # variant=None: tree verifies of fewer heads run v2 where the default is v3 (``tree_variant``)
+V3_MIN_HEADS = 16   # variant=None: tree verifies of fewer heads run v2, not the 32-key default (``tree_variant``)
 
 
 def tree_variant(default: str, heads: int, v2_staged: bool) -> str:
     """The variant ``variant=None`` runs for a tree of ``heads`` heads: ``default`` (mla_attention's
-    ``default_variant()``), except v3 -> v2 below V3_MIN_HEADS heads where v2 can stage its query rows
+    ``default_variant()``), except v3 / v5 -> v2 below V3_MIN_HEADS heads where v2 can stage its query rows
     (``v2_staged``). Measured on the H200 (docs/PERFORMANCE.md, 2026-12-04, eighteenth session): the default
     pair's verify (8 heads: a 32-row tile holds 4 tokens and their 4 (L + 1) path slots) took 29.3 us with v2
     against 36.7 with v3 at 33 nodes, 27.9 against 30.1 at 16 (graph replays, a 512-row cache), and graph-replayed
     generation ran 0.2-6 % faster (DDTree-32 / -64 and the chain, two interleaved pairs, identical tokens); every
-    bench_verify cell (16-64 heads) ran as fast or faster on v3. Example: tree_variant("v3", 8, True) -> "v2";
-    tree_variant("v3", 16, True) -> "v3"."""
-    return "v2" if default == "v3" and heads < V3_MIN_HEADS and v2_staged else default
+    bench_verify cell (16-64 heads) ran as fast or faster on v3 (and v5, the default since 2026-12-05, on every
+    cell faster than v3). Example: tree_variant("v5", 8, True) -> "v2"; tree_variant("v5", 16, True) -> "v5"."""
+    return "v2" if default in ("v3", "v5") and heads < V3_MIN_HEADS and v2_staged else default
 
 
 def tree_attention(q, cache, start, paths, depths, scale: float, lkv: int, max_depth: int | None = None,

@@ -197,16 +197,17 @@ def test_bad_splits_and_shapes_name_the_argument():
 
 
 def test_variant_selection():
-    assert mla.default_variant() == ("v3" if kd.backend.name == "cuda" else "v1")
+    assert mla.default_variant() == ("v5" if kd.backend.name == "cuda" else "v1")
     assert mla.check_variant(None) == mla.default_variant()
     with pytest.raises(ValueError, match="variant: expected one of 'v1', 'v2', 'v3', 'v4', 'v5', 'v6', 'v7', 'v8' or None, got 'v9'"):
         mla.mla_attention(np.zeros((1, 1, 4), np.float32), np.zeros((2, 4), np.float32), 0, 1.0, 3, variant="v9")
 
 
 def test_tree_variant_takes_v2_below_16_heads_where_the_default_is_v3():
-    assert tv.tree_variant("v3", 8, True) == "v2"                 # the default pair's verify (measured faster)
-    assert tv.tree_variant("v3", tv.V3_MIN_HEADS, True) == "v3"   # bench_verify's cells: v3
-    assert tv.tree_variant("v3", 8, False) == "v3"                # v2 could not stage its query rows
+    assert tv.tree_variant("v5", 8, True) == "v2"                 # the default pair's verify (measured faster)
+    assert tv.tree_variant("v3", 8, True) == "v2"
+    assert tv.tree_variant("v5", tv.V3_MIN_HEADS, True) == "v5"   # bench_verify's cells: the default
+    assert tv.tree_variant("v5", 8, False) == "v5"                # v2 could not stage its query rows
     assert tv.tree_variant("v1", 8, True) == "v1"                 # the simulator's default stays
 
 
@@ -382,10 +383,10 @@ def test_tiled_without_room_for_staged_query_rows(monkeypatch, variant):
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("optin, want", [(232448, "v3"), (166912, "v2"), (101376, "v3"), (65536, "v2")])
+@pytest.mark.parametrize("optin, want", [(232448, "v5"), (166912, "v2"), (101376, "v5"), (65536, "v2")])
 def test_default_tiled_variant_by_shared_memory(monkeypatch, optin, want):
-    """What variant=None runs on a GPU: v3 where it stages its query rows (H100 / H200), v2 where only v2 can (A100:
-    staging pays more than longer tiles), v3 unstaged where neither stages (sm_86 / sm_89), v2 where v3 does not fit
+    """What variant=None runs on a GPU: v5 where it stages its query rows (H100 / H200), v2 where only v2 can (A100:
+    staging pays more than longer tiles), v5 unstaged where neither stages (sm_86 / sm_89), v2 where v5 does not fit
     (sm_75)."""
     monkeypatch.setattr(kd.backend, "shared_optin", lambda: optin)
     assert mla.tiled_default() == want
