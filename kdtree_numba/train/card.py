@@ -320,29 +320,53 @@ def _training_text(da: dict, rg: dict) -> str:
     return head + f"{batch - n} {corpus} and {n} {regen} (`--regen-mix {da.get('regen_mix')}`)"
 
 
+def drafter_runs(dlog: dict) -> list:
+    """The drafter's training runs, first to last, from its log and the ``init`` records nested in it (one per
+    ``--init``): ``[{"args", "seconds", "init_sha256"}]`` - a run's arguments (None for weights without a log), its
+    total seconds (None where the log did not record them) and the sha256 of the weights it started from."""
+    runs, info = [{"args": dlog.get("args") or {}, "seconds": dlog.get("total_seconds")}], dlog.get("init")
+    while info:
+        runs[0]["init_sha256"] = info.get("sha256")
+        runs.insert(0, {"args": info.get("args"), "seconds": info.get("total_seconds")})
+        info = info.get("init")
+    return runs
+
+
+def drafter_seconds(dlog: dict) -> tuple:
+    """(seconds, runs): the drafter's time - the last run's regeneration + training, or, for a drafter trained in
+    several runs (``drafter_runs``) whose logs all recorded it, their total seconds summed (runs = how many)."""
+    runs = drafter_runs(dlog)
+    if len(runs) > 1 and all(r["seconds"] is not None and r["args"] for r in runs):
+        return sum(r["seconds"] for r in runs), len(runs)
+    return ((dlog.get("regen") or {}).get("seconds") or 0) + (dlog.get("train_seconds") or 0), 1
+
+
 def drafter_commands(dlog: dict, dirs: dict | None = None) -> list:
     """The drafter's training commands, first to last: a drafter trained from an earlier one's weights (``--init``)
     is preceded by that one's command, as its log recorded it. ``dirs`` (the recipe's directories) renames the
-    outputs run/drafter-1, run/drafter-2, .. run/drafter and chains them through ``--init``; without it the
-    commands are as run. Weights without a log are named by their sha256 in a comment."""
+    outputs run/drafter-1, run/drafter-2, .. run/drafter and chains them through ``--init``, each with its time
+    where the log has it; without it the commands are as run, each ``--init`` followed by the sha256 of the
+    weights it read (a run's directory may have held other weights later). Weights without a log are named by
+    their sha256 in a comment."""
     from .__main__ import DRAFTER
 
-    chain, info = [dlog.get("args") or {}], dlog.get("init")
-    while info:
-        chain.insert(0, info.get("args") or {"_sha256": info.get("sha256")})
-        info = info.get("init")
-    cmds, prev = [], None
-    for i, args in enumerate(chain):
-        if "_sha256" in args:
-            cmds.append(f"# starting weights: model.safetensors sha256 {args['_sha256']} (no training log)")
+    cmds, prev, runs = [], None, drafter_runs(dlog)
+    for i, run in enumerate(runs):
+        args = run["args"]
+        if not args:
+            cmds.append(f"# starting weights: model.safetensors sha256 {runs[i + 1]['init_sha256']} (no training log)")
             prev = "DIR"
             continue
+        last = i == len(runs) - 1
         if dirs is not None:
-            last = i == len(chain) - 1
             args = {**args, **dirs, "out_dir": "run/drafter" if last else f"run/drafter-{i + 1}", "init": prev}
             prev = args["out_dir"]
-        cmd = _cmd("drafter", args, DRAFTER, DRAFTER_DIRS)
-        cmds.append(cmd + (f" --init {args['init']}" if args.get("init") else ""))
+        cmd = _cmd("drafter", args, DRAFTER, DRAFTER_DIRS) + (f" --init {args['init']}" if args.get("init") else "")
+        if dirs is None and args.get("init") and run.get("init_sha256"):
+            cmd += f"   # weights sha256 {run['init_sha256'][:12]}.."
+        elif dirs is not None and not last and run["seconds"] is not None:
+            cmd += f"   # {_f(run['seconds'], 0)} s"
+        cmds.append(cmd)
     return cmds
 
 
@@ -357,8 +381,8 @@ def _training(tlog, dlog) -> list:
     ti, di = tlog.get("implementation") or {}, dlog.get("target_implementation") or {}
     last = (tlog.get("steps") or [{}])[-1]
     lines = ["## Training", "",
-             f"Both runs on one {tv.get('gpu', tlog.get('device'))} (torch {tv.get('torch')}, transformers "
-             f"{tv.get('transformers')}, Python {tv.get('python')}), bf16 autocast with fp32 master weights, saved "
+             f"{'All' if len(drafter_runs(dlog)) > 1 else 'Both'} runs on one {tv.get('gpu', tlog.get('device'))} "
+             f"(torch {tv.get('torch')}, transformers {tv.get('transformers')}, Python {tv.get('python')}), bf16 autocast with fp32 master weights, saved "
              f"in bf16. The commands as run, rebuilt from the logs' arguments (every other flag at its default; on "
              f"the GPU machine the corpus directory, built by the `corpus` subcommand, was named "
              f"`{ta.get('data_dir')}`" + (f" for the target's run and `{da.get('data_dir')}` for the drafter's"
@@ -387,9 +411,12 @@ def _training(tlog, dlog) -> list:
         lines += _table(["step"] + [str(v["step"]) for v in vals],
                         [["validation loss (nats/token)"] + [_f(v["loss"]) for v in vals]])
     rg = dlog.get("regen") or {}
+    n_runs = len(drafter_runs(dlog))
     lines += ["### Drafter", "",
               "The anchored-block recipe of DFlash / SpecForge (`kdtree_numba/train/drafter_train.py`), on the "
-              "frozen trained target:", ""]
+              "frozen trained target" + (f" - in {n_runs} runs, each from the weights of the one before (`--init`; "
+                                         f"the commands above); this table and the metrics below are the last "
+                                         f"run's" if n_runs > 1 else "") + ":", ""]
     gamma = dlog.get("gamma")
     bs = (dlog.get("config") or {}).get("block_size") or da.get("block")
     n_val_regen = rg.get("val_sequences")
@@ -698,7 +725,7 @@ def build_card(model_dir=DEFAULT_DIR, eval_data: dict | None = None, gpu_eval: d
               sha256_file(os.path.join(model_dir, "humaneval_prompts.jsonl")) == msha.get("heldout.jsonl")}
     ev = eval_data or {}
     b, t = ev.get("bpb"), ev.get("tau")
-    drafter_s = ((dlog.get("regen") or {}).get("seconds") or 0) + (dlog.get("train_seconds") or 0)
+    drafter_s, drafter_n = drafter_seconds(dlog)
     glance = [["target", f"DeepSeek-V3 architecture (MLA + MoE), {_int(tlog.get('params'))} parameters, "
                          f"{tcfg.get('num_hidden_layers')} layers, hidden {tcfg.get('hidden_size')}"],
               ["drafter", f"DFlash, {_int(dlog.get('params'))} parameters, block {dcfg.get('block_size')}, reads "
@@ -706,8 +733,9 @@ def build_card(model_dir=DEFAULT_DIR, eval_data: dict | None = None, gpu_eval: d
               ["data", f"{_int(manifest.get('tokens'))} tokens of Python source from "
                        f"{len(manifest.get('wheels', []))} pinned PyPI wheels; HumanEval held out"],
               ["training", f"target {_f(tlog.get('train_seconds'), 0)} s + drafter "
-                           f"{_f(drafter_s, 0)}"
-                           f" s (regeneration + training) on one {(tlog.get('versions') or {}).get('gpu', 'GPU')}; "
+                           f"{_f(drafter_s, 0)} s ("
+                           + (f"{drafter_n} runs in all" if drafter_n > 1 else "regeneration + training")
+                           + f") on one {(tlog.get('versions') or {}).get('gpu', 'GPU')}; "
                            f"final validation loss "
                            f"{_f((tlog.get('val') or [{}])[-1].get('loss'))} nats/token"]]
     if b:

@@ -313,18 +313,22 @@ def test_card_gives_the_whole_chain_of_a_drafter_trained_from_another(tmp_path):
     first = dict(log["args"], regen=16384)
     log["args"] = dict(log["args"], seed=1, regen_mix=0.75, regen_anchors="generated", init="/runs/E",
                        out_dir="O/drafter2")
-    log["init"] = {"dir": "/runs/E", "sha256": "cd" * 32, "args": first, "init": None}
+    log["init"] = {"dir": "/runs/E", "sha256": "cd" * 32, "args": first, "init": None, "total_seconds": 400.4}
+    log["total_seconds"] = 99.6
     _write(os.path.join(d, "drafter_train_log.json"), log)
     text = card.build_card(d, _eval())
     recipe = text.split("## How to reproduce")[1].split("```")[1]
     cmds = [line for line in recipe.splitlines() if line.startswith("python -m kdtree_numba.train drafter")]
     assert len(cmds) == 2
     assert "--out run/drafter-1 " in cmds[0] and "--regen 16384" in cmds[0] and "--init" not in cmds[0]
+    assert cmds[0].endswith("   # 400 s") and cmds[1].endswith("   # 100 s")              # each run's own time
+    assert card.drafter_seconds(log) == (500.0, 2) and "drafter 500 s (2 runs in all)" in text
+    assert "in 2 runs, each from the weights of the one before" in text
     assert "--out run/drafter " in cmds[1] and cmds[1].split("   #")[0].endswith(" --init run/drafter-1")
     assert "--seed 1" in cmds[1] and "--regen-mix 0.75" in cmds[1] and "--regen-mix" not in cmds[0]
     assert "--regen-anchors generated" in cmds[1] and "--regen-anchors" not in cmds[0]     # E's log lacks the key
     as_run = text.split("## Training")[1].split("```")[1]
-    assert "--out O/drafter2" in as_run and "--init /runs/E" in as_run
+    assert "--out O/drafter2" in as_run and f"--init /runs/E   # weights sha256 {'cd' * 6}.." in as_run
     assert "is 8 corpus windows (train split, random offsets) and 24 text the target generated" in text
     assert "start in the generated part only, from position" in text
     log["init"] = {"dir": "/w", "sha256": "ef" * 32, "args": None, "init": None}           # weights without a log
