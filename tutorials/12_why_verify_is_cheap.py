@@ -346,8 +346,8 @@ print(f"gemm.linear takes it on the GPU for M >= {skinny_gemm.MIN_ROWS}, M x N <
 # * **On this CPU** a 65-token verify of the shipped pair costs several decode steps, not one: the model is tiny
 #   (9.1 M parameters, 32 MB of fp32 GEMM weights), so a decode step is not purely memory-bound, and one
 #   core's ridge point is only a few flop/byte (section 2: T ~ 10 here). With tau ~ 3 the round does not pay:
-#   docs/PERFORMANCE.md measures 251.2 tokens/s autoregressive vs 144.9 for DDTree at budget 64 with the shipped
-#   drafter (0.58x at tau 5.02; 0.39-0.56x with an earlier drafter, tau 3.14).
+#   docs/PERFORMANCE.md measures 236.2 tokens/s autoregressive vs 165.3 for DDTree at budget 64 with the shipped
+#   drafter (0.70x at tau 5.96; 0.58x with an earlier drafter at tau 5.02, 0.39-0.56x at tau 3.14).
 # * **On the H200, host-launched** (`replay=False`) a step of the shipped pair and a round are both bound by
 #   numba's host launches (~12 ms a step), so a 65-token verify costs about one step, and DDTree at budget 64
 #   (tau 3.14 on the held-out prompts) runs at **146.2 vs 84.6 tokens/s: 1.71x** over plain decoding.
@@ -357,9 +357,11 @@ print(f"gemm.linear takes it on the GPU for M >= {skinny_gemm.MIN_ROWS}, M x N <
 #   and the MoE's grouped skinny patches took 17 % off the verify by doing each in one launch), so DDTree-64 ran
 #   at 2077 vs 1953 tokens/s (1.07x, tau 3.14, before the grouped patches), and with a drafter trained on 8x the
 #   regenerated text (tau 4.75; the prefill replayed too) at 4362 vs 2506 (1.75x; budget 32: 1.84x), and with the
-#   shipped drafter (tau 5.02 at budget 64, 4.69 at 32) at 4884 vs 2523 (1.93x; budget 32: 5035, 2.00x; 1.26x the
+#   drafter E (tau 5.02 at budget 64, 4.69 at 32) at 4884 vs 2523 (1.93x; budget 32: 5035, 2.00x; 1.26x the
 #   chain) on HumanEval/0-7, and over all 164 held-out prompts at 5699 (budget 32) vs 2455 tokens/s: 2.32x, 1.22x
-#   the chain (docs/PERFORMANCE.md, 2026-12-04, nineteenth and twentieth sessions). A tiny model
+#   the chain (docs/PERFORMANCE.md, 2026-12-04, nineteenth and twentieth sessions). With today's shipped drafter
+#   (tau 5.62 at budget 32) and a faster plain step: 6723 vs 2849 tokens/s, 2.35x, 1.16x the chain (2026-12-05,
+#   twenty-seventh session). A tiny model
 #   never leaves that regime. For a model large enough to be bandwidth-bound (section 1: a Kimi-K2 dense layer)
 #   the roofline says the same on bf16 tensor cores: 65 tokens cost ~1.0x one token (~2.7x in fp32 on CUDA
 #   cores, where T = 65 is past the ridge at T ~ 24; 16 tokens ~1.0x).

@@ -1087,7 +1087,7 @@ check(f"causal start {start_b}, splits=2: {'v4' if KERNELS else WHO} vs mla_atte
 # fragments need the transposed picture - B[k][n] = value row k, column n - which ldmatrix offers only for 16-bit
 # elements: those stay 4-byte loads.) v6 and v7 combine this with v4's mapping; v8 also hands the key tile to the
 # copy engine (one `cp.async.bulk` a row, completing on an mbarrier). Timed on an H200 (docs/PERFORMANCE.md,
-# 2026-12-05, twenty-seventh session): v5 is 1-6 % faster than v3 on every tree and causal cell of bench_verify,
+# 2026-12-05, twenty-seventh session): v5 is 0.3-7 % faster than v3 on every tree and causal cell of bench_verify,
 # so it is the default on a GPU; v8 is 4-6 % faster than v5 on the largest tree cells (256 nodes x 64 heads over
 # 4096+ keys) and ~10 % slower on the smallest. Fewer instructions did not buy proportionally less time: the
 # SASS estimate was 14 % (v5) to 28 % (v7) fewer a tile. The emulation below follows the PTX description lane by

@@ -205,9 +205,9 @@ def tiled_default() -> str:
     """v5 (v3's 32-key tiles, fragments by ldmatrix) where it can stage its query rows (sm_90: 168 KB a block),
     else v2 where v2 can (sm_80: 120 KB; on the H200 staging measured 1.2-1.36x, the longer tiles 1.03-1.13x),
     else v5 without them where it fits (sm_86 / sm_89: 91 KB), else v2 (sm_75: 64 KB). v5 rather than v3: the
-    same tiles and shared memory, and faster on every bench_verify cell (H200, 2026-12-05: 1-6 %, tree and
+    same tiles and shared memory, and faster on every bench_verify cell (H200, 2026-12-05: 0.3-7 %, tree and
     causal); v8 is faster still on the largest tree cells (4-6 % at 4096+ keys x 256 nodes x 64 heads) but 10 %
-    slower on the small ones, and v4, v6, v7 are never ahead of both."""
+    slower on the small ones, v6 / v7 lead v5 by at most 3 % on a few cells, and v4 ran within -1 .. +5 % of v3."""
     if stage_bytes("v5") or (not stage_bytes("v2") and tiled_fits("v5")):
         return "v5"
     return "v2"

@@ -33,7 +33,7 @@ This module owns the tree-mode kernels; ``mla_attention.py`` holds the machinery
      on the H200 (bench_verify ``--fast v4``, 2026-12-05) within -1 % .. +5 % of v3.
   v5 - v8 ``_tree_attention_v5_kernel`` ..: mla_attention's v5 - v8 over the tree's key list (ldmatrix score
      fragments; v6 / v7 with v4's P V, v7 also v4's scores; v8 v7 with the key tile by the copy engine). **v5 is
-     the default on a GPU** (16+ heads): v3's tiles and shared memory, 1-6 % faster than v3 on every tree cell
+     the default on a GPU** (16+ heads): v3's tiles and shared memory, 0.3-7 % faster than v3 on every tree cell
      (H200, 2026-12-05, bench_verify: 512 / 16 / 16 0.044 -> 0.043 ms, 4096 / 256 / 64 3.91 -> 3.82, 32768 /
      256 / 64 30.4 -> 30.3). v8 leads on the largest cells (28.5 ms at 32768 / 256 / 64) and trails on the
      small ones (0.049 at 512 / 16 / 16); v6 and v7 sit between.
