@@ -32,7 +32,8 @@ def steady(replay: bool, **kw):
 
 
 rows = []
-for label, kw in [("DDTree, budget 16", dict(budget=16)), ("DDTree, budget 64", dict(budget=64)),
+for label, kw in [("DDTree, budget 16", dict(budget=16)), ("DDTree, budget 32", dict(budget=32)),
+                  ("DDTree, budget 64", dict(budget=64)),
                   ("DDTree, budget 256", dict(budget=256)), ("DFlash chain", dict(chain=True))]:
     for replay in (False, True):
         wall, st, tau = steady(replay, **kw)
