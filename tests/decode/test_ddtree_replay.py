@@ -18,12 +18,13 @@ def pair():
 
 def _same_rounds(a, b):
     """Same rounds; weights to rounding: the drafter observes a padded path of L + 1 rows where the direct loop
-    observes the m accepted ones, and a BLAS GEMM's rounding may depend on the row count."""
+    observes the m accepted ones, and a BLAS GEMM's rounding may depend on the row count (float32 log-probs: drafter
+    G's weights moved one of 64 by 6.7e-6, 1.6e-5 relative; tokens and parents are compared exactly)."""
     assert len(a.rounds) == len(b.rounds)
     for x, y in zip(a.rounds, b.rounds):
         assert (x.start, x.root, x.accepted, x.bonus) == (y.start, y.root, y.accepted, y.bonus)
         assert x.tree.tokens.tolist() == y.tree.tokens.tolist() and x.tree.parents.tolist() == y.tree.parents.tolist()
-        np.testing.assert_allclose(x.tree.logw, y.tree.logw, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(x.tree.logw, y.tree.logw, rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(x.draft_probs, y.draft_probs, rtol=1e-4, atol=1e-6)
         assert set(y.times) == set(STAGES) and all(t >= 0 for t in y.times.values())   # device clock stamps
 
