@@ -382,11 +382,12 @@ def _training(tlog, dlog) -> list:
     last = (tlog.get("steps") or [{}])[-1]
     lines = ["## Training", "",
              f"{'All' if len(drafter_runs(dlog)) > 1 else 'Both'} runs on one {tv.get('gpu', tlog.get('device'))} "
-             f"(torch {tv.get('torch')}, transformers {tv.get('transformers')}, Python {tv.get('python')}), bf16 autocast with fp32 master weights, saved "
-             f"in bf16. The commands as run, rebuilt from the logs' arguments (every other flag at its default; on "
-             f"the GPU machine the corpus directory, built by the `corpus` subcommand, was named "
-             f"`{ta.get('data_dir')}`" + (f" for the target's run and `{da.get('data_dir')}` for the drafter's"
-                                          if da.get("data_dir", ta.get("data_dir")) != ta.get("data_dir") else "")
+             f"(torch {tv.get('torch')}, transformers {tv.get('transformers')}, Python {tv.get('python')}), bf16 "
+             f"autocast with fp32 master weights, saved in bf16. The commands as run, rebuilt from the logs' "
+             f"arguments (every other flag at its default; on the GPU machine the corpus directory, built by the "
+             f"`corpus` subcommand, was named `{ta.get('data_dir')}`"
+             + (f" for the target's run and `{da.get('data_dir')}` for the drafter's"
+                if da.get("data_dir", ta.get("data_dir")) != ta.get("data_dir") else "")
              + "):",
              "", "```", t_cmd, *d_cmds, "```", ""]
     lines += ["### Target", ""]
