@@ -369,11 +369,12 @@ def _training(tlog, dlog) -> list:
     tv = tlog.get("versions") or {}
     t_cmd = _cmd("target", ta, TARGET, TARGET_DIRS)
     d_cmds = drafter_commands(dlog)
+    n_runs = len(drafter_runs(dlog))
     tokens_seen = (ta.get("steps") or 0) * (ta.get("batch") or 0) * (ta.get("seq") or 0)
     ti, di = tlog.get("implementation") or {}, dlog.get("target_implementation") or {}
     last = (tlog.get("steps") or [{}])[-1]
     lines = ["## Training", "",
-             f"{'All' if len(drafter_runs(dlog)) > 1 else 'Both'} runs on one {tv.get('gpu', tlog.get('device'))} "
+             f"{'All' if n_runs > 1 else 'Both'} runs on one {tv.get('gpu', tlog.get('device'))} "
              f"(torch {tv.get('torch')}, transformers {tv.get('transformers')}, Python {tv.get('python')}), bf16 "
              f"autocast with fp32 master weights, saved in bf16. The commands as run, rebuilt from the logs' "
              f"arguments (every other flag at its default; on the GPU machine the corpus directory, built by the "
@@ -404,7 +405,6 @@ def _training(tlog, dlog) -> list:
         lines += _table(["step"] + [str(v["step"]) for v in vals],
                         [["validation loss (nats/token)"] + [_f(v["loss"]) for v in vals]])
     rg = dlog.get("regen") or {}
-    n_runs = len(drafter_runs(dlog))
     lines += ["### Drafter", "",
               "The anchored-block recipe of DFlash / SpecForge (`kdtree_numba/train/drafter_train.py`), on the "
               "frozen trained target" + (f" - in {n_runs} runs, each from the weights of the one before (`--init`; "
