@@ -203,7 +203,7 @@ def test_variant_selection():
         mla.mla_attention(np.zeros((1, 1, 4), np.float32), np.zeros((2, 4), np.float32), 0, 1.0, 3, variant="v9")
 
 
-def test_tree_variant_takes_v2_below_16_heads_where_the_default_is_v3():
+def test_tree_variant_takes_v2_below_16_heads_where_the_default_has_32_key_tiles():
     assert tv.tree_variant("v5", 8, True) == "v2"                 # the default pair's verify (measured faster)
     assert tv.tree_variant("v3", 8, True) == "v2"
     assert tv.tree_variant("v5", tv.V3_MIN_HEADS, True) == "v5"   # bench_verify's cells: the default
