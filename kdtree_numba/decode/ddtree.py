@@ -10,8 +10,8 @@ One round, with ``start`` committed tokens and the root (the last bonus token) a
               accepted tokens and the bonus; the bonus is the next root. A drafter that reads target features
               (DFlash) gets the accepted nodes' rows of the verify forward's hidden states as its next context.
 Everything stays on the device except the packed accepted tokens, read once per round; the trees, accepted node
-indices and stage times of all rounds (device clock stamps: kernels/stamp.py) are copied to the host once, at the end,
-for the RoundTraces.
+indices and stage times of all rounds (device clock stamps: kernels/stamp.py) are copied to the host once, at the end
+(three blocks: ``_records``); the RoundTraces are built from them when first read (``trace.Rounds``).
 ``ddtree_replay.py`` runs the same round with its state on the device, captured as one CUDA graph.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from ..kernels.tree import Tree
 from ..model.drafters import concat_features
 from ..model.target import TreeInput
 from .autoregressive import nan_error
-from .trace import STAGES, Generation, RoundTrace
+from .trace import STAGES, Generation, Rounds, RoundTrace
 
 
 def ddtree(target, prompt: np.ndarray, max_new_tokens: int, drafter, budget: int, temperature: float, seed: int,
@@ -128,13 +128,7 @@ class _RoundState:
             o = self.empty_tree
             o.n[...], o.paths[...], o.path_depth[...] = 0, -1, 0
             o.paths[:, :, 0] = 0
-        B1 = max(budget, 1)
-        self.rec = {"tokens": e((max_rounds, B1), np.int32), "depth": e((max_rounds, B1), np.int32),
-                    "parent": e((max_rounds, B1), np.int32), "logw": e((max_rounds, B1), np.float64),
-                    "n": e((max_rounds,), np.int32), "accepted": e((max_rounds, L + 1), np.int32),
-                    "n_acc": e((max_rounds,), np.int32), "result": e((max_rounds, L + 2), np.int32),
-                    "draft_lp": e((max_rounds, L), np.float32),
-                    "stamps": e((max_rounds, len(STAGES) + 1), np.int64)}      # device clock (ns) around the stages
+        self.rec, self._blocks = _records(max_rounds, max(budget, 1), L)
         self.rounds: list[tuple] = []
 
     def record(self, tree, lp, ids, i, row_offset: int = 0, advance=None, root_copy=None) -> None:
@@ -143,18 +137,60 @@ class _RoundState:
         decode/ddtree_replay.py, which also passes its ``advance`` state and the drafter's ``root_copy``)."""
         round_end.round_end(self.rec, tree, self.acceptor, lp, ids, i, row_offset, advance, root_copy)
 
-    def traces(self) -> list[RoundTrace]:
-        """Copy the device records to the host (once) and assemble the RoundTraces."""
+    def traces(self, results=None) -> Rounds:
+        """The rounds' RoundTraces: the device records copied to the host now (three copies: ``_records``), the
+        Python objects built on first use (``trace.Rounds``: ~8 us a round that a generation's wall time need not
+        pay). ``results``: the result rows the host read round by round (the replayed loop), checked against the
+        records' accepted counts (``check_records``)."""
         n = len(self.rounds)
-        h = {k: backend.to_host(v[:n]) for k, v in self.rec.items()}
-        out = []
-        for i, (start, root) in enumerate(self.rounds):
-            k, m = int(h["n"][i]), int(h["n_acc"][i])
-            tree = Tree(h["tokens"][i, :k].copy(), h["depth"][i, :k].copy(),
-                        np.concatenate([[-1], h["parent"][i, :k]]).astype(np.int32), h["logw"][i, :k].copy())
-            t = h["stamps"][i]                                                     # [stages + 1] ns
-            times = {st: float(t[j + 1] - t[j]) / 1e6 for j, st in enumerate(STAGES)}
-            probs = [float(np.exp(x)) for x in h["draft_lp"][i, :m]]
-            out.append(RoundTrace(start, root, tree, h["accepted"][i, :m].tolist(), int(h["result"][i, m]), probs,
-                                  times))
-        return out
+        host = [np.array(backend.to_host(b[:n])) for b in self._blocks]        # [n, ...] each, copies
+        h = _records(n, self.rec["tokens"].shape[1], self.rec["draft_lp"].shape[1], host)[0]
+        if results is not None:
+            check_records(h["n_acc"], results)
+        rounds = list(self.rounds)                       # (start, root) each: a later generation starts a new list
+        return Rounds(n, lambda: _round_traces(h, rounds))
+
+
+def check_records(n_acc, results: list) -> None:
+    """The rounds' accepted counts as recorded must agree with the results the host read (m = n_acc): a replayed
+    graph that wrote one of them elsewhere (a replay bug, not bad input) is an error, never a garbage trace."""
+    for i, want in enumerate(results):
+        if int(n_acc[i]) != int(want[0]):
+            raise RuntimeError(f"replay: the device records of round {i + 1} disagree (n_acc {int(n_acc[i])}, the "
+                               f"result {want.tolist()}); generate with replay=False and report this")
+
+
+def _records(rounds: int, B1: int, L: int, blocks=None) -> tuple[dict, list]:
+    """The per-round records as views of three blocks (allocated on the backend, or the given host copies of
+    their first rows): every int32 and float32 field side by side in one int32 block [rounds, 3 B1 + 3 L + 5]
+    (draft_lp a float32 view of its columns), logw float64 [rounds, B1], the stage stamps int64 [rounds, stages + 1]
+    - so the end of a generation copies three blocks to the host, not ten arrays. Returns (fields, blocks)."""
+    widths = {"tokens": B1, "depth": B1, "parent": B1, "n": 0, "accepted": L + 1, "n_acc": 0, "result": L + 2,
+              "draft_lp": L}                                                 # 0: one column, a [rounds] view
+    if blocks is None:
+        e = backend.empty
+        blocks = [e((rounds, sum(max(w, 1) for w in widths.values())), np.int32), e((rounds, B1), np.float64),
+                  e((rounds, len(STAGES) + 1), np.int64)]                    # device clock (ns) around the stages
+    ints, logw, stamps = blocks
+    rec, o = {}, 0
+    for f, w in widths.items():
+        rec[f] = ints[:, o] if w == 0 else ints[:, o:o + w]
+        o += max(w, 1)
+    rec["draft_lp"] = rec["draft_lp"].view(np.float32)
+    rec["logw"], rec["stamps"] = logw, stamps
+    return rec, blocks
+
+
+def _round_traces(h: dict, rounds: list) -> list[RoundTrace]:
+    """RoundTraces from the host copies of the records ``h`` and the rounds' (start, root)."""
+    out = []
+    for i, (start, root) in enumerate(rounds):
+        k, m = int(h["n"][i]), int(h["n_acc"][i])
+        tree = Tree(h["tokens"][i, :k].copy(), h["depth"][i, :k].copy(),
+                    np.concatenate([[-1], h["parent"][i, :k]]).astype(np.int32), h["logw"][i, :k].copy())
+        t = h["stamps"][i]                                                     # [stages + 1] ns
+        times = {st: float(t[j + 1] - t[j]) / 1e6 for j, st in enumerate(STAGES)}
+        probs = [float(np.exp(x)) for x in h["draft_lp"][i, :m]]
+        out.append(RoundTrace(start, root, tree, h["accepted"][i, :m].tolist(), int(h["result"][i, m]), probs,
+                              times))
+    return out

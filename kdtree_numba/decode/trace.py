@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 import os
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -121,13 +122,48 @@ class RoundTrace:
                    {k: float(v) for k, v in times.items()})
 
 
+class Rounds(Sequence):
+    """A generation's RoundTraces, built on first use: ``Rounds(n, make)`` is a sequence of n rounds whose list
+    ``make()`` returns when one is first read (then kept). The decode loops copy their device records to the host
+    when a generation ends and leave the Python objects (~8 us a round) to whoever reads them, so a generation's
+    wall time does not include them. Reads like a list: len, indexing, slices, iteration, == against a list.
+    Example: r = Rounds(2, lambda: [a, b]); len(r) -> 2 (nothing built yet); r[-1] -> b."""
+
+    def __init__(self, n: int, make):
+        self._n, self._make, self._items = n, make, None
+
+    def _list(self) -> list:
+        if self._items is None:
+            self._items = list(self._make())
+            self._make = None
+            if len(self._items) != self._n:
+                raise RuntimeError(f"Rounds: built {len(self._items)} rounds, expected {self._n}")
+        return self._items
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i):
+        return self._list()[i]
+
+    def __iter__(self):
+        return iter(self._list())
+
+    def __eq__(self, other):
+        return self._list() == list(other) if isinstance(other, Sequence) and not isinstance(other, str) \
+            else NotImplemented
+
+    def __repr__(self) -> str:
+        return f"Rounds({self._list()!r})" if self._items is not None else f"Rounds({self._n} rounds, not yet built)"
+
+
 @dataclasses.dataclass
 class Generation:
     """Result of ``kd.generate``. ``tokens``: the new tokens only; ``target_forwards``: target passes including the
     prefill; ``rounds``: DDTree rounds (empty for autoregressive decoding); ``seconds``: wall time after prefill."""
     prompt: list[int]
     tokens: list[int]
-    rounds: list[RoundTrace]
+    rounds: Sequence[RoundTrace]          # a list, or Rounds (built on first use)
     target_forwards: int
     seconds: float
     settings: dict = dataclasses.field(default_factory=dict)
