@@ -22,9 +22,10 @@ The round's inputs live in three device int32 [1] arrays (the *state*), never in
 The host reads ``result`` (L + 2 int32) once per round to emit tokens and test stop tokens, NaN and the token
 limit; nothing else leaves the device until the generation ends (the records: three host copies, ddtree.py).
 The read is pipelined: round i + 1 is launched before round i's result is read (from its trace record, on a
-second stream that waits only for round i's end event), so the GPU runs the next round while the host emits tokens and launches graphs. Launched
-ahead only while round i cannot reach the token limit (more than L + 1 tokens to go); a stop token inside round i
-makes round i + 1 wasted work, which the next generation's prefill overwrites. The drafter observes all L + 1
+second stream that waits only for round i's end event), so the GPU runs the next round while the host emits
+tokens and launches graphs; the prefill's token is read the same way, after round 1 is queued behind the prefill.
+Launched ahead only while round i cannot reach the token limit (more than L + 1 tokens to go); a stop token
+inside round i makes round i + 1 wasted work, which the next generation's prefill overwrites. The drafter observes all L + 1
 rows of a padded path; rows past the accepted ones are overwritten by the next round's block before anything
 reads them. Stage times (the trace's ``times``) are device clock stamps taken inside the graph before the first
 stage and after each (kernels/stamp.py): a graph per stage with CUDA events between them was 6 % slower (H200,
@@ -87,6 +88,7 @@ class _RoundProgram(Program):
         self.path_feats = backend.empty((L + 1, len(feats) * target.config.hidden_size), np.float32) \
             if feats else None
         self.round = backend.empty((1,), np.int32)
+        self.first = backend.empty((1,), np.int32)                          # the prefill's token (-1: NaN)
         self.r: dict = {}                                                   # arrays passed from stage to stage
         self.stages = [self._draft, self._topk, self._build, self._verify, self._accept, self._compact]
         assert [f.__name__[1:] for f in self.stages] == list(STAGES)
@@ -95,27 +97,29 @@ class _RoundProgram(Program):
         self.prefill = Prefill(target, self.cache, drafter.feature_layers, self._first)
         self.hold()
 
-    def begin(self, prompt, temperature: float, seed: int) -> int:
+    def begin(self, prompt, temperature: float, seed: int):
         """The sampler's settings; the prefill (padded and replayed per length bucket: prefill_replay.py), the
-        drafter's context, the first root; the state for round 1. Returns the root."""
+        drafter's context, the first root (``first``; clamped to >= 0 in ``root`` and the draft's slot); the
+        state for round 1. Reads nothing: returns the end mark after which ``first`` may be read, so round 1
+        queues behind the prefill without the host waiting between them."""
         sampling.settings(temperature, seed, out=self.sampler)
         self.prefill(prompt)
         self.drafter.length = len(prompt)            # the context it observed (rows past it are scratch)
-        root = int(backend.to_host(self.root)[0])
-        backend.xp.maximum(self.root, 0, out=self.root)
-        self.draft_root[...] = self.root
         self.start[...] = len(prompt)
         self.round[...] = 1
         self.s.rounds = []
-        return root
+        return backend.mark()
 
     def _first(self, logits, hid) -> None:
         """After the prompt's forward: the drafter observes every row run (a padded prefill's pad rows too:
-        scratch, overwritten by the first draft's block before anything reads them), the first root."""
+        scratch, overwritten by the first draft's block before anything reads them), the first root (-1: NaN
+        logits), clamped into the round's root and the draft's slot."""
         feats = self.drafter.feature_layers
         if feats:
             self.drafter.observe_at(concat_features(hid, feats), self.zero)
-        sampling.choose_tokens(logits, *self.sampler, 0, out=self.root)                  # logits [1, V]
+        sampling.choose_tokens(logits, *self.sampler, 0, out=self.first)                 # logits [1, V]
+        backend.xp.maximum(self.first, 0, out=self.root)
+        self.draft_root[...] = self.root
 
     def rounds(self):
         """Run rounds forever, yielding each round's end mark (on cuda an event: the result reader waits on it);
@@ -187,13 +191,16 @@ def ddtree_replay(target, prompt: np.ndarray, max_new_tokens: int, drafter, budg
     rows = capacity_for(len(prompt) + max_new_tokens + budget + 1)          # + one tree block
     p = program(drafter, ("round", id(target), budget, K, rows),
                 lambda: _RoundProgram(target, drafter, budget, K, rows))
-    root = p.begin(prompt, temperature, seed)
+    begun = p.begin(prompt, temperature, seed)
+    s = p.s
+    rounds, results, read = p.rounds(), [], _ResultReader()
+    ahead = next(rounds) if max_new_tokens > 1 else None                  # round 1 queues behind the prefill,
+    root = int(read(p.first, begun)[0])                                    # then the first token is read
     if root < 0:
         raise nan_error()
-    s = p.s
     start, out, t0 = len(prompt), [root], time.perf_counter()
-    rounds, results, read = p.rounds(), [], _ResultReader()
-    ahead = next(rounds) if len(out) < max_new_tokens and root not in stop_tokens else None
+    if root in stop_tokens:
+        ahead = None                                                           # round 1: wasted work (a stop)
     while ahead is not None:
         end = ahead                                                            # round i: launched, maybe running
         ahead = next(rounds) if max_new_tokens - len(out) > p.L + 1 else None  # round i + 1 (module docstring)

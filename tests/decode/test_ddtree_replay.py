@@ -190,3 +190,17 @@ def test_direct_loop_observes_the_committed_rows_and_nothing_after_the_last_roun
     assert len(spans) == len(drafts) == len(g.rounds)                  # the prefill's + one per round but the last
     assert [s for s, _ in spans] == [0] + [s + k for s, k in spans[:-1]]
     assert spans[-1][0] + spans[-1][1] <= len(ids) + len(g.tokens) - 1    # the last root is never observed
+
+
+@pytest.mark.parametrize("n, stop", [(1, False), (12, True)])
+def test_the_first_token_alone(pair, n, stop, numpy_backend):
+    """Round 1 is queued behind the prefill before the first token is read: a limit of one token launches no
+    round, and a first token that is a stop token ends the generation there (round 1 was wasted work); the kept
+    program's next generation is not affected."""
+    target, drafter, ids = pair
+    first = kd.generate(target, ids, 1).tokens[0]
+    kw = dict(drafter=drafter, budget=16, stop_tokens=[first] if stop else ())
+    got = kd.generate(target, ids, n, replay=True, **kw)
+    assert got.tokens == [first] and got.target_forwards == 1 and len(got.rounds) == 0
+    assert kd.generate(target, ids, 12, drafter=drafter, budget=16, replay=True).tokens == \
+        kd.generate(target, ids, 12).tokens
