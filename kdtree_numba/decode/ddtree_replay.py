@@ -25,11 +25,11 @@ The read is pipelined: round i + 1 is launched before round i's result is read (
 second stream that waits only for round i's end event), so the GPU runs the next round while the host emits
 tokens and launches graphs; the prefill's token is read the same way, after round 1 is queued behind the prefill.
 Launched ahead only while round i cannot reach the token limit (more than L + 1 tokens to go); a stop token
-inside round i makes round i + 1 wasted work, which the next generation's prefill overwrites. The drafter observes all L + 1
-rows of a padded path; rows past the accepted ones are overwritten by the next round's block before anything
-reads them. Stage times (the trace's ``times``) are device clock stamps taken inside the graph before the first
-stage and after each (kernels/stamp.py): a graph per stage with CUDA events between them was 6 % slower (H200,
-2026-12-04: DDTree-32 4659 / 4724 against 4959 / 4990 tokens/s, docs/PERFORMANCE.md).
+inside round i makes round i + 1 wasted work, which the next generation's prefill overwrites. The drafter
+observes all L + 1 rows of a padded path; rows past the accepted ones are overwritten by the next round's block
+before anything reads them. Stage times (the trace's ``times``) are device clock stamps taken inside the graph
+before the first stage and after each (kernels/stamp.py): a graph per stage with CUDA events between them was
+6 % slower (H200, 2026-12-04: DDTree-32 4659 / 4724 against 4959 / 4990 tokens/s, docs/PERFORMANCE.md).
 
 On cuda the first round runs directly (numba compiles every kernel, CuPy's pool gets every block), then the round
 is captured (``capture.CapturedStep``) and every later round replays its one graph. The program (caches, state,
