@@ -156,6 +156,9 @@ class Rounds(Sequence):
     def __repr__(self) -> str:
         return f"Rounds({self._list()!r})" if self._items is not None else f"Rounds({self._n} rounds, not yet built)"
 
+    def __reduce__(self):
+        return list, (self._list(),)                # pickled (or deep-copied) as the plain list it builds
+
 
 @dataclasses.dataclass
 class Generation:

@@ -1,6 +1,8 @@
 """A generation's RoundTraces are built when first read (decode/trace.py ``Rounds``), from host copies of the device
 records taken when the generation ended (decode/ddtree.py ``_records``): a later generation through the same kept
 program does not change them."""
+import pickle
+
 import pytest
 
 import kdtree_numba as kd
@@ -23,6 +25,7 @@ def test_rounds_build_once_on_first_read_and_read_like_a_list():
     assert r[-1] == "c" and r[1:] == ["b", "c"] and list(r) == ["a", "b", "c"] and calls == [1]
     assert r == ["a", "b", "c"] and ["a", "b", "c"] == r and r != ["a"] and calls == [1]
     assert repr(r) == "Rounds(['a', 'b', 'c'])"
+    assert pickle.loads(pickle.dumps(Rounds(1, lambda: ["x"]))) == ["x"]         # a maker need not pickle
 
 
 def test_a_maker_that_breaks_its_count_is_an_error():
