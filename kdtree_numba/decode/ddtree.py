@@ -141,17 +141,17 @@ class _RoundState:
         """The rounds' RoundTraces: the device records copied to the host now (three copies: ``_records``), the
         Python objects built on first use (``trace.Rounds``: ~8 us a round that a generation's wall time need not
         pay). ``results``: the result rows the host read round by round (the replayed loop), checked against the
-        records' accepted counts (``check_records``)."""
+        records' accepted counts (``_check_records``)."""
         n = len(self.rounds)
         host = [np.array(backend.to_host(b[:n])) for b in self._blocks]        # [n, ...] each, copies
         h = _records(n, self.rec["tokens"].shape[1], self.rec["draft_lp"].shape[1], host)[0]
         if results is not None:
-            check_records(h["n_acc"], results)
+            _check_records(h["n_acc"], results)
         rounds = list(self.rounds)                       # (start, root) each: a later generation starts a new list
         return Rounds(n, lambda: _round_traces(h, rounds))
 
 
-def check_records(n_acc, results: list) -> None:
+def _check_records(n_acc, results: list) -> None:
     """The rounds' accepted counts as recorded must agree with the results the host read (m = n_acc): a replayed
     graph that wrote one of them elsewhere (a replay bug, not bad input) is an error, never a garbage trace."""
     for i, want in enumerate(results):
