@@ -275,7 +275,8 @@ check_true("the old program is no longer valid, the new one is", (not p.valid())
 # its launches take `start` and `root` as host values. The replayed loop can - `advance` already moved the state on
 # the device - so it launches round i + 1 first and then reads round i's result (on cuda from its record, on a
 # second stream that waits only for round i's end event), and the GPU runs round i + 1 while the host emits tokens.
-# It stops launching ahead when round i could reach the token limit (fewer than L + 2 tokens to go), so no round is
+# The prefill's token is read the same way: round 1 is launched behind the prefill first (R0 below). It stops
+# launching ahead when round i could reach the token limit (fewer than L + 2 tokens to go), so no round is
 # wasted without a stop token.
 
 # %%
@@ -296,7 +297,7 @@ def logged_rounds(self):
 
 
 def logged_read(self, row, end):
-    events.append(("read", sum(e == "read" for e, _ in events) + 1))
+    events.append(("read", sum(e == "read" for e, _ in events)))   # 0: the prefill's token, i: round i's result
     return read_fn(self, row, end)
 
 
@@ -327,14 +328,16 @@ check_true(f"fixed shapes: every tree has exactly budget = {BUDGET} nodes",
 
 section("3. the pipeline: launches and result reads in order")
 names = {"launch": "L", "read": "R"}
-print("  " + " ".join(f"{names[e]}{i}" for e, i in events) + "      (Li: round i launched, Ri: its result read)")
+print("  " + " ".join(f"{names[e]}{i}" for e, i in events) + "      (Li: round i launched, Ri: its result read, "
+      "R0: the prefill's token)")
 order = {e: k for k, e in enumerate(events)}
 ahead = [N_DD - (r.start - len(ids) + 1) > L + 1 for r in got_dd.rounds]       # launched ahead of round i's read?
 check_true("round i + 1 is launched before round i is read exactly while > L + 1 tokens remain",
            all((order.get(("launch", i + 2), 1 << 30) < order[("read", i + 1)]) == ahead[i] for i in range(R)),
            f"{sum(ahead)} of {R} rounds read with the next one already launched")
-check_true("one result read and one launch per round (no wasted round)",
-           sum(e == "read" for e, _ in events) == R and sum(e == "launch" for e, _ in events) == R)
+check_true("round 1 is launched before the prefill's token is read", order[("launch", 1)] < order[("read", 0)])
+check_true("one result read and one launch per round (no wasted round), and one read of the first token",
+           sum(e == "read" for e, _ in events) == R + 1 and sum(e == "launch" for e, _ in events) == R)
 
 # %% [markdown]
 # **Counting host reads.** `host_reads` (above) counts `kd.backend.to_host` by calling module. On the NumPy and
@@ -356,7 +359,8 @@ table([(f"{N_SHORT} tokens", R2, r_short.by["decode"], r_short.by["kernels"], r_
        ("per extra round", R - R2, f"{(r_long.by['decode'] - r_short.by['decode']) / (R - R2):.2f}",
         f"{(r_long.by['kernels'] - r_short.by['kernels']) / (R - R2):.2f}", "")],
       ("replayed generation", "rounds", "decode loop reads", "stage reads (references)", "other"))
-check_true("_ResultReader called once per round", sum(e == "read" for e, _ in events) == R2, f"{R2} rounds")
+check_true("_ResultReader called once per round and once for the first token",
+           sum(e == "read" for e, _ in events) == R2 + 1, f"{R2} rounds")
 per_round = r_long.by["decode"] - r_short.by["decode"]
 if CUDA:
     check_true("cuda: no decode-loop to_host per round (the result row is _ResultReader's copy)", per_round == 0,
