@@ -143,7 +143,8 @@ class _RoundState:
         pay). ``results``: the result rows the host read round by round (the replayed loop), checked against the
         records' accepted counts (``_check_records``)."""
         n = len(self.rounds)
-        host = [np.array(backend.to_host(b[:n])) for b in self._blocks]        # [n, ...] each, copies
+        host = [backend.to_host(b[:n]) if backend.is_device(b) else b[:n].copy()     # [n, ...] each: copies
+                for b in self._blocks]                                    # (the next generation reuses b)
         h = _records(n, self.rec["tokens"].shape[1], self.rec["draft_lp"].shape[1], host)[0]
         if results is not None:
             _check_records(h["n_acc"], results)
