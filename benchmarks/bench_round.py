@@ -7,16 +7,24 @@ their difference in rounds (``_common.steady_pair``: prefill and the first round
 capture).
 Device time per stage: the mean over rounds 2.. of the device clock stamps the round takes between its stages
 (``RoundTrace.times``; kernels/stamp.py).
-Direct (un-captured) rounds of the same configuration are timed the same way, in the same run.
-"Outside rounds": an n-token generation's wall clock (prefill included, the fastest of 3) less its rounds at the
-steady round time - what a generation pays once (the prefill, the first token's read, the rounds launched one at a
-time near the token limit, the records' copies at the end).
+What a generation pays outside its rounds, from the fastest of 3 n-token generations (both measured, not
+differences of differences): "before the clock" is the wall clock around kd.generate less the generation's own
+clock (``Generation.seconds``, which starts once the first token is read): the prefill and the first token's read;
+"clock less device rounds" is the generation's clock less the device time of its rounds (the sum of their stage
+stamps): the host gaps between rounds, the rounds launched one at a time near the token limit, the records'
+copies at the end. (On the host backends, as in a --quick run, round 1 runs before the clock starts, so there the
+first reads a round high and the second a round low.)
+Direct (host-launched) rounds are not timed here: they cost 15-28 ms of host time a round, which varied between
+the configurations of one run by more than the rounds differ (2026-12-05, H100: the n- / 2n-token difference came
+out negative for two of five). bench_replay.py compares direct and replayed decoding.
 
     PYTHONPATH=$PWD KDTREE_BACKEND=cuda python3 benchmarks/bench_round.py
 """
+import time
+
 import numpy as np
 
-from _common import args, host_best_ms, kd, save, steady_pair, table
+from _common import args, kd, save, steady_pair, table
 
 from kdtree_numba.decode.trace import STAGES  # noqa: E402
 
@@ -26,30 +34,35 @@ target, drafter = kd.load_default()
 prompt = target.tokenizer.encode('def running_mean(xs):\n    """Return the running mean of a list of numbers."""\n')
 
 
-def steady(replay: bool, **kw):
-    """(wall ms per round in steady state, mean device ms per stage, tau, ms of an n-token generation outside its
-    rounds: its wall clock around kd.generate - prefill included, the fastest of 3 - less its rounds at the steady
-    round time: the prefill, the first token's read, the rounds launched one at a time near the limit, the end)."""
+def measure(**kw):
+    """(wall ms per round in steady state, mean device ms per stage, tau, ms before the clock, ms of the clock
+    less its rounds' device time) of replayed generations (module docstring)."""
     def gen(m):
-        return kd.generate(target, prompt, m, drafter=drafter, replay=replay, **kw)
+        return kd.generate(target, prompt, m, drafter=drafter, replay=True, **kw)
 
     g1, g2 = steady_pair(gen, n)
     wall = 1e3 * (g2.seconds - g1.seconds) / max(1, len(g2.rounds) - len(g1.rounds))
     stages = {s: float(np.mean([r.times[s] for r in g2.rounds[1:]])) for s in STAGES}
-    whole = host_best_ms(lambda: gen(n), reps=3)
-    return wall, stages, g2.acceptance_length, whole - len(g1.rounds) * wall
+    runs = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        g = gen(n)
+        runs.append((1e3 * (time.perf_counter() - t0), g))
+    whole, g = min(runs, key=lambda r: r[0])
+    clock = 1e3 * g.seconds
+    rounds = sum(sum(r.times.values()) for r in g.rounds)
+    return wall, stages, g2.acceptance_length, whole - clock, clock - rounds
 
 
 rows = []
 for label, kw in [("DDTree, budget 16", dict(budget=16)), ("DDTree, budget 32", dict(budget=32)),
                   ("DDTree, budget 64", dict(budget=64)),
                   ("DDTree, budget 256", dict(budget=256)), ("DFlash chain", dict(chain=True))]:
-    for replay in (False, True):
-        wall, st, tau, outside = steady(replay, **kw)
-        dev = sum(st.values())
-        rows.append([label, "replayed" if replay else "direct", f"{tau:.2f}", f"{wall:.3f}", f"{dev:.3f}",
-                     f"{wall / dev:.2f}", f"{outside:.2f}"] + [f"{st[s]:.3f}" for s in STAGES])
-table(f"One DDTree round of the trained pair ({kd.backend.name}), greedy, steady state ({n} -> {2 * n} tokens)",
-      ["method", "rounds", "tau", "wall ms/round", "stage sum ms", "wall / stage sum", f"outside rounds ms ({n} tok)"] +
-      [f"{s} ms" for s in STAGES], rows)
+    wall, st, tau, before, beyond = measure(**kw)
+    dev = sum(st.values())
+    rows.append([label, f"{tau:.2f}", f"{wall:.3f}", f"{dev:.3f}", f"{wall / dev:.2f}", f"{before:.2f}",
+                 f"{beyond:.2f}"] + [f"{st[s]:.3f}" for s in STAGES])
+table(f"One replayed DDTree round of the trained pair ({kd.backend.name}), greedy, steady state ({n} -> {2 * n} "
+      "tokens)", ["method", "tau", "wall ms/round", "stage sum ms", "wall / stage sum",
+                  f"before the clock ms ({n} tok)", "clock less device rounds ms"] + [f"{s} ms" for s in STAGES], rows)
 save("bench_round")
