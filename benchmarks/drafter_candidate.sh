@@ -10,10 +10,10 @@
 #
 # Arguments go to `python -m kdtree_numba.train drafter`; SKIP_SHIPPED=1 leaves out the shipped drafter's tau;
 # PROMPTS=N evaluates the first N held-out prompts only (a smoke run; default all 164). The candidate's eval also
-# times it as the card's eval does (replayed, the same prompts, budgets 32 and 64, 3 passes; SKIP_SPEED=1 leaves
-# that out): tau_candidate.json records the weights' sha256, so once the candidate is shipped it serves the model
-# card as its GPU eval (`python -m kdtree_numba.train card --gpu-eval tau_candidate.json`, or copied to
-# eval_humaneval_h200.json).
+# times it as the card's eval does (replayed, the same prompts, budgets 32 and 64, 3 passes; SPEED_BUDGETS=32
+# times one budget, SKIP_SPEED=1 leaves the timing out): tau_candidate.json records the weights' sha256, so once
+# the candidate is shipped it serves the model card as its GPU eval (`python -m kdtree_numba.train card --gpu-eval
+# tau_candidate.json`, or copied to eval_humaneval_gpu.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -25,7 +25,7 @@ python3 -m kdtree_numba.train drafter --data "$CORPUS" --target kdtree_numba/def
     --out "$W/drafter" "$@" 2>&1 | tee "$W/train.log"
 tau() { python3 benchmarks/eval_humaneval.py --skip-bpb --replay-tau --budgets 64 \
         ${PROMPTS:+--prompts "$PROMPTS"} --out "$W/$1.json" "${@:2}" 2>&1 | tee "$W/$1.log" | tail -n 24; }
-speed=(--replay-only --speed-subset ${PROMPTS:-164} --repeats 3 --speed-budget 32,64)
+speed=(--replay-only --speed-subset ${PROMPTS:-164} --repeats 3 --speed-budget ${SPEED_BUDGETS:-32,64})
 [ "${SKIP_SPEED:-0}" = 1 ] && speed=(--skip-speed)
 tau tau_candidate --drafter "$W/drafter" "${speed[@]}"
 [ "${SKIP_SHIPPED:-0}" = 1 ] || tau tau_shipped --skip-speed
