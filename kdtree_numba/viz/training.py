@@ -62,7 +62,7 @@ def training_curves(target_log, drafter_log, path=None, positions=(1, 2, 4, 8, 1
         a1.plot(*zip(*vs), color=ACCENT, lw=1.6, ls=(0, (4, 2)), marker="o", ms=5, label="validation (held out)")
         a1.annotate(f"{vs[-1][1]:.2f}", vs[-1], xytext=(0, 7), textcoords="offset points", ha="center",
                     fontsize=7.5, color=ACCENT)
-    a1.set_ylim(0, max(l for _, l in st) * 1.05)
+    a1.set_ylim(0, max(l for _, l in st + [(v["step"], v["loss"]) for v in t.get("val") or []]) * 1.05)
     _label(a1, "step", "cross-entropy (nats / token)",
            f"Target ({_millions(t.get('params'))} params): next-token loss")
     a1.legend(fontsize=8, frameon=False)
@@ -70,11 +70,14 @@ def training_curves(target_log, drafter_log, path=None, positions=(1, 2, 4, 8, 1
     # drafter loss
     sd = [(s["step"], s["loss"]) for s in d["steps"]]
     a2.plot(*zip(*sd), color=TREE_COLOUR, lw=1.6, label="train (position-weighted)")
+    top = max(l for _, l in sd)
     for key in ("regen", "corpus"):
         pts = [(v["step"], v[key]["loss"]) for v in d.get("val", []) if key in v]
         if pts:
             a2.plot(*zip(*pts), lw=1.4, ls=(0, (4, 2)), ms=6, label=VAL_NAMES[key], **VAL_STYLE[key])
-    a2.set_ylim(0, max(l for _, l in sd) * 1.05)
+            top = max(top, *(l for _, l in pts))
+    a2.set_ylim(0, top * 1.05)                  # every curve in view: a drafter trained on from another one's
+    #                                             weights starts below its held-out losses
     _label(a2, "step", "block cross-entropy (nats / token)",
            f"DFlash drafter ({_millions(d.get('params'))} params): block loss")
     a2.legend(fontsize=8, frameon=False)
@@ -88,7 +91,8 @@ def training_curves(target_log, drafter_log, path=None, positions=(1, 2, 4, 8, 1
     a3.set_ylim(0, 1)
     a3.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
     _label(a3, "step", "top-1 accuracy (training batches)", "Drafter accuracy by block position")
-    a3.legend(fontsize=8, frameon=False, ncol=2, loc="upper left")
+    a3.legend(fontsize=8, frameon=False, ncol=2, loc="best")     # a drafter trained on from another one's weights
+    #                                                             starts high: its curves fill the top
 
     # accuracy per position at the end
     pos = np.arange(1, acc.shape[1] + 1)

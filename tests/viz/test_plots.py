@@ -160,6 +160,9 @@ def test_training_curves(tmp_path):
     a4 = fig.axes[3]
     assert np.allclose(a4.lines[0].get_ydata(), log["steps"][-1]["acc"])  # train accuracy per position, last step
     assert all(0 <= y <= 1 for line in fig.axes[2].lines for y in line.get_ydata())
+    for ax in fig.axes[:2]:                    # every loss curve in view (the shipped drafter's held-out losses lie
+        lo, hi = ax.get_ylim()                 # above its training loss: it trained on from another's weights)
+        assert all(lo <= y <= hi for line in ax.lines for y in line.get_ydata())
     bad = tmp_path / "bad.json"
     bad.write_text("[]")
     with pytest.raises(ValueError, match="not a training log"):
