@@ -5,9 +5,9 @@ from those files (or computed from them: parameter counts from the safetensors h
     python -m kdtree_numba.train.card [--model-dir DIR] [--eval FILE] [--gpu-eval FILE] [--out FILE]
 
 ``--eval`` defaults to ``DIR/eval_humaneval.json`` (``benchmarks/eval_humaneval.py --out ...``); ``--gpu-eval``
-(default ``DIR/eval_humaneval_h200.json`` if present) is a second JSON of the same script run on the GPU
-(``KDTREE_BACKEND=cuda ... --skip-tau``): its speed part fills the card's "H200 tokens/s" section (left marked as
-not measured without it). The hash table covers every file
+(default ``DIR/eval_humaneval_gpu.json`` if present) is a second JSON of the same script run on the GPU
+(``KDTREE_BACKEND=cuda ...``): its speed part fills the card's "GPU tokens/s" section, which names the GPU the JSON
+reports (left marked as not measured without it). The hash table covers every file
 under DIR except the card itself (hidden files and ``__pycache__`` skipped); ``parse_hash_table`` reads it back
 (tests compare it with the files). Standard library only (no torch, no NumPy).
 """
@@ -27,10 +27,10 @@ from .hashes import sha256_file
 DEFAULT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "default_model")
 CARD = "MODEL_CARD.md"
 EVAL = "eval_humaneval.json"
-GPU_EVAL = "eval_humaneval_h200.json"      # the same script on the GPU (--skip-tau): the H200 tokens/s
+GPU_EVAL = "eval_humaneval_gpu.json"       # the same script on the GPU: the GPU tokens/s
 FIGURE = "training_curves.png"
 HASH_HEADING = "## Files and sha256"
-GPU_HEADING = "### H200 tokens/s"
+GPU_HEADING = "### GPU tokens/s"
 
 # Licences of the corpus wheels, as their METADATA states them (License-Expression, else License classifiers).
 WHEEL_LICENSES = {
@@ -316,12 +316,45 @@ def drafter_runs(dlog: dict) -> list:
     """The drafter's training runs, first to last, from its log and the ``init`` records nested in it (one per
     ``--init``): ``[{"args", "seconds", "init_sha256"}]`` - a run's arguments (None for weights without a log), its
     total seconds (None where the log did not record them) and the sha256 of the weights it started from."""
-    runs, info = [{"args": dlog.get("args") or {}, "seconds": dlog.get("total_seconds")}], dlog.get("init")
+    runs = [{"args": dlog.get("args") or {}, "seconds": dlog.get("total_seconds"),
+             "gpu": (dlog.get("versions") or {}).get("gpu")}]
+    info = dlog.get("init")
     while info:
         runs[0]["init_sha256"] = info.get("sha256")
-        runs.insert(0, {"args": info.get("args"), "seconds": info.get("total_seconds")})
+        runs.insert(0, {"args": info.get("args"), "seconds": info.get("total_seconds"), "gpu": info.get("gpu")})
         info = info.get("init")
     return runs
+
+
+def training_gpus(tlog: dict, dlog: dict) -> str:
+    """Where the pair was trained, as the logs record it: "one <GPU>" when the target's run and every drafter run
+    name the same GPU, else each known GPU with its runs (logs from before 2026-12-05 name only their own run's
+    GPU, so an earlier drafter run's may be unknown). Example: target and drafter runs 1-3 on an H200, run 4 on an
+    H100 whose log alone names its GPU -> "NVIDIA H200 (the target) and NVIDIA H100 (drafter run 4; runs 1-3: GPU
+    not recorded)"."""
+    tg = (tlog.get("versions") or {}).get("gpu") or tlog.get("device") or "GPU"
+    runs = drafter_runs(dlog)
+    if all(r.get("gpu") == tg for r in runs):
+        return f"one {tg}"
+    named: dict = {tg: ["the target"]}
+    unknown = []
+    for i, r in enumerate(runs, 1):
+        if r.get("gpu"):
+            named.setdefault(r["gpu"], []).append(f"drafter run {i}" if len(runs) > 1 else "the drafter")
+        else:
+            unknown.append(i)
+    parts = [f"{g} ({', '.join(who)})" for g, who in named.items()]
+    if unknown:
+        who = "the drafter's" if len(runs) == 1 else f"run{'s' if len(unknown) > 1 else ''} {_span(unknown)}:"
+        parts[-1] = parts[-1][:-1] + f"; {who} GPU not recorded)"
+    return " and ".join(parts) if len(parts) == 2 else ", ".join(parts)
+
+
+def _span(ids: list) -> str:
+    """[1, 2, 3] -> "1-3", [2] -> "2", [1, 3] -> "1, 3"."""
+    if ids == list(range(ids[0], ids[-1] + 1)) and len(ids) > 1:
+        return f"{ids[0]}-{ids[-1]}"
+    return ", ".join(str(i) for i in ids)
 
 
 def drafter_seconds(dlog: dict) -> tuple:
@@ -374,8 +407,8 @@ def _training(tlog, dlog) -> list:
     ti, di = tlog.get("implementation") or {}, dlog.get("target_implementation") or {}
     last = (tlog.get("steps") or [{}])[-1]
     lines = ["## Training", "",
-             f"{'All' if n_runs > 1 else 'Both'} runs on one {tv.get('gpu', tlog.get('device'))} "
-             f"(torch {tv.get('torch')}, transformers {tv.get('transformers')}, Python {tv.get('python')}), bf16 "
+             f"{'All' if n_runs > 1 else 'Both'} runs on {training_gpus(tlog, dlog)}; the target's with torch "
+             f"{tv.get('torch')}, transformers {tv.get('transformers')}, Python {tv.get('python')}; bf16 "
              f"autocast with fp32 master weights, saved in bf16. The commands as run, rebuilt from the logs' "
              f"arguments (every other flag at its default; on the GPU machine the corpus directory, built by the "
              f"`corpus` subcommand, was named `{ta.get('data_dir')}`"
@@ -689,7 +722,7 @@ def _reproduce(tlog, dlog) -> list:
             ".corpus/heldout.jsonl -> humaneval_prompts.jsonl",
             "KDTREE_BACKEND=numpy python benchmarks/eval_humaneval.py --out kdtree_numba/default_model/"
             f"{EVAL} --workers 2",
-            "python -m kdtree_numba.train.card               # this card (add --gpu-eval FILE for the H200 numbers)",
+            "python -m kdtree_numba.train.card               # this card (add --gpu-eval FILE for the GPU numbers)",
             "```", ""]
 
 
@@ -728,7 +761,7 @@ def build_card(model_dir=DEFAULT_DIR, eval_data: dict | None = None, gpu_eval: d
               ["training", f"target {_f(tlog.get('train_seconds'), 0)} s + drafter "
                            f"{_f(drafter_s, 0)} s ("
                            + (f"{drafter_n} runs in all" if drafter_n > 1 else "regeneration + training")
-                           + f") on one {(tlog.get('versions') or {}).get('gpu', 'GPU')}; "
+                           + f") on {training_gpus(tlog, dlog)}; "
                            f"final validation loss "
                            f"{_f((tlog.get('val') or [{}])[-1].get('loss'))} nats/token"]]
     if b:
@@ -797,7 +830,7 @@ def write_card(model_dir=DEFAULT_DIR, eval_path=None, gpu_eval_path=None, out=No
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-dir", default=DEFAULT_DIR, help="the default_model directory (default: the package's)")
     p.add_argument("--eval", default=None, help=f"eval_humaneval.py JSON (default MODEL_DIR/{EVAL} if present)")
-    p.add_argument("--gpu-eval", default=None, help=f"eval_humaneval.py JSON from the GPU: fills 'H200 tokens/s' "
+    p.add_argument("--gpu-eval", default=None, help=f"eval_humaneval.py JSON from the GPU: fills 'GPU tokens/s' "
                    f"(default MODEL_DIR/{GPU_EVAL} if present)")
     p.add_argument("--out", default=None, help=f"output path (default MODEL_DIR/{CARD})")
 

@@ -263,8 +263,8 @@ def load_init(init_dir: str, cfg: dfl.DFlashConfig, weights: bool = True):
     """The drafter saved in ``init_dir`` (float32) if its config is ``cfg``'s architecture -> (model, info);
     ``weights=False`` checks the directory only and returns (None, None).
 
-    info = {"dir", "sha256" of model.safetensors, "args", "init" and "total_seconds" of its training log when there
-    is one}. The log is ``init_dir/drafter_train_log.json`` (a run's output folder) or, in the shipped pair's
+    info = {"dir", "sha256" of model.safetensors, "args", "init", "total_seconds" and "gpu" (``versions.gpu``) of
+    its training log when there is one}. The log is ``init_dir/drafter_train_log.json`` (a run's output folder) or, in the shipped pair's
     layout (``default_model/drafter`` beside ``default_model/drafter_train_log.json``), the one beside
     ``init_dir``; a log that records its weights' sha256 (``weights_sha256``, since 2026-12-05) counts only for
     those weights.
@@ -289,7 +289,8 @@ def load_init(init_dir: str, cfg: dfl.DFlashConfig, weights: bool = True):
     info = {"dir": os.path.abspath(init_dir), "sha256": sha256_file(os.path.join(init_dir, dfl.WEIGHTS_NAME))}
     prev = _init_log(init_dir, info["sha256"])
     if prev is not None:                                      # weights without a log: the sha256 names them
-        info.update(args=prev.get("args"), init=prev.get("init"), total_seconds=prev.get("total_seconds"))
+        info.update(args=prev.get("args"), init=prev.get("init"), total_seconds=prev.get("total_seconds"),
+                    gpu=(prev.get("versions") or {}).get("gpu"))
     return model, info
 
 

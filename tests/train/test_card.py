@@ -81,7 +81,7 @@ def _fake_dir(root):
         "params": 64, "gamma": 7.0,
         "regen": {"train_sequences": 8, "val_sequences": 4, "prompt_tokens": 4, "new_tokens": 28, "batch": 12,
                   "seconds": 0.5, "new_tokens_per_s": 100.0, "capped": False},
-        "target_implementation": {"attn": "sdpa", "experts": "eager"},
+        "target_implementation": {"attn": "sdpa", "experts": "eager"}, "versions": {"gpu": "Fake GPU 9000"},
         "val": [{"step": 10, "corpus": {"loss": 4.0, "acc": [0.5, 0.25, 0.125], "mean_acc": 0.3, "chain_accept": 1.5},
                  "regen": {"loss": 3.0, "acc": [0.75, 0.5, 0.25], "mean_acc": 0.5, "chain_accept": 2.5}}],
         "train_seconds": 3.0, "ms_per_step": 0.3, "total_seconds": 4.0})
@@ -302,6 +302,25 @@ def test_card_reproduce_commands_carry_the_runs_flags(tmp_path):
     assert drafter.startswith("python -m kdtree_numba.train drafter --data .corpus --target run/target --out run/drafter")
     assert drafter.split("   #")[0].endswith(" --regen 16384")                 # the run's flag
     assert "O/" not in recipe and " D " not in recipe                          # not the run's own directories
+
+
+def test_card_names_each_runs_gpu(tmp_path):
+    """One GPU for every run: "on one <GPU>"; drafter runs elsewhere: each GPU with its runs, and the runs whose
+    logs (before 2026-12-05) do not name their GPU said so, in the glance table and the training section."""
+    d = _fake_dir(tmp_path)
+    assert "on one Fake GPU 9000" in card.build_card(d, _eval())
+    log = json.load(open(os.path.join(d, "drafter_train_log.json")))
+    first = dict(log["args"], seed=1)
+    log["versions"] = {"gpu": "Fake GPU 100"}
+    log["args"] = dict(log["args"], init="/runs/A")
+    log["init"] = {"dir": "/runs/A", "sha256": "cd" * 32, "args": first, "init": {"dir": "/runs/0", "sha256": "ab" * 32,
+                   "args": first, "init": None, "total_seconds": 1.0, "gpu": "Fake GPU 9000"}, "total_seconds": 2.0}
+    want = "Fake GPU 9000 (the target, drafter run 1) and Fake GPU 100 (drafter run 3; run 2: GPU not recorded)"
+    assert card.training_gpus(json.load(open(os.path.join(d, "target_train_log.json"))), log) == want
+    _write(os.path.join(d, "drafter_train_log.json"), log)
+    text = card.build_card(d, _eval())
+    assert f"(3 runs in all) on {want};" in text and f"All runs on {want};" in text
+    assert "on one Fake GPU" not in text
 
 
 def test_card_gives_the_whole_chain_of_a_drafter_trained_from_another(tmp_path):

@@ -348,6 +348,7 @@ def test_drafter_init_starts_from_saved_weights_and_records_them(trained_target,
     log = json.load(open(tmp_path / "again" / "drafter_train_log.json"))
     assert log["init"]["sha256"] == sha == rec["init"]["sha256"] and log["init"]["dir"] == str(first)
     assert log["init"]["args"]["seed"] == 1 and log["init"]["init"] is None
+    assert log["init"]["gpu"] == json.load(open(first / "drafter_train_log.json"))["versions"]["gpu"]
     assert log["args"]["init"] == str(first) and log["args"]["regen_mix"] == 1.0
     assert log["args"]["regen_anchors"] == "generated"
     assert json.load(open(first / "drafter_train_log.json"))["weights_sha256"] == sha
