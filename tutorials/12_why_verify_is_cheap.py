@@ -346,8 +346,8 @@ print(f"gemm.linear takes it on the GPU for M >= {skinny_gemm.MIN_ROWS}, M x N <
 # * **On this CPU** a 65-token verify of the shipped pair costs several decode steps, not one: the model is tiny
 #   (9.1 M parameters, 32 MB of fp32 GEMM weights), so a decode step is not purely memory-bound, and one
 #   core's ridge point is only a few flop/byte (section 2: T ~ 10 here). With tau ~ 3 the round does not pay:
-#   docs/PERFORMANCE.md measures 236.2 tokens/s autoregressive vs 165.3 for DDTree at budget 64 with the shipped
-#   drafter (0.70x at tau 5.96; 0.58x with an earlier drafter at tau 5.02, 0.39-0.56x at tau 3.14).
+#   docs/PERFORMANCE.md measures 271.4 tokens/s autoregressive vs 200.4 for DDTree at budget 64 with the shipped
+#   drafter (0.74x at tau 6.14; 0.58x with an earlier drafter at tau 5.02, 0.39-0.56x at tau 3.14).
 # * **On the H200, host-launched** (`replay=False`) a step of the shipped pair and a round are both bound by
 #   numba's host launches (~12 ms a step), so a 65-token verify costs about one step, and DDTree at budget 64
 #   (tau 3.14 on the held-out prompts) runs at **146.2 vs 84.6 tokens/s: 1.71x** over plain decoding.
@@ -361,10 +361,10 @@ print(f"gemm.linear takes it on the GPU for M >= {skinny_gemm.MIN_ROWS}, M x N <
 #   chain) on HumanEval/0-7, and over all 164 held-out prompts at 5699 (budget 32) vs 2455 tokens/s: 2.32x, 1.22x
 #   the chain (docs/PERFORMANCE.md, 2026-12-04, nineteenth and twentieth sessions). With today's shipped drafter
 #   (tau 5.62 at budget 32) and a faster plain step: 6723 vs 2849 tokens/s, 2.35x, 1.16x the chain (2026-12-05,
-#   twenty-seventh session). A tiny model
-#   never leaves that regime. For a model large enough to be bandwidth-bound (section 1: a Kimi-K2 dense layer)
-#   the roofline says the same on bf16 tensor cores: 65 tokens cost ~1.0x one token (~2.7x in fp32 on CUDA
-#   cores, where T = 65 is past the ridge at T ~ 24; 16 tokens ~1.0x).
+#   twenty-seventh session); with the drafter shipped after it (tau 5.79) on an H100: 6991 vs 2802, 2.49x, 1.20x.
+#   A tiny model never leaves that regime. For a model large enough to be bandwidth-bound (section 1: a Kimi-K2
+#   dense layer) the roofline says the same on bf16 tensor cores: 65 tokens cost ~1.0x one token (~2.7x in fp32
+#   on CUDA cores, where T = 65 is past the ridge at T ~ 24; 16 tokens ~1.0x).
 #   The caveat is the MoE: a routed expert is read once per *distinct* expert, so at batch 1 a Kimi-K2 MoE layer's
 #   verify reads many more expert bytes than a step (uniform routing: ~25x at T = 65; measured grouped GEMM
 #   25.8 vs 0.94 ms) - a tree whose tokens route alike, or a batch that touches every expert anyway, pays less.

@@ -16,8 +16,8 @@ from .replay import autoregressive_replay
 from .trace import Generation
 
 
-DEFAULT_BUDGET = 32   # the faster DDTree of the default pair: H200, all 164 held-out prompts, replayed, 6723 tokens/s
-                      # against budget 64's 6581 (drafter G; docs/PERFORMANCE.md, 2026-12-05); on a CPU too
+DEFAULT_BUDGET = 32   # the fastest DDTree of the default pair: budgets 16 / 32 / 64 on all 164 held-out prompts,
+#                       replayed, drafter G, H100: 6279 / 6632 / 6489 tokens/s (docs/PERFORMANCE.md, 2026-12-05)
 
 
 def generate(target, prompt_ids, max_new_tokens: int, drafter: Drafter | None = None, budget: int | None = None,
