@@ -21,6 +21,9 @@ them; a kv head's block stores k and copies the same two columns of v, a query h
 int or a device int32 [1] (graph replay: the kernel reads it); rows at or past the cache's end are not written.
 ``positions=None``: token t sits at position start + t (the drafter's rows always do), computed by the kernel -
 a captured round then launches no ``start + arange`` first (an empty positions array tells the kernel so).
+``norm_rows=(x [T, H], eps)``: y is the product of raw rows x with an RMSNorm weight folded into the projection
+(rmsnorm.folded_norm; the drafter's input_layernorm and hidden_norm), so every block first scales its values by
+r = 1 / sqrt(mean(x[t]**2) + eps) (rmsnorm.row_inv_rms: the block sums x[t]'s squares) - the norm's launch saved.
 Shapes: kv [T, 2 Nkv D] float32 (k heads, then v heads; strided rows allowed), w [D], positions [T] int or None,
 inv_freq [D/2] float32, k_cache / v_cache [C, Nkv, D] float32 (one layer's rows; written in place);
 y [T, Nq D] (strided rows allowed) -> q [T, Nq, D]; draft_qkv's y [T, (Nq + 2 Nkv) D]. D even, D <= 256.
@@ -38,7 +41,7 @@ from numba import cuda, float32
 from .. import backend
 from . import _checks
 from .primitives import smem_sum
-from .rmsnorm import rmsnorm_ref
+from .rmsnorm import inv_rms_ref, norm_rows_args, rmsnorm_ref, row_inv_rms
 from .rope import cos_sin, rope_ref, rotate
 
 MAX_HALF = 128      # rope pairs per head (D <= 256, block_attention's MAX_D); also the reduction buffer
@@ -62,16 +65,16 @@ def draft_query_ref(y, w, eps: float, positions, inv_freq, amp: float = 1.0):
 
 
 @cuda.jit(device=True)
-def _norm_rope_pair(x, t, col0, w, eps, position, inv_freq, amp, red):
-    """Thread j's rope pair (j, j + D/2) of the head whose D columns start at x[t, col0], RMS-normalised by w and
-    rotated; (0, 0) for threads j >= D/2. Every thread of the block calls it (block sum)."""
+def _norm_rope_pair(x, t, col0, r, w, eps, position, inv_freq, amp, red):
+    """Thread j's rope pair (j, j + D/2) of the head whose D columns start at x[t, col0], scaled by the row scale r,
+    RMS-normalised by w and rotated; (0, 0) for threads j >= D/2. Every thread of the block calls it (block sum)."""
     j = cuda.threadIdx.x
     half = inv_freq.shape[0]
     a = float32(0.0)
     b = float32(0.0)
     if j < half:
-        a = x[t, col0 + j]
-        b = x[t, col0 + j + half]
+        a = x[t, col0 + j] * r
+        b = x[t, col0 + j + half] * r
     ssq = smem_sum(a * a + b * b, red)               # every thread calls (barriers)
     if j >= half:
         return float32(0.0), float32(0.0)
@@ -87,34 +90,39 @@ def _position(positions, t, start0, start_dev):
 
 
 @cuda.jit
-def _norm_rope_kernel(y, q_w, k_w, eps, positions, inv_freq, amp, q, k_cache, v_cache, n_q, start0, start_dev):
+def _norm_rope_kernel(y, q_w, k_w, eps, positions, inv_freq, amp, q, k_cache, v_cache, n_q, start0, start_dev,
+                      norm_src, src_eps):
     """Block (t, h): h < n_q - query head h of y -> q[t, h] (``q_w``); else kv head g = h - n_q: k -> k_cache[row,
     g] (``k_w``), its v columns -> v_cache[row, g], row = start + t. y's columns: n_q query heads, then the kv
-    heads' k, then their v (the fused product; n_q = 0: a [k; v] view)."""
+    heads' k, then their v (the fused product; n_q = 0: a [k; v] view). ``norm_src`` with rows: y[t] is first
+    scaled by 1 / rms(norm_src[t]) (module docstring)."""
     t = cuda.blockIdx.x
     h = cuda.blockIdx.y
     j = cuda.threadIdx.x
     half = inv_freq.shape[0]
     D = 2 * half
     red = cuda.shared.array(MAX_HALF, float32)
+    r = float32(1.0)                                 # no row scale: x * 1 is x, bit for bit
+    if norm_src.shape[0]:                            # the whole grid takes the same branch (barriers inside)
+        r = row_inv_rms(norm_src, t, src_eps, red)
     position = _position(positions, t, start0, start_dev)
     if h < n_q:                                      # the branch is the block's: _norm_rope_pair's barriers agree
-        q0, q1 = _norm_rope_pair(y, t, h * D, q_w, eps, position, inv_freq, amp, red)
+        q0, q1 = _norm_rope_pair(y, t, h * D, r, q_w, eps, position, inv_freq, amp, red)
         if j < half:
             q[t, h, j] = q0
             q[t, h, j + half] = q1
         return
     g = h - n_q
     n_kv = k_cache.shape[1]
-    k0, k1 = _norm_rope_pair(y, t, (n_q + g) * D, k_w, eps, position, inv_freq, amp, red)
+    k0, k1 = _norm_rope_pair(y, t, (n_q + g) * D, r, k_w, eps, position, inv_freq, amp, red)
     row = start0 + start_dev[0] + t
     if j >= half or row >= k_cache.shape[0]:
         return
     k_cache[row, g, j] = k0
     k_cache[row, g, j + half] = k1
     vc = (n_q + n_kv + g) * D
-    v_cache[row, g, j] = y[t, vc + j]
-    v_cache[row, g, j + half] = y[t, vc + j + half]
+    v_cache[row, g, j] = y[t, vc + j] * r
+    v_cache[row, g, j + half] = y[t, vc + j + half] * r
 
 
 def _positions(positions, T: int, start):
@@ -129,13 +137,20 @@ def _positions(positions, T: int, start):
     return host, backend.placeholder((0,), np.int32)
 
 
+def _scaled(y, norm_rows, src, src_eps):
+    """y with each row scaled by 1 / rms(src[t]) where ``norm_rows`` was given (the NumPy backend's path)."""
+    return y if norm_rows is None else np.asarray(y, np.float32) * inv_rms_ref(src, src_eps)
+
+
 def _unused():
     """The [1, 1, 2] float32 stand-in for the outputs a launch does not write (q, or the caches)."""
     return backend.placeholder((1, 1, 2))
 
 
-def _launch(y, q_w, k_w, eps, positions, inv_freq, amp, q, k_cache, v_cache, n_q, n_kv, start0, start_dev):
-    """One ``_norm_rope_kernel`` launch over T x (n_q + n_kv) blocks of P threads, P the power of two >= D/2."""
+def _launch(y, q_w, k_w, eps, positions, inv_freq, amp, q, k_cache, v_cache, n_q, n_kv, start0, start_dev,
+            src, src_eps):
+    """One ``_norm_rope_kernel`` launch over T x (n_q + n_kv) blocks of P threads, P the power of two >= D/2;
+    (src, src_eps): ``norm_rows_args``'s."""
     T, half = y.shape[0], inv_freq.shape[0]
     if T == 0 or n_q + n_kv == 0:
         return
@@ -143,7 +158,8 @@ def _launch(y, q_w, k_w, eps, positions, inv_freq, amp, q, k_cache, v_cache, n_q
     while threads < half:
         threads *= 2
     backend.launch(_norm_rope_kernel, (T, n_q + n_kv), backend.block_size(max(threads, 32), threads), y, q_w, k_w,
-                   np.float32(eps), positions, inv_freq, np.float32(amp), q, k_cache, v_cache, n_q, start0, start_dev)
+                   np.float32(eps), positions, inv_freq, np.float32(amp), q, k_cache, v_cache, n_q, start0, start_dev,
+                   src, np.float32(src_eps))
 
 
 def _head_args(w, eps, inv_freq, amp, D=None, arg="w"):
@@ -183,11 +199,14 @@ def _write_kv_ref(kv, w, eps, host_positions, inv_freq, amp, k_cache, v_cache, s
     v_cache[s:s + keep] = v[:keep]
 
 
-def write_draft_kv(kv, w, eps: float, positions, inv_freq, amp: float, k_cache, v_cache, start) -> None:
+def write_draft_kv(kv, w, eps: float, positions, inv_freq, amp: float, k_cache, v_cache, start,
+                   norm_rows=None) -> None:
     """Write the k/v rows of ``kv [T, 2 Nkv D]`` (k heads, then v heads: the fused projection) into rows
     ``start .. start + T - 1`` of ``k_cache`` / ``v_cache [C, Nkv, D]``: k per-head RMS-normalised by ``w [D]`` and
     RoPE'd at ``positions`` (None: start + t), v as it is. ``start``: an int (checked against C) or a device int32
-    [1] array read by the kernel (graph replay; rows past C are dropped there, unchecked)."""
+    [1] array read by the kernel (graph replay; rows past C are dropped there, unchecked). ``norm_rows=(x [T, H],
+    eps)``: kv is a product of x with an RMSNorm weight folded into the projection, so each row is first scaled by
+    1 / rms(x[t]) (module docstring)."""
     k_cache, v_cache = _cache_args(k_cache, v_cache)
     C, n_kv, D = k_cache.shape
     kv = _checks.array(kv, "kv", dtype=np.float32, ndim=2, shape=(None, 2 * n_kv * D), strided=True)
@@ -195,16 +214,20 @@ def write_draft_kv(kv, w, eps: float, positions, inv_freq, amp: float, k_cache, 
     w, eps, inv_freq, amp = _head_args(w, eps, inv_freq, amp, D)
     start0, start_dev = _rows_start(start, T, C)
     host_positions, positions = _positions(positions, T, start)
+    src, src_eps = norm_rows_args(norm_rows, T)
     if T and backend.name == "numpy":
-        _write_kv_ref(kv, w, eps, host_positions, inv_freq, amp, k_cache, v_cache, start)
+        _write_kv_ref(_scaled(kv, norm_rows, src, src_eps), w, eps, host_positions, inv_freq, amp, k_cache, v_cache,
+                      start)
         return
-    _launch(kv, w, w, eps, positions, inv_freq, amp, _unused(), k_cache, v_cache, 0, n_kv, start0, start_dev)
+    _launch(kv, w, w, eps, positions, inv_freq, amp, _unused(), k_cache, v_cache, 0, n_kv, start0, start_dev, src,
+            src_eps)
 
 
-def draft_query(y, w, eps: float, positions, inv_freq, amp: float, out=None, start=0):
+def draft_query(y, w, eps: float, positions, inv_freq, amp: float, out=None, start=0, norm_rows=None):
     """The block's query ``q [T, Nq, D]`` from its projection ``y [T, Nq D]`` (a column view of the fused
     ``[q; k; v]`` product is fine): per-head RMSNorm by ``w [D]`` (``q_norm``), then RoPE at ``positions``, or for
-    ``positions=None`` at start + t (``start``: an int or a device int32 [1] array the kernel reads)."""
+    ``positions=None`` at start + t (``start``: an int or a device int32 [1] array the kernel reads);
+    ``norm_rows``: as ``write_draft_kv``'s."""
     w, eps, inv_freq, amp = _head_args(w, eps, inv_freq, amp)
     D = w.shape[0]
     y = _checks.array(y, "y", dtype=np.float32, ndim=2, strided=True)
@@ -214,17 +237,21 @@ def draft_query(y, w, eps: float, positions, inv_freq, amp: float, out=None, sta
     out = _checks.out_array(out, "out", (T, cols // D, D), np.float32)
     start0, start_dev = _checks.device_int(start, "start")
     host_positions, positions = _positions(positions, T, start)
+    src, src_eps = norm_rows_args(norm_rows, T)
     if backend.name == "numpy":
-        out[...] = draft_query_ref(y, w, eps, host_positions, inv_freq, amp)
+        out[...] = draft_query_ref(_scaled(y, norm_rows, src, src_eps), w, eps, host_positions, inv_freq, amp)
         return out
-    _launch(y, w, w, eps, positions, inv_freq, amp, out, _unused(), _unused(), cols // D, 0, start0, start_dev)
+    _launch(y, w, w, eps, positions, inv_freq, amp, out, _unused(), _unused(), cols // D, 0, start0, start_dev, src,
+            src_eps)
     return out
 
 
-def draft_qkv(y, q_w, k_w, eps: float, positions, inv_freq, amp: float, k_cache, v_cache, start, out=None):
+def draft_qkv(y, q_w, k_w, eps: float, positions, inv_freq, amp: float, k_cache, v_cache, start, out=None,
+              norm_rows=None):
     """``draft_query`` and ``write_draft_kv`` of one fused product in one launch: ``y [T, (Nq + 2 Nkv) D]`` (query
     heads, then the kv heads' k, then their v), Nkv = k_cache's heads; q by ``q_w``, k by ``k_w``, both RoPE'd at
-    ``positions`` (None: start + t); the k/v rows into ``start ..`` of the caches. Returns q [T, Nq, D].
+    ``positions`` (None: start + t); the k/v rows into ``start ..`` of the caches; ``norm_rows``: as
+    ``write_draft_kv``'s. Returns q [T, Nq, D].
     Example: the default drafter's block, y [16, 512] (8 query heads + 2 x 4 kv heads of 32): 16 x 12 blocks."""
     k_cache, v_cache = _cache_args(k_cache, v_cache)
     C, n_kv, D = k_cache.shape
@@ -239,10 +266,13 @@ def draft_qkv(y, q_w, k_w, eps: float, positions, inv_freq, amp: float, k_cache,
     out = _checks.out_array(out, "out", (T, n_q, D), np.float32)
     start0, start_dev = _rows_start(start, T, C)
     host_positions, positions = _positions(positions, T, start)
+    src, src_eps = norm_rows_args(norm_rows, T)
     if backend.name == "numpy":
+        y = _scaled(y, norm_rows, src, src_eps)
         out[...] = draft_query_ref(y[:, :n_q * D], q_w, eps, host_positions, inv_freq, amp)
         if T:
             _write_kv_ref(y[:, n_q * D:], k_w, eps, host_positions, inv_freq, amp, k_cache, v_cache, start)
         return out
-    _launch(y, q_w, k_w, eps, positions, inv_freq, amp, out, k_cache, v_cache, n_q, n_kv, start0, start_dev)
+    _launch(y, q_w, k_w, eps, positions, inv_freq, amp, out, k_cache, v_cache, n_q, n_kv, start0, start_dev, src,
+            src_eps)
     return out

@@ -35,6 +35,49 @@ def rmsnorm_ref(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return (x / np.sqrt(ms + np.float32(eps))) * w                   # [T, H]
 
 
+def inv_rms_ref(x: np.ndarray, eps: float) -> np.ndarray:
+    """1 / sqrt(mean(x**2) + eps) per row of ``x [T, H]``, float32 [T, 1] (``rmsnorm_ref``'s scale)."""
+    x = np.asarray(x, dtype=np.float32)
+    return np.float32(1.0) / np.sqrt(np.mean(x * x, axis=-1, keepdims=True, dtype=np.float32) + np.float32(eps))
+
+
+def norm_rows_args(norm_rows, T: int) -> tuple:
+    """A kernel's ``norm_rows`` argument checked: None -> (an empty [0, 1] placeholder, 0.0), or ``(x [T, H], eps)``
+    -> (x, eps): the rows whose RMS scales a product of them whose RMSNorm weight was folded into the
+    weights (``folded_norm``)."""
+    if norm_rows is None:
+        return backend.placeholder((0, 1)), 0.0
+    if not isinstance(norm_rows, tuple) or len(norm_rows) != 2:
+        raise ValueError(f"norm_rows: expected None or a pair (rows [T, H], eps), got {type(norm_rows).__name__}")
+    x = _checks.array(norm_rows[0], "norm_rows[0]", dtype=np.float32, ndim=2, shape=(T, None), strided=True)
+    return x, _checks.real(norm_rows[1], "norm_rows[1]", lo=0.0)
+
+
+def folded_norm(weight, norm_w):
+    """``weight [N, H] * norm_w [H]`` (column j scaled by norm_w[j]): a projection of RMSNorm'd rows as a
+    projection of the raw rows x, up to the row scale 1 / rms(x) that the next kernel applies (``norm_rows``):
+    rmsnorm(x, w) @ W^T = (x @ (W diag w)^T) / rms(x). Saves the norm's launch. Example: W [[1, 2]], w [3, 4] ->
+    [[3, 8]]."""
+    return weight * norm_w[None, :]
+
+
+@cuda.jit(device=True)
+def row_inv_rms(x, t, eps, red):
+    """1 / sqrt(mean(x[t, :]**2) + eps) to every thread of the block: the threads stride over the row (one load a
+    step: a drafter row is 256 wide), smem_sum adds their squares (``red``: shared [>= threads]), and a last barrier
+    frees ``red`` for the caller's next sum."""
+    H = x.shape[1]
+    acc = float32(0.0)
+    c = cuda.threadIdx.x
+    while c < H:
+        v = x[t, c]
+        acc += v * v
+        c += cuda.blockDim.x
+    ssq = smem_sum(acc, red)
+    cuda.syncthreads()
+    return float32(1.0) / float32(math.sqrt(ssq / float32(H) + eps))
+
+
 @cuda.jit(device=True)
 def row_sum_squares(x, row, buf, H):
     """This thread's share of the sum of squares of x[row, :H]: columns tid, tid + n, ... (n threads; four loads in

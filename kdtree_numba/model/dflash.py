@@ -20,6 +20,10 @@ hidden features of the committed context. The layers are Qwen3-style, and the ta
 The context rows' k/v do not depend on the block, so they live in a draft cache (per layer ``[capacity, Nkv, D]``):
 ``observe`` appends the rows of newly committed positions; ``draft`` writes the block's rows after them, attends,
 and leaves them uncommitted (the cache length stays at the context: the official release crops the same way).
+Folded norms (``FOLD_NORMS``): hidden_norm, input_layernorm and post_attention_layernorm feed one projection each,
+so their weights are folded into it at load (``rmsnorm.folded_norm``: rmsnorm(x, w) @ W^T = (x @ (W diag w)^T) /
+rms(x)) and the kernel after the product applies the row scale 1 / rms(x) (draft_kv's and swiglu's ``norm_rows``):
+five RMSNorm launches fewer a round (two per layer of the draft, one in the observe), equal up to float rounding.
 
 Config (``config.json``): ``model_type: qwen3``, ``architectures: ["DFlashDraftModel"]``, the Qwen3 fields
 (``hidden_size``, ``intermediate_size``, ``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads``,
@@ -42,6 +46,9 @@ from ..config import ConfigError, check_yarn, parse_rope, rope_tables
 from ..kernels import _checks, block_attention, draft_kv, embedding, gemm, rmsnorm, swiglu
 from . import checkpoint
 from .drafters import Drafter
+
+FOLD_NORMS = True   # the drafter's RMSNorms folded into the projections after them (module docstring); False: the
+#                     plain norm launches (benchmarks/ab_replay.py can time the two)
 
 
 @dataclasses.dataclass
@@ -220,9 +227,12 @@ class DFlashDrafter(Drafter):
                 L = self.layers[-1]                    # q and [k; v] as row blocks of qkv (views, no copy)
                 nq = config.num_attention_heads * config.head_dim
                 L["q"], L["kv"] = L["qkv"][:nq], L["qkv"][nq:]
+                L["qkv_n"] = rmsnorm.folded_norm(L["qkv"], L["in_norm"])           # FOLD_NORMS' copies
+                L["gu_n"] = rmsnorm.folded_norm(L["gu"], L["post_norm"])
             # every layer's [k; v] rows stacked: the context rows' k/v for all layers in one GEMM (they all read
-            # the same ctx); a second copy of those weights, [layers * 2 Nkv D, H]
+            # the same ctx); a second copy of those weights, [layers * 2 Nkv D, H] (and one with hidden_norm folded)
             self.ctx_kv = dev(np.concatenate(ctx_kv))
+            self.ctx_kv_n = rmsnorm.folded_norm(self.ctx_kv, self.w["hidden_norm.weight"])
             self.inv_freq = dev(inv_freq)
         self._k = self._v = None
         self._block_ids = None               # [B] device: root + MASKs of the captured draft (reserve)
@@ -302,14 +312,15 @@ class DFlashDrafter(Drafter):
             if self._block_ids is None:
                 self._block_ids = backend.full((self.config.block_size,), self.config.mask_token_id, np.int32)
 
-    def _kv(self, i: int, L: dict, kv, start) -> None:
+    def _kv(self, i: int, L: dict, kv, start, norm_rows=None) -> None:
         """Rows ``start .. start + T - 1`` of layer i's cache from the k/v projection ``kv [T, 2 Nkv D]`` (a column
         view of the fused product is fine): k = RoPE(k_norm(k)) at the rows' positions, v as it is, one launch
         (kernels/draft_kv.py). ``start`` may be a device int32 [1] (graph replay: read by the kernel, which also
-        adds it to the row offsets for RoPE - no launch to make positions)."""
+        adds it to the row offsets for RoPE - no launch to make positions). ``norm_rows``: draft_kv's (a folded
+        hidden_norm)."""
         c = self.config
         draft_kv.write_draft_kv(kv, L["k_norm"], c.rms_norm_eps, None, self.inv_freq, self.rope_amp,
-                                self._k[i], self._v[i], start)
+                                self._k[i], self._v[i], start, norm_rows=norm_rows)
 
     def observe(self, features, start: int) -> None:
         """Append the context rows of positions ``start .. start + T - 1`` from target features ``[T, n_feat*H]``."""
@@ -335,12 +346,14 @@ class DFlashDrafter(Drafter):
 
     def _context_rows(self, feats, start) -> None:
         c = self.config
-        ctx = rmsnorm.rmsnorm(gemm.linear(feats, self.w["fc.weight"]), self.w["hidden_norm.weight"],
-                              c.rms_norm_eps)                                               # [T, H]
-        kv = gemm.linear(ctx, self.ctx_kv)                                                  # [T, layers 2 Nkv D]
+        f = gemm.linear(feats, self.w["fc.weight"])                                          # [T, H]
+        if FOLD_NORMS:                                                  # hidden_norm folded: rows scaled in _kv
+            kv, norm = gemm.linear(f, self.ctx_kv_n), (f, c.rms_norm_eps)                     # [T, layers 2 Nkv D]
+        else:
+            kv, norm = gemm.linear(rmsnorm.rmsnorm(f, self.w["hidden_norm.weight"], c.rms_norm_eps), self.ctx_kv), None
         W = 2 * c.num_key_value_heads * c.head_dim
         for i, L in enumerate(self.layers):
-            self._kv(i, L, kv[:, i * W:(i + 1) * W], start)                                 # [T, 2 Nkv D] view
+            self._kv(i, L, kv[:, i * W:(i + 1) * W], start, norm)                           # [T, 2 Nkv D] view
 
     # ------------------------------------------------------------------------------------------ the draft
     def draft(self, context, root: int):
@@ -380,16 +393,22 @@ class DFlashDrafter(Drafter):
         c = self.config
         B, Nq, D = c.block_size, c.num_attention_heads, c.head_dim
         h = embedding.embed(self.target.w["embed"], ids, check=False)                        # [B, H]
+        norm = (h, c.rms_norm_eps) if FOLD_NORMS else None     # the folded norms' row scale: h's rows, each time
         for i, L in enumerate(self.layers):
-            x = rmsnorm.rmsnorm(h, L["in_norm"], c.rms_norm_eps)
-            y = gemm.linear(x, L["qkv"])                                                     # [B, (Nq+2Nkv) D]
+            if FOLD_NORMS:
+                y = gemm.linear(h, L["qkv_n"])                                               # [B, (Nq+2Nkv) D]
+            else:
+                y = gemm.linear(rmsnorm.rmsnorm(h, L["in_norm"], c.rms_norm_eps), L["qkv"])
             q = draft_kv.draft_qkv(y, L["q_norm"], L["k_norm"], c.rms_norm_eps, None, self.inv_freq, self.rope_amp,
-                                   self._k[i], self._v[i], start)   # [B, Nq, D]; the block's k/v rows after the
-                                                                    # context (uncommitted): one launch
+                                   self._k[i], self._v[i], start, norm_rows=norm)   # [B, Nq, D]; the block's
+                                                    # k/v rows after the context (uncommitted): one launch
             o = block_attention.block_attention(q, self._k[i], self._v[i], n_keys, self.scale)
             gemm.linear(o.reshape(B, Nq * D), L["o"], out=h, accumulate=True)                # h += o W_o^T
-            y = rmsnorm.rmsnorm(h, L["post_norm"], c.rms_norm_eps)
-            gemm.linear(swiglu.swiglu(gemm.linear(y, L["gu"])), L["down"], out=h, accumulate=True)
+            if FOLD_NORMS:
+                gu = gemm.linear(h, L["gu_n"])                                               # [B, 2I]
+            else:
+                gu = gemm.linear(rmsnorm.rmsnorm(h, L["post_norm"], c.rms_norm_eps), L["gu"])
+            gemm.linear(swiglu.swiglu(gu, norm_rows=norm), L["down"], out=h, accumulate=True)
         out = rmsnorm.rmsnorm(h[1:], self.w["norm.weight"], c.rms_norm_eps)                   # depths 1 .. L
         return gemm.linear(out, self.target.w["lm_head"])                                    # [L, V]
 

@@ -47,6 +47,35 @@ def test_kernel_writes_the_rows_and_nothing_else(T, n_kv, D, start):
         assert np.isnan(g[:start]).all() and np.isnan(g[start + T:]).all()
 
 
+@pytest.mark.parametrize("T,n_q,n_kv,D,width", [(3, 2, 1, 8, 24), (2, 1, 2, 6, 40)])
+def test_norm_rows_apply_a_folded_input_norm(T, n_q, n_kv, D, width):
+    """draft_qkv / write_draft_kv / draft_query of y = x @ (W diag w)^T with norm_rows=(x, eps) == of rmsnorm(x, w)
+    @ W^T: an input RMSNorm folded into the fused projection (rmsnorm.folded_norm), its row scale 1 / rms(x[t])
+    applied by the kernel to q, k and v alike."""
+    rng = np.random.default_rng(T * width)
+    x = (rng.standard_normal((T, width)) * 3).astype(np.float32)                    # [T, H]
+    w = (1 + 0.3 * rng.standard_normal(width)).astype(np.float32)                   # [H]
+    W = rng.standard_normal(((n_q + 2 * n_kv) * D, width)).astype(np.float32)       # [(Nq + 2Nkv) D, H]
+    _, hw, pos, inv = _inputs(T, n_kv, D, seed=1)
+    plain, folded = rmsnorm.rmsnorm_ref(x, w, 1e-6) @ W.T, x @ rmsnorm.folded_norm(W, w).T
+    kc0, vc0 = np.zeros((T + 1, n_kv, D), np.float32), np.zeros((T + 1, n_kv, D), np.float32)
+    with kd.backend.use("numpy"):
+        q0 = draft_kv.draft_qkv(plain, hw, hw, 1e-6, pos, inv, 1.0, kc0, vc0, 1)
+    kc, vc = poisoned((T + 1, n_kv, D)), poisoned((T + 1, n_kv, D))
+    q = draft_kv.draft_qkv(folded, hw, hw, 1e-6, pos, inv, 1.0, kc, vc, 1, norm_rows=(x, 1e-6))
+    tol = dict(rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(H(q), q0, **tol)
+    np.testing.assert_allclose(H(kc)[1:], kc0[1:], **tol)
+    np.testing.assert_allclose(H(vc)[1:], vc0[1:], rtol=1e-5, atol=1e-5 * np.abs(vc0).max())
+    assert np.isnan(H(kc)[0]).all() and np.isnan(H(vc)[0]).all()
+    kc2, vc2 = poisoned((T + 1, n_kv, D)), poisoned((T + 1, n_kv, D))
+    draft_kv.write_draft_kv(folded[:, n_q * D:], hw, 1e-6, pos, inv, 1.0, kc2, vc2, 1, norm_rows=(x, 1e-6))
+    np.testing.assert_allclose(H(kc2)[1:], kc0[1:], **tol)
+    np.testing.assert_allclose(H(vc2)[1:], vc0[1:], rtol=1e-5, atol=1e-5 * np.abs(vc0).max())
+    qq = draft_kv.draft_query(folded[:, :n_q * D], hw, 1e-6, pos, inv, 1.0, norm_rows=(x, 1e-6))
+    np.testing.assert_allclose(H(qq), q0, **tol)
+
+
 def test_device_start_is_read_by_the_kernel_and_rows_past_the_cache_are_dropped():
     kv, w, pos, inv = _inputs(3, 2, 4, seed=7)
     kc, vc = poisoned((5, 2, 4)), poisoned((5, 2, 4))

@@ -68,6 +68,25 @@ def test_swiglu_matches_reference():
     np.testing.assert_allclose(H(swiglu.swiglu(np.array([[0, 1, 2, 3]], np.float32))), [[0, 2.1931758]], rtol=1e-6)
 
 
+def test_swiglu_norm_rows_apply_a_folded_post_norm():
+    """swiglu(x @ (W diag w)^T, norm_rows=(x, eps)) == swiglu(rmsnorm(x, w) @ W^T): a post-attention RMSNorm folded
+    into the gate/up weights (rmsnorm.folded_norm), its row scale applied by the kernel; the docstring's example."""
+    rng = np.random.default_rng(8)
+    x = (rng.standard_normal((5, 24)) * 3).astype(np.float32)                       # [T, H]
+    w = (1 + 0.3 * rng.standard_normal(24)).astype(np.float32)                      # [H]
+    W = rng.standard_normal((2 * 19, 24)).astype(np.float32)                        # [2I, H]
+    want = swiglu.swiglu_ref(rmsnorm.rmsnorm_ref(x, w, 1e-6) @ W.T)
+    out = poisoned((5, 19))
+    swiglu.swiglu(x @ rmsnorm.folded_norm(W, w).T, out=out, norm_rows=(x, 1e-6))
+    np.testing.assert_allclose(H(out), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    got = swiglu.swiglu(np.array([[0, 1, 2, 3]], np.float32), norm_rows=(np.array([[2, 2]], np.float32), 0.0))
+    np.testing.assert_allclose(H(got), [[0, 0.4668445]], rtol=1e-6)
+    with pytest.raises(ValueError, match=r"^norm_rows\[0\]: expected shape \(5, \*\)"):
+        swiglu.swiglu(x @ W.T, norm_rows=(x[:4], 1e-6))
+    with pytest.raises(ValueError, match="^norm_rows: expected None or a pair"):
+        swiglu.swiglu(x @ W.T, norm_rows=x)
+
+
 def test_embedding_gathers_rows_and_rejects_bad_ids():
     table = np.random.default_rng(6).standard_normal((11, 13)).astype(np.float32)
     ids = np.array([3, 0, 10, 3], np.int32)

@@ -76,6 +76,34 @@ def test_engine_logits_equal_the_torch_model_kernels(pair, kernel_backend):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("backend_fixture", ["numpy_backend", "kernel_backend"])
+def test_folded_norms_draft_what_the_norm_launches_draft(pair, backend_fixture, request, monkeypatch):
+    """FOLD_NORMS (hidden_norm, input_layernorm and post_attention_layernorm folded into the projections after them,
+    the row scale applied by draft_kv and swiglu): the same draft up to float rounding, with four of the block's
+    five RMSNorm launches and the observe's one gone."""
+    from kdtree_numba.kernels import rmsnorm
+    from kdtree_numba.model import dflash
+
+    request.getfixturevalue(backend_fixture)
+    _, model, path = pair
+    target = kd.tiny_target(0)                               # on the process backend (kernels: sim or cuda)
+    if backend_fixture == "numpy_backend":
+        with kd.backend.use("numpy"):
+            target = kd.tiny_target(0)
+    calls, plain = [], rmsnorm.rmsnorm
+    monkeypatch.setattr(rmsnorm, "rmsnorm", lambda *a, **k: calls.append(1) or plain(*a, **k))
+    got = {}
+    for fold in (False, True):
+        monkeypatch.setattr(dflash, "FOLD_NORMS", fold)
+        calls.clear()
+        got[fold] = kd.load_drafter(path, target).draft_logits(PROMPT[:4], 13)
+        got[fold, "norms"] = len(calls)
+    assert got[False, "norms"] - got[True, "norms"] == 2 * 2 + 1         # two layers x 2, the observe's one
+    np.testing.assert_allclose(got[True], got[False], rtol=1e-5, atol=1e-5 * np.abs(got[False]).max())
+    want = torch_logits(model, target, PROMPT[:4], 13)
+    np.testing.assert_allclose(got[True], want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
 def test_bf16_checkpoint_loads(pair, tmp_path, numpy_backend):
     target, model, _ = pair
     model.save_pretrained(tmp_path, dtype=torch.bfloat16)
