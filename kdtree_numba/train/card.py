@@ -314,8 +314,9 @@ def _training_text(da: dict, rg: dict) -> str:
 
 def drafter_runs(dlog: dict) -> list:
     """The drafter's training runs, first to last, from its log and the ``init`` records nested in it (one per
-    ``--init``): ``[{"args", "seconds", "init_sha256"}]`` - a run's arguments (None for weights without a log), its
-    total seconds (None where the log did not record them) and the sha256 of the weights it started from."""
+    ``--init``): ``[{"args", "seconds", "gpu", "init_sha256"}]`` - a run's arguments (None for weights without a
+    log), its total seconds and its GPU (None where the log did not record them) and the sha256 of the weights it
+    started from."""
     runs = [{"args": dlog.get("args") or {}, "seconds": dlog.get("total_seconds"),
              "gpu": (dlog.get("versions") or {}).get("gpu")}]
     info = dlog.get("init")
