@@ -34,9 +34,11 @@ never runs while the worker processes of the acceptance part are alive):
    the same run; ``--replay-only`` times only those (then the speedups are all against replayed autoregressive
    decoding) - the way to time all 164 prompts (``--speed-subset 164``) on a GPU, where direct launches run
    ~100 tokens/s. ``tokens_per_second_after_prefill`` is total new tokens / total seconds after each prefill (a
-   ratio of totals, like tokens/s). Besides the speedup against (direct) autoregressive decoding, each method's speedup against
-   autoregressive decoding and the chain of its own launch mode (direct or replayed) - the ratios issue 13's goals
-   name.
+   ratio of totals, like tokens/s); ``ms_before_clock_mean`` the mean ms a generation's wall clock holds before its
+   own clock starts (``Generation.seconds``): the checks and the prefill's launch, for DDTree also the prefill's
+   device time and the first token's read. Besides the speedup against (direct) autoregressive decoding, each
+   method's speedup against autoregressive decoding and the chain of its own launch mode (direct or replayed) - the
+   ratios issue 13's goals name.
 
 ``--drafter DIR`` evaluates another DFlash drafter (a ``python -m kdtree_numba.train drafter --out`` directory) with
 the shipped target, e.g. a candidate before it replaces the shipped one; the output names it. ``--replay-tau`` runs
@@ -483,7 +485,8 @@ def run_speed(kd, target, drafter, prompts: list, max_new_tokens: int, budgets: 
                      "seconds": secs, "tokens": toks, "outputs": texts,
                      "mismatches_vs_autoregressive": sum(u != v for p in passes[name] for u, v in zip(p[3], same)),
                      "median_generation_seconds": float(np.median(secs)),
-                     "tokens_per_second_after_prefill": sum(toks) / sum(post)}     # a ratio of totals too
+                     "tokens_per_second_after_prefill": sum(toks) / sum(post),     # a ratio of totals too
+                     "ms_before_clock_mean": 1e3 * (sum(secs) - sum(post)) / len(secs)}
         spread = f"; passes {min(rates):.1f} .. {max(rates):.1f}" if repeats > 1 else ""
         _log(f"[speed] {name}: {out[name]['tokens_per_second']:.1f} tokens/s "
              f"({sum(toks)} tokens in {sum(secs):.2f}s{spread})")

@@ -147,6 +147,10 @@ def test_eval_speed_passes_interleave_when_programs_stay(pair, prompts, monkeypa
     assert "vs chain, same launches" in text
     for v in methods.values():           # the prefill left out of the seconds: at least the wall-clock rate
         assert v["tokens_per_second_after_prefill"] >= v["tokens_per_second"]
+        assert v["ms_before_clock_mean"] == pytest.approx(1e3 * sum(v["seconds"]) / len(v["seconds"]) -
+                                                          1e3 * sum(v["tokens"]) / v["tokens_per_second_after_prefill"]
+                                                          / len(v["seconds"]))
+        assert v["ms_before_clock_mean"] > 0
 
 
 def test_eval_refuses_a_speed_subset_beyond_the_prompts(monkeypatch, capsys):
