@@ -123,8 +123,8 @@ table(rows, ("depth", "drafter's top 3 (probability)", "target's greedy token", 
 # projection, and `rmsnorm(x, w) @ W^T = (x @ (W diag w)^T) / rms(x)`. So `model/dflash.py` folds w into W at load
 # (`rmsnorm.folded_norm`) and the kernel after the product applies the row scale 1 / rms(x) (`draft_kv`'s and
 # `swiglu`'s `norm_rows`): two launches per layer of every draft and one per observe go, each ~3 us of a GPU's
-# time whatever its work. `dflash.FOLD_NORMS = True` turns it on (off by default until a GPU has timed it); the
-# draft agrees with the plain norms' up to float rounding.
+# time whatever its work. It is on by default (`dflash.FOLD_NORMS = False` turns it off): on an H200
+# it made DDTree-32 1.3 % faster. The draft agrees with the plain norms' up to float rounding.
 
 # %%
 section("folded norms vs the norm launches")

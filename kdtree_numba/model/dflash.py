@@ -24,7 +24,7 @@ Folded norms (``FOLD_NORMS``): hidden_norm, input_layernorm and post_attention_l
 so their weights are folded into it at load (``rmsnorm.folded_norm``: rmsnorm(x, w) @ W^T = (x @ (W diag w)^T) /
 rms(x)) and the kernel after the product applies the row scale 1 / rms(x) (draft_kv's and swiglu's ``norm_rows``):
 five RMSNorm launches fewer a round (two per layer of the draft, one in the observe), equal up to float rounding;
-off by default until a GPU has timed it.
+on by default (an H200 timed DDTree-32 1.3 % faster with it, docs/PERFORMANCE.md).
 
 Config (``config.json``): ``model_type: qwen3``, ``architectures: ["DFlashDraftModel"]``, the Qwen3 fields
 (``hidden_size``, ``intermediate_size``, ``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads``,
@@ -48,9 +48,8 @@ from ..kernels import _checks, block_attention, draft_kv, embedding, gemm, rmsno
 from . import checkpoint
 from .drafters import Drafter
 
-FOLD_NORMS = False  # True: the drafter's RMSNorms folded into the projections after them (module docstring). Off
-#                     until benchmarks/ab_replay.py has timed it on a GPU against the plain norm launches (staged
-#                     2026-12-05 without one; docs/PERFORMANCE.md, twenty-ninth session)
+FOLD_NORMS = True  # the drafter's RMSNorms folded into the projections after them (module docstring); False: the
+#                    plain RMSNorm launches (benchmarks/ab_replay.py timed both on an H200, docs/PERFORMANCE.md)
 
 
 @dataclasses.dataclass
