@@ -35,6 +35,9 @@ from .. import backend
 WORKSPACE_BYTES = 32 << 20          # cuBLAS's recommended workspace on Hopper
 SMALL_M = 32                        # at most this many rows (and 2 or more) and
 SMALL_K = 1024                      # at most this K: the handle without a workspace
+ROW_BLOCKS = 0                      # > 0: a GEMM of ROW_BLOCKS + 1 .. 5 x ROW_BLOCKS rows (a tree verify's, not a
+#                                     prefill's 128) runs as a strided batch of equal row blocks of <= ROW_BLOCKS
+#                                     rows sharing the weight (``_row_blocks``); 0: off
 _OP_N, _OP_T = 0, 1
 _state: dict = {}                   # the library, the handle, its stream and workspace (one per process)
 
@@ -115,6 +118,8 @@ def gemm(a, b, out, accumulate: bool = False):
         if not accumulate:
             out[...] = 0
         return out
+    if ROW_BLOCKS and ROW_BLOCKS < M <= 5 * ROW_BLOCKS and out.flags.c_contiguous:
+        return _row_blocks(a, b, out, accumulate)
     st = _handle(M, K)
     b, op_b, ld_b = _operand(b, K, N)
     a, op_a, ld_a = _operand(a, M, K)
@@ -130,6 +135,29 @@ def gemm(a, b, out, accumulate: bool = False):
                                     a.data.ptr, ld_a, ctypes.byref(beta), target.data.ptr, N), "cublasSgemm")
     if target is not out:
         out[...] = target
+    return out
+
+
+def _row_blocks(a, b, out, accumulate: bool):
+    """``gemm`` of M > ROW_BLOCKS rows as nb = ceil(M / ROW_BLOCKS) row blocks of m = ceil(M / nb) rows, one strided
+    batched call (the weight's batch stride 0), plus one call for the M - (M // m) m rows left (none when m divides
+    M: 33 = 3 x 11, 65 = 5 x 13). Why: cuBLAS answers <= 16 rows with a GEMV-like kernel and 17+ rows with split-K
+    kernels ~2x slower in a graph (docs/PERFORMANCE.md, thirtieth session). ``out`` C-contiguous."""
+    M, K = a.shape
+    N = b.shape[1]
+    nb = -(-M // ROW_BLOCKS)
+    m = -(-M // nb)
+    full = M // m
+    st = _handle(m, K)
+    b, op_b, ld_b = _operand(b, K, N)
+    a, op_a, ld_a = _operand(a, M, K)
+    row = a.strides[0] // 4 if op_a == _OP_N else 1              # element stride between a's rows
+    beta = st["one"] if accumulate else st["zero"]
+    _check(st["lib"].cublasSgemmStridedBatched(
+        st["handle"], op_b, op_a, N, m, K, ctypes.byref(st["one"]), b.data.ptr, ld_b, 0, a.data.ptr, ld_a, m * row,
+        ctypes.byref(beta), out.data.ptr, N, m * N, full), "cublasSgemmStridedBatched")
+    if full * m < M:
+        gemm(a[full * m:], b, out[full * m:], accumulate)
     return out
 
 

@@ -91,3 +91,26 @@ def test_gemm_accumulate_is_beta_one():
     np.testing.assert_allclose(kd.backend.to_host(out), want, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="out: accumulate=True adds in place, expected a C-contiguous array"):
         _cublas.gemm(x, w.T, _rand(rng, 16, 200)[:, :128], accumulate=True)
+
+
+@pytest.mark.parametrize("M", [17, 33, 40, 65, 80])
+@pytest.mark.parametrize("layout", ["row-major", "transposed", "strided rows"])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_row_blocks_match_one_call(monkeypatch, M, layout, accumulate):
+    """ROW_BLOCKS = 16: M rows as a strided batch of equal blocks (+ one call for the rows left: 17 = 9 + 8, 40 =
+    2 x 14 + 12) give the one-call product, for every layout of a and with accumulate; 80 = 5 x 16 is the last
+    M the blocks take."""
+    rng = np.random.default_rng(M)
+    K, N = 96, 200
+    if layout == "row-major":
+        a = _rand(rng, M, K)
+    elif layout == "transposed":
+        a = _rand(rng, K, M).T                                  # rows one element apart: op T
+    else:
+        a = _rand(rng, M, K + 32)[:, :K]                        # lda = K + 32
+    w = _rand(rng, N, K)
+    base = _rand(rng, M, N)
+    want = kd.backend.to_host(_cublas.gemm(a, w.T, base.copy(), accumulate))
+    monkeypatch.setattr(_cublas, "ROW_BLOCKS", 16)
+    got = kd.backend.to_host(_cublas.gemm(a, w.T, base.copy(), accumulate))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
