@@ -19,6 +19,8 @@ slices (one or two per SM of the H200) and reduce them serially: 53 us on the H2
 the drafter's k projection - against <= 25 us (launch-bound) without (2026-12-02, measured by timing both
 handles on the same shapes). A long K (a Kimi-sized hidden of 7168) keeps the workspace: there split-K is what
 fills the GPU when M is small.
+GEMMs of 33-80 rows over a weight L2 holds (a DDTree-32 / -64 verify's dense MLP and LM head) run as one strided
+batch of equal <= 16-row blocks (``_row_blocks``): cuBLAS's 16-row kernel per block instead of split-K.
 Example: gemm(a [2, 3], w.T) with w [4, 3] contiguous -> sgemm(op_a=T on w with ld 3, op_b=N on a with ld 3,
 m=4, n=2, k=3) writing C^T [4, 2] = C [2, 4] row-major.
 """
@@ -35,9 +37,9 @@ from .. import backend
 WORKSPACE_BYTES = 32 << 20          # cuBLAS's recommended workspace on Hopper
 SMALL_M = 32                        # at most this many rows (and 2 or more) and
 SMALL_K = 1024                      # at most this K: the handle without a workspace
-ROW_BLOCKS = 0                      # > 0: a GEMM of ROW_BLOCKS + 1 .. 5 x ROW_BLOCKS rows (a tree verify's, not a
-#                                     prefill's 128) runs as a strided batch of equal row blocks of <= ROW_BLOCKS
-#                                     rows sharing the weight (``_row_blocks``); 0: off
+ROW_BLOCKS = 16                     # a GEMM of 2 x ROW_BLOCKS + 1 .. 5 x ROW_BLOCKS rows (a tree verify's 33 or 65)
+ROW_BLOCKS_WEIGHT = 1 << 21         # over a weight of at most this many floats (8 MB: L2-resident) runs as a
+#                                     strided batch of <= ROW_BLOCKS-row blocks (``_row_blocks``); either 0: never
 _OP_N, _OP_T = 0, 1
 _state: dict = {}                   # the library, the handle, its stream and workspace (one per process)
 
@@ -118,7 +120,7 @@ def gemm(a, b, out, accumulate: bool = False):
         if not accumulate:
             out[...] = 0
         return out
-    if ROW_BLOCKS and ROW_BLOCKS < M <= 5 * ROW_BLOCKS and out.flags.c_contiguous:
+    if 2 * ROW_BLOCKS < M <= 5 * ROW_BLOCKS and K * N <= ROW_BLOCKS_WEIGHT and out.flags.c_contiguous:
         return _row_blocks(a, b, out, accumulate)
     st = _handle(M, K)
     b, op_b, ld_b = _operand(b, K, N)
@@ -139,10 +141,14 @@ def gemm(a, b, out, accumulate: bool = False):
 
 
 def _row_blocks(a, b, out, accumulate: bool):
-    """``gemm`` of M > ROW_BLOCKS rows as nb = ceil(M / ROW_BLOCKS) row blocks of m = ceil(M / nb) rows, one strided
-    batched call (the weight's batch stride 0), plus one call for the M - (M // m) m rows left (none when m divides
-    M: 33 = 3 x 11, 65 = 5 x 13). Why: cuBLAS answers <= 16 rows with a GEMV-like kernel and 17+ rows with split-K
-    kernels ~2x slower in a graph (docs/PERFORMANCE.md, thirtieth session). ``out`` C-contiguous."""
+    """``gemm`` of M rows as nb = ceil(M / ROW_BLOCKS) row blocks of m = ceil(M / nb) rows: one strided batched call
+    (the weight's batch stride 0), plus one call for the M - (M // m) m rows left (none when m divides M: 33 = 3 x 11,
+    65 = 5 x 13, a DDTree-32 / -64 verify). Why: cuBLAS answers <= 16 rows with its GEMV-like gemmSN kernel and 17+
+    rows with split-K kernels and a reduce, ~2x slower in a graph (ncu). Alone the blocks win only the K = 768
+    product at 33 rows (12.7 -> 10.1 us; the LM head 256 -> 4096 loses, 13.3 -> 15.8), yet in the round they
+    made DDTree-32 0.7-1.1 % and DDTree-64 0.8 % faster in two A/B runs (H100; blocks for K >= 512 only: no gain),
+    so they are on (docs/PERFORMANCE.md, thirtieth session). Only for weights that L2 holds: every block reads the
+    weight again. ``out`` C-contiguous."""
     M, K = a.shape
     N = b.shape[1]
     nb = -(-M // ROW_BLOCKS)

@@ -93,13 +93,13 @@ def test_gemm_accumulate_is_beta_one():
         _cublas.gemm(x, w.T, _rand(rng, 16, 200)[:, :128], accumulate=True)
 
 
-@pytest.mark.parametrize("M", [17, 33, 40, 65, 80])
+@pytest.mark.parametrize("M", [17, 33, 40, 65, 80, 81])
 @pytest.mark.parametrize("layout", ["row-major", "transposed", "strided rows"])
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_row_blocks_match_one_call(monkeypatch, M, layout, accumulate):
-    """ROW_BLOCKS = 16: M rows as a strided batch of equal blocks (+ one call for the rows left: 17 = 9 + 8, 40 =
-    2 x 14 + 12) give the one-call product, for every layout of a and with accumulate; 80 = 5 x 16 is the last
-    M the blocks take."""
+    """33-80 rows run as a strided batch of equal <= 16-row blocks (+ one call for the rows left: 40 = 2 x 14 + 12)
+    and give the one-call product (ROW_BLOCKS = 0), for every layout of a and with accumulate; 17 and 81 rows take
+    the one call either way."""
     rng = np.random.default_rng(M)
     K, N = 96, 200
     if layout == "row-major":
@@ -110,7 +110,21 @@ def test_row_blocks_match_one_call(monkeypatch, M, layout, accumulate):
         a = _rand(rng, M, K + 32)[:, :K]                        # lda = K + 32
     w = _rand(rng, N, K)
     base = _rand(rng, M, N)
-    want = kd.backend.to_host(_cublas.gemm(a, w.T, base.copy(), accumulate))
-    monkeypatch.setattr(_cublas, "ROW_BLOCKS", 16)
     got = kd.backend.to_host(_cublas.gemm(a, w.T, base.copy(), accumulate))
+    monkeypatch.setattr(_cublas, "ROW_BLOCKS", 0)
+    want = kd.backend.to_host(_cublas.gemm(a, w.T, base.copy(), accumulate))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_row_blocks_only_for_weights_l2_holds(monkeypatch):
+    """A weight of more than ROW_BLOCKS_WEIGHT floats is read once, in one call (every block would read it again)."""
+    rng = np.random.default_rng(4)
+    a, w = _rand(rng, 33, 64), _rand(rng, 100, 64)
+    calls = []
+    monkeypatch.setattr(_cublas, "_row_blocks", lambda *args: calls.append(1))
+    monkeypatch.setattr(_cublas, "ROW_BLOCKS_WEIGHT", 64 * 100 - 1)
+    _cublas.gemm(a, w.T, kd.backend.empty((33, 100), np.float32))
+    assert calls == []
+    monkeypatch.setattr(_cublas, "ROW_BLOCKS_WEIGHT", 64 * 100)
+    _cublas.gemm(a, w.T, kd.backend.empty((33, 100), np.float32))
+    assert calls == [1]
