@@ -266,8 +266,8 @@ def load_init(init_dir: str, cfg: dfl.DFlashConfig, weights: bool = True):
     info = {"dir", "sha256" of model.safetensors, "args", "init", "total_seconds" and "gpu" (``versions.gpu``) of
     its training log when there is one}. The log is ``init_dir/drafter_train_log.json`` (a run's output folder)
     or, in the shipped pair's layout (``default_model/drafter`` beside ``default_model/drafter_train_log.json``),
-    the one beside ``init_dir``; a log that records its weights' sha256 (``weights_sha256``, since 2026-12-05) counts only for
-    those weights.
+    the one beside ``init_dir``; a log that records its weights' sha256 (``weights_sha256``, since 2026-12-05)
+    counts only for those weights.
     A missing file or any differing field -> ValueError naming ``--init``, the field and both values.
     """
     def need(f):
