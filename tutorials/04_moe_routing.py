@@ -171,10 +171,9 @@ check("group tie -> lower group (1): experts [2, 3], kernel", got_g[0], np.array
 #
 #     out[t] = sum_j w[t, j] * expert_out[slot[t*k + j]]        (j = 0..k-1 in order: deterministic, no atomics)
 #
-# Kernels: `_count_kernel` (one block per expert, a block reduction counts its assignments), the prefix sum on the
-# host side of the launcher, `_scatter_kernel` (one block per expert, a block-wide Hillis-Steele prefix scan over
-# chunks of assignments gives each of its assignments its position, in order) and `_combine_kernel` (one thread
-# per output element).
+# Kernels: `_group_kernel` (one block per expert: a block reduction counts the assignments of lower experts - its
+# offset - then a block-wide Hillis-Steele prefix scan over chunks of assignments gives each of its own assignments
+# its position, in order) and `_combine_kernel` (one thread per output element).
 #
 # Round trip: with "experts" that multiply their input by (e + 1), the result must be
 # `sum_j w[t, j] * (idx[t, j] + 1) * x[t]`.
@@ -183,7 +182,7 @@ check("group tie -> lower group (1): experts [2, 3], kernel", got_g[0], np.array
 section("group_by_expert + combine")
 with stopwatch() as t:
     counts, offsets, order, slot = (host(a) for a in moe.group_by_expert(idx, E))
-print(f"_count_kernel + _scatter_kernel[grid={E}]: {t.ms:.1f} ms")
+print(f"_group_kernel[grid={E}]: {t.ms:.1f} ms")
 for name, got_a, want_a in zip(("counts", "offsets", "order", "slot"), (counts, offsets, order, slot),
                                moe.group_by_expert_ref(idx, E)):
     check(f"group_by_expert {name} vs reference (exact)", got_a, want_a)

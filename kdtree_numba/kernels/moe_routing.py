@@ -26,10 +26,11 @@ taken mark needs no sync). The block version took 269 us for Kimi's 4096 x 384 t
 barriers per token); see docs/PERFORMANCE.md for the warp version. The simulator has no warp shuffles, so it
 runs the block version; the GPU tests check the warp version against the same reference.
 
-Mapping (grouping): two launches of one block per expert. ``_count_kernel``: expert e's count by a block reduction
-(primitives.smem_sum). ``_scatter_kernel``: e's offset = the sum of the counts before it (another block
-reduction; the E-entry scan in CuPy cost four launches), then the ordered write by a block-wide prefix scan
-(primitives.smem_prefix_sum) over chunks of assignments.
+Mapping (grouping): one launch, one block per expert (``_group_kernel``): e's offset = the number of assignments
+of lower experts (a block reduction, primitives.smem_sum; until 2026-12-05 a count launch came first and the
+offset summed its counts), then the ordered write by a block-wide prefix scan (primitives.smem_prefix_sum) over
+chunks of blockDim assignments - blockDim is the least power of two >= T*k up to 256, so a tree verify's 66
+assignments (33 rows, top-2) are one chunk, not two.
 """
 from __future__ import annotations
 
@@ -250,41 +251,25 @@ def _route_warp_kernel(logits, bias, top_k, n_group, topk_group, norm, scale, id
 
 
 @cuda.jit
-def _count_kernel(flat, counts):
-    e = cuda.blockIdx.x
-    tid = cuda.threadIdx.x
-    nthreads = cuda.blockDim.x
-    red = cuda.shared.array(MAX_THREADS, int32)
-    c = 0
-    for a in range(tid, flat.shape[0], nthreads):
-        if flat[a] == e:
-            c += 1
-    total = smem_sum(c, red)
-    if tid == 0:
-        counts[e] = total
-
-
-@cuda.jit
-def _scatter_kernel(flat, counts, offsets, order, slot):
-    """Block e: its offset counts[0] + .. + counts[e - 1], summed here (E <= MAX_EXPERTS counts: a scan launch
-    cost more than this), written to offsets[e] (and offsets[E] by the last block); then e's assignments, in index
-    order, to order[offset ..] and their positions to slot."""
+def _group_kernel(flat, counts, offsets, order, slot):
+    """Block e of E: e's offset = the number of assignments of a lower expert (one pass over ``flat`` and a block
+    reduction, primitives.smem_sum: no count launch and no scan of counts), then e's assignments, in index order,
+    to order[offset ..] and their positions to ``slot`` (a block-wide prefix scan, primitives.smem_prefix_sum, over
+    chunks of blockDim assignments: one chunk while T*k <= blockDim), and counts[e] / offsets[e] (offsets[E] too,
+    by the last block) from where the scan ended. Example: flat [2, 0, 2, 1], E 3: block 2 counts 2 assignments
+    below it (offset 2) and writes order[2:4] = [0, 2], slot[0] = 2, slot[2] = 3, counts[2] = 2."""
     e = cuda.blockIdx.x
     tid = cuda.threadIdx.x
     nthreads = cuda.blockDim.x
     scan = cuda.shared.array(MAX_THREADS, int32)
-    c = 0
-    for i in range(tid, e, nthreads):
-        c += counts[i]
-    base = smem_sum(c, scan)
-    if tid == 0:
-        offsets[e] = base
-        if e == cuda.gridDim.x - 1:
-            offsets[e + 1] = base + counts[e]
-    cuda.syncthreads()                                    # everyone has read the sum before scan is reused
-    if counts[e] == 0:
-        return
     n = flat.shape[0]
+    c = 0
+    for a in range(tid, n, nthreads):
+        if flat[a] < e:
+            c += 1
+    first = smem_sum(c, scan)
+    cuda.syncthreads()                                    # everyone has read the sum before scan is reused
+    base = first
     for start in range(0, n, nthreads):
         a = start + tid
         flag = 1 if a < n and flat[a] == e else 0
@@ -295,6 +280,11 @@ def _scatter_kernel(flat, counts, offsets, order, slot):
             slot[a] = pos
         base += total
         cuda.syncthreads()                                # everyone has read scan before the next chunk
+    if tid == 0:
+        counts[e] = base - first
+        offsets[e] = first
+        if e == cuda.gridDim.x - 1:
+            offsets[e + 1] = base
 
 
 @cuda.jit
@@ -316,6 +306,14 @@ def _combine_kernel(expert_out, weights, slot, accumulate, out):
 def _pow2_at_most(n: int, cap: int) -> int:
     p = 1
     while p * 2 <= min(n, cap):
+        p *= 2
+    return p
+
+
+def _pow2_at_least(n: int, cap: int) -> int:
+    """The least power of two >= n, at most ``cap`` (a power of two). Example: _pow2_at_least(66, 256) = 128."""
+    p = 1
+    while p < min(n, cap):
         p *= 2
     return p
 
@@ -366,9 +364,8 @@ def group_by_expert(idx, n_experts: int):
         return backend.zeros((n_experts,), np.int32), backend.zeros((n_experts + 1,), np.int32), order, slot
     counts = backend.empty((n_experts,), np.int32)
     offsets = backend.empty((n_experts + 1,), np.int32)
-    threads = _pow2_at_most(flat.size, backend.block_size(256, 8))
-    backend.launch(_count_kernel, n_experts, threads, flat, counts)                   # counts [E]
-    backend.launch(_scatter_kernel, n_experts, threads, flat, counts, offsets, order, slot)
+    threads = _pow2_at_least(flat.size, backend.block_size(MAX_THREADS, 8))          # one scan chunk if it fits
+    backend.launch(_group_kernel, n_experts, threads, flat, counts, offsets, order, slot)
     return counts, offsets, order, slot
 
 

@@ -67,7 +67,8 @@ def test_bias_selects_but_does_not_weight():
     assert H(w)[0, 0] == pytest.approx(0.5)                # sigmoid(0), not sigmoid(0) + 5
 
 
-@pytest.mark.parametrize("T,k,E,used", [(9, 3, 7, 7), (21, 2, 12, 5)])    # 5 of 12: empty experts, first and last
+@pytest.mark.parametrize("T,k,E,used", [(9, 3, 7, 7), (21, 2, 12, 5), (33, 2, 8, 8)])   # 5 of 12: empty experts, first
+# and last; 33 x 2: a DDTree-32 verify (the GPU: one scan chunk of 128 threads)
 def test_group_by_expert_and_combine_round_trip(T, k, E, used):
     rng = np.random.default_rng(11)
     Hd = 5
