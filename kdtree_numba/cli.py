@@ -574,7 +574,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="GPU benchmarks (source checkout)")
     b.add_argument("which", nargs="?", default="all",
                    help="a benchmark (benchmarks/bench_<name>.py: kernels, tree, verify, model, e2e, moe, replay, "
-                        "round, pair_attention) or all")
+                        "round, pair_attention, mma) or all")
     b.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     b.set_defaults(func=cmd_bench)
     return p

@@ -152,21 +152,29 @@ else:
             return builder.bitcast(bits, ir.FloatType())
         return types.float32(types.float32), codegen
 
-    @intrinsic
-    def _mma_tf32(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-        operands = (a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
-        if any(op != types.float32 for op in operands):
-            return None
+    def mma_intrinsic(ptx: str):
+        """A warp-wide m16n8kK MMA intrinsic for the PTX text ``ptx`` with the operand shape of MMA_PTX: six b32
+        fragment registers (passed as float32, handed over as their bit patterns), four f32 accumulators in, four
+        out. MMA_PTX gives ``_mma_tf32``; an m16n8k16 f16 / bf16 text (two halves a register) gives what
+        benchmarks/bench_mma.py times beside it."""
+        @intrinsic
+        def _mma(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+            operands = (a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
+            if any(op != types.float32 for op in operands):
+                return None
 
-        def codegen(context, builder, sig, args):
-            f32, i32 = ir.FloatType(), ir.IntType(32)
-            fnty = ir.FunctionType(ir.LiteralStructType([f32] * 4), [i32] * 6 + [f32] * 4)
-            asm = ir.InlineAsm(fnty, MMA_PTX, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", side_effect=True)
-            # convergent + side effect: LLVM may neither drop the warp-wide instruction nor move it into a branch
-            res = builder.call(asm, [builder.bitcast(a, i32) for a in args[:6]] + list(args[6:]),
-                               attrs=("convergent",))
-            return context.make_tuple(builder, sig.return_type, [builder.extract_value(res, i) for i in range(4)])
-        return types.UniTuple(types.float32, 4)(*operands), codegen
+            def codegen(context, builder, sig, args):
+                f32, i32 = ir.FloatType(), ir.IntType(32)
+                fnty = ir.FunctionType(ir.LiteralStructType([f32] * 4), [i32] * 6 + [f32] * 4)
+                asm = ir.InlineAsm(fnty, ptx, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", side_effect=True)
+                # convergent + side effect: LLVM may neither drop the warp-wide instruction nor move it into a branch
+                res = builder.call(asm, [builder.bitcast(a, i32) for a in args[:6]] + list(args[6:]),
+                                   attrs=("convergent",))
+                return context.make_tuple(builder, sig.return_type, [builder.extract_value(res, i) for i in range(4)])
+            return types.UniTuple(types.float32, 4)(*operands), codegen
+        return _mma
+
+    _mma_tf32 = mma_intrinsic(MMA_PTX)
 
     @cuda.jit(device=True)
     def to_tf32(x):
