@@ -10,8 +10,8 @@ runs 8 independent accumulator chains (no chain waits on its own previous MMA fo
 blocks an SM; operands are constants (the rate does not depend on the values). Result: ``bench_mma.json`` under
 $OUT (or ./bench_results).
 Example (H100, 2026-12-05): TF32 291.0 TFLOP/s, FP16 573.8 (1.97x), BF16 598.6 (2.06x): a 3xTF32 ceiling of 97
-TFLOP/s of fp32-grade products, 1.89x cuBLAS fp32's 51.2 (the attention kernels do not run into it: they are latency-bound,
-docs/PERFORMANCE.md, thirty-first session).
+TFLOP/s of fp32-grade products, 1.89x cuBLAS fp32's 51.2 (the attention kernels do not run into it: they are
+latency-bound, docs/PERFORMANCE.md, thirty-first session).
 """
 import numpy as np
 from numba import cuda, float32
