@@ -5,6 +5,7 @@ kernels a plain decode step or a DDTree round spends its time in.
         python3 benchmarks/profile_kernels.py --method ddtree > ddtree.csv          # on the GPU machine
     python3 benchmarks/profile_kernels.py --summarize ddtree.csv                    # anywhere
     python3 benchmarks/profile_kernels.py --summarize ar.csv chain.csv ddtree.csv   # side by side, per kernel
+    python3 benchmarks/profile_kernels.py --summarize chain.csv ddtree.csv --aligned  # launch by launch
 
 The first command generates twice untimed (compile, capture), then profiles a third generation (``--tokens``,
 default 20) between cudaProfilerStart / Stop, so ncu sees only replayed steps or rounds (their graph nodes are
@@ -16,7 +17,8 @@ them for shares, not totals; add ``--cache-control none`` to keep the L2 warm, a
 lists kernels only: a graph's memcpy nodes (CuPy's contiguous copies) cost time too and are not in its CSV.
 The second reads ncu's CSV: per kernel name (template and ABI suffixes cut), the calls per step / round, the mean
 and the total, largest first; a step or round is delimited by the kernel that runs once in each (the sampler for
-``ar``, the top-K for ``ddtree``), and the prefill before the first one is left out.
+``ar``, the top-K for ``ddtree``), and the prefill before the first one is left out. ``--aligned`` lines up two
+CSVs whose units run the same kernels in the same order (a chain round and a DDTree round) launch by launch.
 Example (2026-12-02, H200, before that day's fixes): the v2 MLA attention 54 us x 5 per plain step (30 %); a
 cuBLAS 32x128 sgemm, the drafter's 16-row projections cut into 132-264 K slices, 46 us x 12 per DDTree round
 (24 %) - docs/PERFORMANCE.md has what was done about them.
@@ -25,6 +27,7 @@ import argparse
 import csv
 import os
 import re
+import statistics
 import sys
 from collections import defaultdict
 
@@ -42,13 +45,22 @@ MARKERS = {"ddtree": ("topk_block::_topk_kernel",),
            "ar": ("sampling::_choose_kernel", "sampling::_choose_parts_kernel")}
 
 
+def short(name: str, width: int = 48) -> str:
+    """A kernel name cut to ``width`` characters for a table (its head and tail kept). Example: cuBLAS's
+    sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize32x32x8_.._execute_kernel__5x_cublas (117 characters) ->
+    'sm80_xmma_gemm_f32f32_f32f32.._kernel__5x_cublas'."""
+    return name if len(name) <= width else name[:width - 20] + ".." + name[-18:]
+
+
 def kernel_name(raw: str) -> str:
     """ncu's demangled name without numba's ABI tag, template arguments or parameter list."""
     return re.sub(r"\[abi:.*|<.*|\(.*", "", raw).strip()
 
 
-def per_unit(path: str) -> tuple:
-    """``(units, "round" | "step", kernels per unit, {kernel: (calls per unit, us per unit)})`` of an ncu CSV."""
+def units_of(path: str) -> tuple:
+    """``("round" | "step", [unit, ..])`` of an ncu CSV: each complete step / round as its launches in order,
+    ``(kernel name, grid, us)`` (grid: ncu's "Grid Size" column, "" when the CSV has none); the prefill before
+    the first unit is left out."""
     try:
         with open(path, newline="") as f:
             rows = [r for r in csv.reader(f)]
@@ -62,24 +74,32 @@ def per_unit(path: str) -> tuple:
         ki, ti = h.index("Kernel Name"), h.index("gpu__time_duration.sum")
     except ValueError as e:
         fail(f"{path}: {e} (profile with --metrics gpu__time_duration.sum)")
+    gi = h.index("Grid Size") if "Grid Size" in h else None
     unit = rows[head + 1][ti] if head + 1 < len(rows) else "ns"
     scale = {"ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}.get(unit, 1e-3)
-    launches = [(kernel_name(r[ki]), float(r[ti].replace(",", "")) * scale) for r in rows[head + 2:] if len(r) > ti]
-    marker = next((m for m in MARKERS.values() if any(n.startswith(m) for n, _ in launches)), None)
+    launches = [(kernel_name(r[ki]), r[gi] if gi is not None else "", float(r[ti].replace(",", "")) * scale)
+                for r in rows[head + 2:] if len(r) > ti]
+    marker = next((m for m in MARKERS.values() if any(n.startswith(m) for n, _, _ in launches)), None)
     if marker is None:
         fail(f"{path}: none of the step markers {sorted(sum(MARKERS.values(), ()))} was profiled")
-    at = [i for i, (n, _) in enumerate(launches) if n.startswith(marker)]
-    first = at[0] if marker == MARKERS["ddtree"] else at[0] + 1        # a step ends with its sampler
-    body = launches[first:at[-1] + (0 if marker == MARKERS["ddtree"] else 1)]
-    units = len(at) - 1
-    if units < 1 or not body:
+    at = [i for i, (n, _, _) in enumerate(launches) if n.startswith(marker)]
+    if marker != MARKERS["ddtree"]:
+        at = [i + 1 for i in at]                                          # a step ends with its sampler
+    units = [launches[a:b] for a, b in zip(at, at[1:]) if b > a]
+    if not units:
         fail(f"{path}: fewer than two steps / rounds profiled")
+    return ("round" if marker == MARKERS["ddtree"] else "step"), units
+
+
+def per_unit(path: str) -> tuple:
+    """``(units, "round" | "step", kernels per unit, {kernel: (calls per unit, us per unit)})`` of an ncu CSV."""
+    what, units = units_of(path)
     calls, total = defaultdict(int), defaultdict(float)
-    for n, us in body:
+    for n, _, us in (x for u in units for x in u):
         calls[n] += 1
         total[n] += us
-    what = "round" if marker == MARKERS["ddtree"] else "step"
-    return units, what, len(body) / units, {n: (calls[n] / units, total[n] / units) for n in total}
+    k = len(units)
+    return k, what, sum(len(u) for u in units) / k, {n: (calls[n] / k, total[n] / k) for n in total}
 
 
 def summarize(path: str, top: int) -> None:
@@ -113,6 +133,37 @@ def compare(paths: list, top: int) -> None:
           f"{totals[-1] - totals[0]:+.1f} |")
 
 
+def aligned(paths: list, top: int) -> None:
+    """Two CSVs whose steps / rounds run the same number of kernels (a chain round and a DDTree round: the same
+    program, other shapes), position by position: the median us of each launch over the units of each, the second
+    minus the first, and the running sum of the differences - where the second's extra time goes, kernel by kernel,
+    even where the two run different kernels at a position (cuBLAS against the skinny kernel). The ``top``
+    positions of largest difference are listed, in launch order."""
+    if len(paths) != 2:
+        fail(f"--aligned: expected two CSVs, got {len(paths)}")
+    runs = [units_of(p) for p in paths]
+    names = [os.path.basename(p) for p in paths]
+    meds = []
+    for name, (what, units) in zip(names, runs):
+        n = max(set(map(len, units)), key=[len(u) for u in units].count)            # the usual kernel count
+        same = [u for u in units if len(u) == n]
+        meds.append([(same[0][i][0], same[0][i][1], statistics.median(u[i][2] for u in same)) for i in range(n)])
+        print(f"{name}: {len(same)} {what}s of {n} kernels, {sum(m[2] for m in meds[-1]):.1f} us per {what} "
+              f"(medians by position)")
+    a, b = meds
+    if len(a) != len(b):
+        fail(f"--aligned: {names[0]} runs {len(a)} kernels a unit and {names[1]} {len(b)}: they do not line up")
+    diff = [y[2] - x[2] for x, y in zip(a, b)]
+    keep = sorted(sorted(range(len(a)), key=lambda i: abs(diff[i]), reverse=True)[:top])
+    cum = [sum(diff[:i + 1]) for i in range(len(a))]
+    print(f"\n| # | {names[0]}: kernel (grid) | us | {names[1]}: kernel (grid) | us | difference | running sum |")
+    print("|---|---|---|---|---|---|---|")
+    for i in keep:
+        ka, kb = (f"{short(x[i][0])} {x[i][1]}".strip() for x in (a, b))          # name (grid)
+        print(f"| {i} | {ka} | {a[i][2]:.2f} | {kb} | {b[i][2]:.2f} | {diff[i]:+.2f} | {cum[i]:+.1f} |")
+    print(f"| **all** | | {sum(x[2] for x in a):.1f} | | {sum(x[2] for x in b):.1f} | {sum(diff):+.1f} | |")
+
+
 def profile(method: str, tokens: int, budget: int) -> None:
     import cupy
 
@@ -141,11 +192,17 @@ def main() -> None:
     p.add_argument("--summarize", metavar="CSV", nargs="+",
                    help="summarise an ncu CSV instead of profiling; several: compare them kernel by kernel")
     p.add_argument("--top", type=int, default=25, help="kernels listed by --summarize (default 25)")
+    p.add_argument("--aligned", action="store_true",
+                   help="with two CSVs of the same kernels a unit: compare them launch by launch")
     a = p.parse_args()
     for name in ("tokens", "budget", "top"):
         if getattr(a, name) < 1:
             p.error(f"--{name}: {getattr(a, name)} is not a positive integer")
-    if a.summarize and len(a.summarize) == 1:
+    if a.aligned and not a.summarize:
+        p.error("--aligned: compares two --summarize CSVs")
+    if a.aligned:
+        aligned(a.summarize, a.top)
+    elif a.summarize and len(a.summarize) == 1:
         summarize(a.summarize[0], a.top)
     elif a.summarize:
         compare(a.summarize, a.top)

@@ -90,3 +90,38 @@ def test_several_csvs_compare_kernel_by_kernel(tmp_path):
     gemm = next(x for x in rows if x[0] == f"| {GEMM}")
     assert gemm[1:] == ["1.0, 20.0", "1.0, 26.0", "+6.0 |"]
     assert rows[-1] == ["| **all kernels**", "2, 23.0", "3, 106.0", "+83.0 |"]
+
+
+def aligned(*paths):
+    return subprocess.run([sys.executable, SCRIPT, "--summarize", *map(str, paths), "--aligned"], capture_output=True,
+                          text=True)
+
+
+def test_aligned_compares_two_rounds_launch_by_launch(tmp_path):
+    """--aligned: the median of each launch position over the rounds of each CSV, the second minus the first, and
+    the running sum - even where the two run different kernels at a position (cuBLAS against the skinny kernel)."""
+    skinny = "skinny_gemm::_skinny_kernel[abi:v6](Array<float, 2>)"
+    chain = [(TOPK, 10_000), (GEMM, 6_000), (ATTN, 17_000)]
+    tree = [(TOPK, 11_000), (skinny, 6_500), (ATTN, 17_000)]
+    write_csv(tmp_path / "chain.csv", [(GEMM, 900_000)] + chain * 3 + [(TOPK, 10_000)])
+    slow = [(TOPK, 11_000), (skinny, 9_000), (ATTN, 17_000)]           # one outlier round: the median ignores it
+    write_csv(tmp_path / "tree.csv", tree * 2 + slow + [(TOPK, 11_000)])
+    r = aligned(tmp_path / "chain.csv", tmp_path / "tree.csv")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.splitlines()
+    assert out[0] == "chain.csv: 3 rounds of 3 kernels, 33.0 us per round (medians by position)"
+    assert out[1] == "tree.csv: 3 rounds of 3 kernels, 34.5 us per round (medians by position)"
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in out if ln.startswith("| ") and
+            not ln.startswith("| # |")]
+    assert [x[0] for x in rows] == ["0", "1", "2", "**all**"]                # launch order, then the totals
+    assert rows[1][1].startswith("sm80_xmma") and rows[1][3] == "skinny_gemm::_skinny_kernel"
+    assert rows[1][5:] == ["+0.50", "+1.5"]                                    # 6.5 - 6.0; running sum 1.0 + 0.5
+    assert rows[-1][2] == "33.0" and rows[-1][4] == "34.5" and rows[-1][5] == "+1.5"
+
+
+def test_aligned_refuses_rounds_that_do_not_line_up(tmp_path):
+    write_csv(tmp_path / "a.csv", [(TOPK, 10_000), (GEMM, 6_000)] * 2 + [(TOPK, 10_000)])
+    write_csv(tmp_path / "b.csv", [(TOPK, 10_000), (GEMM, 6_000), (GEMM, 6_000)] * 2 + [(TOPK, 10_000)])
+    for r, why in ((aligned(tmp_path / "a.csv", tmp_path / "b.csv"), "do not line up"),
+                   (aligned(tmp_path / "a.csv"), "expected two CSVs")):
+        assert r.returncode == 2 and why in r.stderr and len(r.stderr.strip().splitlines()) == 1
