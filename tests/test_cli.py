@@ -292,6 +292,18 @@ def test_bench_runs_from_any_directory(tmp_path, capsys):
     assert "== bench_tree.py" in r.stdout and "Traceback" not in r.stderr
 
 
+def test_bench_mma_smoke_run_without_a_gpu(tmp_path):
+    """bench_mma times tensor-core instructions, which only a GPU has: its --quick smoke run (part of ``bench all
+    --quick``) says so in one line and succeeds, rather than failing the whole list on the simulator."""
+    import kdtree_numba as kd
+
+    if kd.backend.name == "cuda":
+        pytest.skip("a GPU runs the real benchmark")
+    r = cli("bench", "mma", "--quick", cwd=str(tmp_path))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "bench_mma: nothing to smoke-test" in r.stdout
+
+
 def test_an_output_folder_the_filesystem_refuses_is_one_line(tmp_path, capsys, monkeypatch):
     """The permission bits can allow what the filesystem refuses (root on /proc, a read-only mount): the check
     creates the folder, fails, and the command says so in one line naming --out, having written nothing."""
