@@ -3,7 +3,8 @@
 numba-cuda has no tensor-core API. ``mma_m16n8k8_tf32`` is a ``numba.cuda.extending.intrinsic`` that emits the PTX
 instruction ``mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32`` through llvmlite's ``ir.InlineAsm`` (operands
 by the constraint string "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f": four f32 results, six b32 inputs, four f32
-accumulators). The 32 lanes of a warp together compute
+accumulators; ``mma_intrinsic(ptx)`` builds such an intrinsic for any MMA text of that operand shape -
+benchmarks/bench_mma.py times the m16n8k16 FP16 / BF16 forms with it). The 32 lanes of a warp together compute
 
     D[16, 8] = A[16, 8] @ B[8, 8] + C[16, 8]        (TF32 products, fp32 accumulation)
 
