@@ -41,7 +41,7 @@ from numba import cuda, float32
 from .. import backend
 from . import _checks
 from .primitives import smem_sum
-from .rmsnorm import inv_rms_ref, norm_rows_args, rmsnorm_ref, row_inv_rms
+from .rmsnorm import norm_rows_args, rmsnorm_ref, row_inv_rms, scale_rows_ref
 from .rope import cos_sin, rope_ref, rotate
 
 MAX_HALF = 128      # rope pairs per head (D <= 256, block_attention's MAX_D); also the reduction buffer
@@ -137,11 +137,6 @@ def _positions(positions, T: int, start):
     return host, backend.placeholder((0,), np.int32)
 
 
-def _scaled(y, norm_rows, src, src_eps):
-    """y with each row scaled by 1 / rms(src[t]) where ``norm_rows`` was given (the NumPy backend's path)."""
-    return y if norm_rows is None else np.asarray(y, np.float32) * inv_rms_ref(src, src_eps)
-
-
 def _unused():
     """The [1, 1, 2] float32 stand-in for the outputs a launch does not write (q, or the caches)."""
     return backend.placeholder((1, 1, 2))
@@ -216,8 +211,8 @@ def write_draft_kv(kv, w, eps: float, positions, inv_freq, amp: float, k_cache, 
     host_positions, positions = _positions(positions, T, start)
     src, src_eps = norm_rows_args(norm_rows, T)
     if T and backend.name == "numpy":
-        _write_kv_ref(_scaled(kv, norm_rows, src, src_eps), w, eps, host_positions, inv_freq, amp, k_cache, v_cache,
-                      start)
+        _write_kv_ref(scale_rows_ref(kv, norm_rows, src, src_eps), w, eps, host_positions, inv_freq, amp, k_cache,
+                      v_cache, start)
         return
     _launch(kv, w, w, eps, positions, inv_freq, amp, _unused(), k_cache, v_cache, 0, n_kv, start0, start_dev, src,
             src_eps)
@@ -239,7 +234,7 @@ def draft_query(y, w, eps: float, positions, inv_freq, amp: float, out=None, sta
     host_positions, positions = _positions(positions, T, start)
     src, src_eps = norm_rows_args(norm_rows, T)
     if backend.name == "numpy":
-        out[...] = draft_query_ref(_scaled(y, norm_rows, src, src_eps), w, eps, host_positions, inv_freq, amp)
+        out[...] = draft_query_ref(scale_rows_ref(y, norm_rows, src, src_eps), w, eps, host_positions, inv_freq, amp)
         return out
     _launch(y, w, w, eps, positions, inv_freq, amp, out, _unused(), _unused(), cols // D, 0, start0, start_dev, src,
             src_eps)
@@ -268,7 +263,7 @@ def draft_qkv(y, q_w, k_w, eps: float, positions, inv_freq, amp: float, k_cache,
     host_positions, positions = _positions(positions, T, start)
     src, src_eps = norm_rows_args(norm_rows, T)
     if backend.name == "numpy":
-        y = _scaled(y, norm_rows, src, src_eps)
+        y = scale_rows_ref(y, norm_rows, src, src_eps)
         out[...] = draft_query_ref(y[:, :n_q * D], q_w, eps, host_positions, inv_freq, amp)
         if T:
             _write_kv_ref(y[:, n_q * D:], k_w, eps, host_positions, inv_freq, amp, k_cache, v_cache, start)

@@ -41,6 +41,13 @@ def inv_rms_ref(x: np.ndarray, eps: float) -> np.ndarray:
     return np.float32(1.0) / np.sqrt(np.mean(x * x, axis=-1, keepdims=True, dtype=np.float32) + np.float32(eps))
 
 
+def scale_rows_ref(y, norm_rows, src, eps: float):
+    """The NumPy path of a kernel's ``norm_rows``: ``y [T, N]`` as it is when ``norm_rows`` is None, else each row
+    times 1 / rms(src[t]) (``inv_rms_ref``; ``src``, ``eps``: ``norm_rows_args``'s). Example: y [[1, 2]], src
+    [[2, 2]], eps 0 -> [[0.5, 1]]."""
+    return y if norm_rows is None else np.asarray(y, np.float32) * inv_rms_ref(src, eps)
+
+
 def norm_rows_args(norm_rows, T: int) -> tuple:
     """A kernel's ``norm_rows`` argument checked: None -> (an empty [0, 1] placeholder, 0.0), or ``(x [T, H], eps)``
     -> (x, eps): the rows whose RMS scales a product of them whose RMSNorm weight was folded into the

@@ -21,7 +21,7 @@ from numba import cuda, float32
 
 from .. import backend
 from . import _checks
-from .rmsnorm import inv_rms_ref, norm_rows_args, row_inv_rms
+from .rmsnorm import norm_rows_args, row_inv_rms, scale_rows_ref
 
 MAX_THREADS = 256   # threads per block (the row scale's reduction buffer)
 
@@ -78,7 +78,7 @@ def swiglu(gu, out=None, norm_rows=None):
     src, eps = norm_rows_args(norm_rows, T)
     out = _checks.out_array(out, "out", (T, inter), np.float32)
     if backend.name == "numpy":
-        out[...] = swiglu_ref(gu if norm_rows is None else gu * inv_rms_ref(src, eps))
+        out[...] = swiglu_ref(scale_rows_ref(gu, norm_rows, src, eps))
         return out
     if T == 0 or inter == 0:
         return out
