@@ -19,7 +19,7 @@ slices (one or two per SM of the H200) and reduce them serially: 53 us on the H2
 the drafter's k projection - against <= 25 us (launch-bound) without (2026-12-02, measured by timing both
 handles on the same shapes). A long K (a Kimi-sized hidden of 7168) keeps the workspace: there split-K is what
 fills the GPU when M is small.
-GEMMs of 33-80 rows over a weight L2 holds (a DDTree-32 / -64 verify's dense MLP and LM head) run as one strided
+GEMMs of 17-80 rows over a weight L2 holds (a DDTree-16 .. -79 verify's dense MLP and LM head) run as one strided
 batch of equal <= 16-row blocks (``_row_blocks``): cuBLAS's 16-row kernel per block instead of split-K.
 Example: gemm(a [2, 3], w.T) with w [4, 3] contiguous -> sgemm(op_a=T on w with ld 3, op_b=N on a with ld 3,
 m=4, n=2, k=3) writing C^T [4, 2] = C [2, 4] row-major.
@@ -37,9 +37,9 @@ from .. import backend
 WORKSPACE_BYTES = 32 << 20          # cuBLAS's recommended workspace on Hopper
 SMALL_M = 32                        # at most this many rows (and 2 or more) and
 SMALL_K = 1024                      # at most this K: the handle without a workspace
-ROW_BLOCKS = 16                     # a GEMM of 2 x ROW_BLOCKS + 1 .. 5 x ROW_BLOCKS rows (a tree verify's 33 or 65)
-ROW_BLOCKS_WEIGHT = 1 << 21         # over a weight of at most this many floats (8 MB: L2-resident) runs as a
-#                                     strided batch of <= ROW_BLOCKS-row blocks (``_row_blocks``); either 0: never
+ROW_BLOCKS = 16                     # a GEMM of ROW_BLOCKS_MIN .. 5 x ROW_BLOCKS rows (a tree verify's 17 .. 80)
+ROW_BLOCKS_MIN = ROW_BLOCKS + 1     # over a weight of at most ROW_BLOCKS_WEIGHT floats (8 MB: L2-resident) runs as
+ROW_BLOCKS_WEIGHT = 1 << 21         # a strided batch of <= ROW_BLOCKS-row blocks (``_row_blocks``); 0: never
 _OP_N, _OP_T = 0, 1
 _state: dict = {}                   # the library, the handle, its stream and workspace (one per process)
 
@@ -120,7 +120,7 @@ def gemm(a, b, out, accumulate: bool = False):
         if not accumulate:
             out[...] = 0
         return out
-    if 2 * ROW_BLOCKS < M <= 5 * ROW_BLOCKS and K * N <= ROW_BLOCKS_WEIGHT and out.flags.c_contiguous:
+    if ROW_BLOCKS_MIN <= M <= 5 * ROW_BLOCKS and K * N <= ROW_BLOCKS_WEIGHT and out.flags.c_contiguous:
         return _row_blocks(a, b, out, accumulate)
     st = _handle(M, K)
     b, op_b, ld_b = _operand(b, K, N)

@@ -93,13 +93,13 @@ def test_gemm_accumulate_is_beta_one():
         _cublas.gemm(x, w.T, _rand(rng, 16, 200)[:, :128], accumulate=True)
 
 
-@pytest.mark.parametrize("M", [17, 33, 40, 65, 80, 81])
+@pytest.mark.parametrize("M", [16, 17, 32, 33, 40, 65, 80, 81])
 @pytest.mark.parametrize("layout", ["row-major", "transposed", "strided rows"])
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_row_blocks_match_one_call(monkeypatch, M, layout, accumulate):
-    """33-80 rows run as a strided batch of equal <= 16-row blocks (+ one call for the rows left: 40 = 2 x 14 + 12)
-    and give the one-call product (ROW_BLOCKS = 0), for every layout of a and with accumulate; 17 and 81 rows take
-    the one call either way."""
+    """17-80 rows run as a strided batch of equal <= 16-row blocks (+ one call for the rows left: 17 = 9 + 8,
+    40 = 2 x 14 + 12) and give the one-call product (ROW_BLOCKS = 0), for every layout of a and with accumulate;
+    16 and 81 rows take the one call either way."""
     rng = np.random.default_rng(M)
     K, N = 96, 200
     if layout == "row-major":
@@ -114,6 +114,18 @@ def test_row_blocks_match_one_call(monkeypatch, M, layout, accumulate):
     monkeypatch.setattr(_cublas, "ROW_BLOCKS", 0)
     want = kd.backend.to_host(_cublas.gemm(a, w.T, base.copy(), accumulate))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("M, blocks", [(16, False), (17, True), (32, True), (80, True), (81, False)])
+def test_row_blocks_take_17_to_80_rows(monkeypatch, M, blocks):
+    """The rows that take the blocks: 17 .. 80 (at 17-32 rows cuBLAS's own pick for a K = 768 product was a 27 us
+    kernel of 8 blocks where two 16-row blocks take ~7 us: docs/PERFORMANCE.md, thirty-second session)."""
+    rng = np.random.default_rng(M)
+    a, w = _rand(rng, M, 64), _rand(rng, 100, 64)
+    calls = []
+    monkeypatch.setattr(_cublas, "_row_blocks", lambda *args: calls.append(1))
+    _cublas.gemm(a, w.T, kd.backend.empty((M, 100), np.float32))
+    assert calls == ([1] if blocks else [])
 
 
 def test_row_blocks_only_for_weights_l2_holds(monkeypatch):
