@@ -70,17 +70,12 @@ def folded_norm(weight, norm_w):
 
 @cuda.jit(device=True)
 def row_inv_rms(x, t, eps, red):
-    """1 / sqrt(mean(x[t, :]**2) + eps) to every thread of the block: the threads stride over the row (one load a
-    step: a drafter row is 256 wide), smem_sum adds their squares (``red``: shared [>= threads]), and a last barrier
-    frees ``red`` for the caller's next sum."""
+    """1 / sqrt(mean(x[t, :]**2) + eps) to every thread of the block: each thread's share of the squares by
+    ``row_sum_squares`` with nothing kept (an empty buffer: its one-load loop, a drafter row being 256 wide),
+    smem_sum adds the shares (``red``: shared [>= threads]), and a last barrier frees ``red`` for the caller's next
+    sum."""
     H = x.shape[1]
-    acc = float32(0.0)
-    c = cuda.threadIdx.x
-    while c < H:
-        v = x[t, c]
-        acc += v * v
-        c += cuda.blockDim.x
-    ssq = smem_sum(acc, red)
+    ssq = smem_sum(row_sum_squares(x, t, red[:0], H), red)
     cuda.syncthreads()
     return float32(1.0) / float32(math.sqrt(ssq / float32(H) + eps))
 
