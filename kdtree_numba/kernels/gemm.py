@@ -7,7 +7,7 @@ arithmetic counts, and the project's kernels are the stages around it. On the GP
 ``_cublas`` (not ``cupy.matmul``, which refuses to run inside a CUDA-graph capture), so a captured decode step runs
 the same GEMMs as a direct one - except where latency is all there is: ``linear`` products of 17+ rows and a few
 hundred columns (a tree verify's) go to ``skinny_gemm`` (one launch, no split-K), where ``skinny_gemm.pays``
-says it measured faster, and the verify's wider ones (33-80 rows, a weight L2 holds) to cuBLAS in <= 16-row
+says it measured faster, and the verify's wider ones (17-80 rows, a weight L2 holds) to cuBLAS in <= 16-row
 blocks, one batched call (``_cublas.ROW_BLOCKS``).
 ``matmul_tiled`` is here to show how a GEMM uses shared memory:
 
