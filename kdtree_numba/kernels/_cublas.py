@@ -147,8 +147,10 @@ def _row_blocks(a, b, out, accumulate: bool):
     rows with split-K kernels and a reduce, ~2x slower in a graph (ncu). Alone the blocks win only the K = 768
     product at 33 rows (12.7 -> 10.1 us; the LM head 256 -> 4096 loses, 13.3 -> 15.8), yet in the round they
     made DDTree-32 0.7-1.1 % and DDTree-64 0.8 % faster in two A/B runs (H100; blocks for K >= 512 only: no gain),
-    so they are on (docs/PERFORMANCE.md, thirtieth session). Only for weights that L2 holds: every block reads the
-    weight again. ``out`` C-contiguous."""
+    so they are on (docs/PERFORMANCE.md, thirtieth session). From 17 rows, not 33, since the thirty-second session:
+    at 32 rows cuBLAS's own pick for the dense down (K = 768) was an 8-block kernel of 27.4 us against 7.2 for two
+    16-row blocks (ncu, H100), and DDTree-31 ran 2.8 % faster with the blocks, DDTree-16 1.8 %. Only for weights
+    that L2 holds: every block reads the weight again. ``out`` C-contiguous."""
     M, K = a.shape
     N = b.shape[1]
     nb = -(-M // ROW_BLOCKS)
