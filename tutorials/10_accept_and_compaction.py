@@ -120,8 +120,9 @@ check("accept kernel bonus vs walk_ref", np.array([bonus_k]), np.array([bonus_re
 section("the round's end: records and state")
 B, Ld = kd.backend, 3
 acc = tree_accept.Acceptor(Ld, n)
-acc.run(B.asarray(logits), B.asarray(tokens), B.asarray(parents[1:]), B.asarray(np.array([n], np.int32)), 0.0, 0, 0)
 depth = np.array([1, 1, 2, 2, 2, 3], np.int32)                               # of nodes 1..6
+acc.run(B.asarray(logits), B.asarray(tokens), B.asarray(parents[1:]), B.asarray(np.array([n], np.int32)), 0.0, 0, 20,
+        B.asarray(np.concatenate([[0], depth]).astype(np.int32)))          # the root at position 20
 tree = SimpleNamespace(tokens=B.asarray(tokens[None]), depth=B.asarray(depth[None]),
                        parent=B.asarray(parents[None, 1:]), logw=B.asarray(-np.arange(1.0, n + 1)[None]),
                        n=B.asarray(np.array([n], np.int32)))
@@ -149,17 +150,23 @@ check("state: start + 4, root = bonus 11, round 3", np.concatenate([host(start),
 #
 # Same logits with a milder favourite, temperature 1. Each seed gives one sample per node; the same seed gives the
 # same result every time, on every backend: the kernel reproduces the reference sampler's choice for every seed, and
-# a second run of seed 0 repeats the first (once: on the simulator an accept costs seconds).
+# a second run of seed 0 repeats the first (once: on the simulator an accept costs seconds). Each node's draw is
+# keyed by its *position*: the root sits at position `stream` (1 here) and node i draws from stream `1 + depth(i)`
+# - the uniforms a plain decode step at that position would use (kernels/sampling.py), which is why DDTree's
+# sampled output is plain sampling's, token for token, for the same seed (tutorial 11).
 
 # %%
 section("sampled accept (T = 1)")
+node_depth = np.zeros(n + 1, np.int32)                       # the root 0, then each node's parent's + 1
+for j in range(1, n + 1):
+    node_depth[j] = node_depth[parents[j]] + 1
 soft = Rng.standard_normal((n + 1, V)).astype(np.float32)
 soft[np.arange(n + 1), favourite] += 2.5
 T_ = 1.0
 rows = []
 for seed in range(4 if not LARGE else 12):
     a1 = tree_accept.accept(soft, tokens, parents[1:], n, temperature=T_, seed=seed, stream=1)
-    ch = sampling.choose_tokens_ref(soft, T_, seed, 1)
+    ch = sampling.choose_tokens_ref(soft, T_, seed, 1, row_streams=node_depth)       # node i at position 1 + depth
     pr, br = tree_accept.walk_ref(ch, tokens, parents[1:], n)
     if seed == 0:
         a2 = tree_accept.accept(soft, tokens, parents[1:], n, temperature=T_, seed=seed, stream=1)
@@ -174,15 +181,17 @@ table(rows, ("seed", "accepted nodes", "emitted tokens"))
 # Plain sampling emits t_1 ~ p(. | prefix), then t_2 ~ p(. | prefix, t_1), ... The walk emits, at each node it
 # reaches, that node's sample `chosen[i]` - and row i of the verify logits *is* p(. | prefix, path(i))
 # (tutorial 09). Whether node i is reached depends only on its ancestors' samples, which use other uniforms
-# (the counter holds the row), so **conditioned on reaching node i, the token emitted after it is distributed as
+# (the counter holds the position, and ancestors sit at earlier ones; siblings share theirs, but the walk reaches
+# at most one of them), so **conditioned on reaching node i, the token emitted after it is distributed as
 # softmax(logits[i] / T)**. By the chain rule that makes the emitted sequence distributed exactly as plain
-# sampling's - at every accepted position, the bonus included.
+# sampling's - at every accepted position, the bonus included. (With the same uniforms per position it is in fact
+# plain sampling's own sequence: tutorial 11 checks that token for token.)
 #
 # We test it over many seeds: a vectorised copy of the reference sampler (the same Philox uniforms, all seeds at
 # once: checked equal to `choose_tokens_ref`), the walk for every seed, then per reached node a chi-square test of
 # the emitted tokens against the node's softmax (bins with expected count < 5 pooled; critical value at
 # p = 0.001 by the Wilson-Hilferty approximation). And a counterfactual to show the test has teeth: the same
-# uniforms for every row (the row left out of the counter) correlate a node's sample with its parent's and fail.
+# uniforms for every row (the depth left out of the key) correlate a node's sample with its parent's and fail.
 
 # %%
 section("T > 0: the emitted tokens' distribution at every accepted position")
@@ -190,19 +199,21 @@ S_SEEDS = 80000 if LARGE else 40000
 two32 = 4294967296.0
 
 
-def uniforms(seeds, stream, n_rows, n_cols, same_rows=False):
-    """u[s, r, v] of the sampler for many seeds at once (sampling.uniforms_ref, vectorised over the key)."""
+def uniforms(seeds, stream, n_cols, same_rows=False):
+    """u[s, r, v] of the sampler for many seeds at once (sampling.uniforms_ref, vectorised over the key): row r
+    (node r) draws at position stream + node_depth[r] (counter row 0), or all rows at ``stream``."""
     sd = np.asarray(seeds, np.uint64)[:, None, None]
     v = np.arange(n_cols, dtype=np.uint64)[None, None, :]
-    r = np.zeros((1, n_rows, 1), np.uint64) if same_rows else np.arange(n_rows, dtype=np.uint64)[None, :, None]
+    pos = np.zeros(n + 1, np.uint64) if same_rows else node_depth.astype(np.uint64)
     z = np.zeros((1, 1, 1), np.uint64)
-    h = sampling.philox_ref(v, r, z + np.uint64(stream), z, sd & np.uint64(0xFFFFFFFF), sd >> np.uint64(32))
+    h = sampling.philox_ref(v, z, np.uint64(stream) + pos[None, :, None], z, sd & np.uint64(0xFFFFFFFF),
+                            sd >> np.uint64(32))
     return (h.astype(np.float64) + 0.5) / two32
 
 
 def sample(logits, T, seeds, stream, same_rows=False):
     """chosen[s, i] for every seed: argmax(logits / T + Gumbel(u)), as choose_tokens_ref."""
-    g = -np.log(-np.log(uniforms(seeds, stream, logits.shape[0], logits.shape[1], same_rows)))
+    g = -np.log(-np.log(uniforms(seeds, stream, logits.shape[1], same_rows)))
     return np.argmax(logits.astype(np.float64)[None] / T + g, axis=2).astype(np.int32)
 
 
@@ -230,7 +241,7 @@ with stopwatch() as t:
     reached = walk_all(chosen_all)
 print(f"{S_SEEDS} seeds sampled and walked in {t.ms:.0f} ms")
 check("vectorised sampler == choose_tokens_ref (first 20 seeds)", chosen_all[:20],
-      np.stack([sampling.choose_tokens_ref(soft, T_, s, 1) for s in range(20)]))
+      np.stack([sampling.choose_tokens_ref(soft, T_, s, 1, row_streams=node_depth) for s in range(20)]))
 check_true("vectorised walk == walk_ref (first 200 seeds)",
            all(np.flatnonzero(reached[s]).tolist() == tree_accept.walk_ref(chosen_all[s], tokens, parents[1:], n)[0]
                for s in range(200)))
@@ -256,9 +267,6 @@ probs = np.exp(soft.astype(np.float64) / T_ - soft.max(axis=1, keepdims=True) / 
 probs /= probs.sum(axis=1, keepdims=True)
 chosen_bad = sample(soft, T_, seeds, 1, same_rows=True)     # the counterfactual: one u vector for all rows
 reached_bad = walk_all(chosen_bad)
-node_depth = np.zeros(n + 1, np.int64)
-for j in range(1, n + 1):
-    node_depth[j] = node_depth[parents[j]] + 1
 rows, MIN_VISITS = [], 50
 for i in range(n + 1):
     visits = int(reached[:, i].sum())

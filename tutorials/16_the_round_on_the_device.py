@@ -93,7 +93,7 @@ class host_reads:
 section("what changes per step, and where it lives instead")
 table([("the new token's position", "host int start -> kernel argument", "pos [1] (step) / start [1] (round)"),
        ("the token fed to the target", "host int", "tok [1] (step) / root [1] (round)"),
-       ("the sampler's RNG stream", "host int", "step [1] (step) / round [1] (round)"),
+       ("the sampler's RNG stream (the position)", "host int", "pos [1] (step) / start [1] (round)"),
        ("temperature, seed", "host numbers", "sampler = (T [1] float64, seed [2] uint32)"),
        ("the emitted tokens", "read every step / round", "out [capacity] / result rows of the records"),
        ("the path the drafter observes", "m rows (1 .. L + 1)", "L + 1 rows (padded), n_acc [1] on the device"),
@@ -173,7 +173,7 @@ else:
 #
 #     tok  [1]   the token fed to the target (the last emitted one, clamped to >= 0)
 #     pos  [1]   its position = the cache row it writes (prompt length + tokens emitted - 1)
-#     step [1]   tokens emitted so far = the RNG stream of the next choice
+#     step [1]   tokens emitted so far = the row of `out` the next choice goes to
 #     out  [capacity]   the emitted tokens (-1 where a row of logits held NaN)
 #
 # `begin(prompt, T, seed)` writes the sampler's settings into its device arrays, runs the prefill, whose follow-up
@@ -251,7 +251,8 @@ check_true("the old program is no longer valid, the new one is", (not p.valid())
 #
 # `_RoundProgram` (decode/ddtree_replay.py) splits the round of tutorial 11 into six stages and an advance; each reads
 # the state `start [1]` (committed length = the root's cache row), `root [1]` (the last bonus token) and
-# `round [1]` (from 1: the accept stage's RNG stream) on the device:
+# `round [1]` (from 1: the row of the trace records) on the device; the accept stage's draws are keyed by
+# `start` (+ each node's depth), as plain decoding's by `pos`:
 #
 #     draft    logits = drafter.draft_at(root, start)                               [L, V]
 #     topk     lp, ids = top-K of log_softmax(logits)                                [L, K]
@@ -411,21 +412,23 @@ with kd.backend.use(target.backend):
     got = {"logits": kd.backend.zeros((1, cfg.vocab_size)),                                  # [1, V]
            "hid": {k: kd.backend.zeros((Tb, cfg.hidden_size)) for k in feats}}              # [Tb, H] each
 
-    def then(lg, hid):
+    def then(lg, hid, last):                                              # last: the row's position, n - 1
         got["rows"] = [hid[k].shape[0] for k in feats]                    # Python: the same at every call
+        got["last"] = last                                                # (a device [1] array: its sampler's key)
         got["logits"][...] = lg
         for k in feats:
             got["hid"][k][...] = hid[k]
 
     pad_cache = target.new_cache(256)
     pre = Prefill(target, pad_cache, feats, then)
-    pre(ids)                                      # pads to Tb rows, then then(logits [1, V], hiddens [Tb rows])
+    pre(ids)                               # pads to Tb rows, then then(logits [1, V], hiddens [Tb rows], last)
 captured = pre.buckets[Tb].run != pre.buckets[Tb].forward            # cuda: replayed from now on
 print(f"{n} prompt tokens -> bucket {Tb}: buckets built {sorted(pre.buckets)}; hidden rows run {got['rows']} "
       f"(layers {list(feats)}); bucket captured as a graph: {captured}")
 check("padded prefill logits (row n - 1) vs direct prefill", got["logits"], want_lg, atol=1e-4, rtol=1e-4)
 check_true("same first token (argmax)", int(np.argmax(host(got["logits"]))) == int(np.argmax(host(want_lg))))
 check_true(f"the padded forward ran all {Tb} rows", got["rows"] == [Tb] * len(feats), str(got["rows"]))
+check_true("then() gets the logits row's position n - 1", int(host(got["last"])[0]) == n - 1)
 check("prompt rows' features (the drafter's context) vs direct", np.stack([host(got["hid"][k])[:n] for k in feats]),
       np.stack([host(want_hid[k]) for k in feats]), atol=1e-4, rtol=1e-4)
 check("prompt rows' cache rows, every layer, vs direct", host(pad_cache.data)[:, :n], host(direct_cache.data)[:, :n],

@@ -42,7 +42,7 @@ def ddtree(target, prompt: np.ndarray, max_new_tokens: int, drafter, budget: int
                                  logits_to_keep=1)                               # prefill
     if feats:
         drafter.observe(concat_features(hid, feats), 0)
-    first = sampling.choose_tokens(logits[-1:], temperature, seed, 0)
+    first = sampling.choose_tokens(logits[-1:], temperature, seed, len(prompt) - 1)   # drawn at its position
     root = int(backend.to_host(first)[0])
     if root < 0:
         raise nan_error()
@@ -62,7 +62,7 @@ def ddtree(target, prompt: np.ndarray, max_new_tokens: int, drafter, budget: int
         logits, hid = target.forward(s.verify_ids, cache, start, check_ids=False, hidden_layers=feats,
                                      tree=TreeInput(None, tree.paths[0, :budget + 1], depth, L))   # at start + depth
         stamp(clock, i, 4)
-        s.acceptor.run(logits, tree.tokens[0], tree.parent[0], tree.n[:1], temperature, seed, i + 1)
+        s.acceptor.run(logits, tree.tokens[0], tree.parent[0], tree.n[:1], temperature, seed, start, depth)
         result = backend.to_host(s.acceptor.result)                                           # 4. accept
         stamp(clock, i, 5)
         cache.compact(start, s.acceptor.accepted, s.acceptor.n_acc)                           # 5. commit

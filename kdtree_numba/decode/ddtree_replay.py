@@ -7,7 +7,7 @@ The round's inputs live in three device int32 [1] arrays (the *state*), never in
     root   the root token (the last bonus token); the verify ids' first slot, the tree's tokens after it (the
            build writes them there): the verify's ids are copied from nowhere; the round end writes it into the
            drafter's block slot as well (``root_slot``), so the draft copies nothing either
-    round  the round number, from 1 = the sampler's RNG stream for the accept stage (as ``ddtree.py`` numbers it)
+    round  the round number, from 1 (the row of the trace records the round end writes)
 
     draft    logits = drafter.draft_at(root, start)                               [L, V]  (DFlash: device-side)
     topk     lp, ids = top-K of log_softmax(logits)                                [L, K]
@@ -110,14 +110,14 @@ class _RoundProgram(Program):
         self.s.rounds = []
         return backend.mark()
 
-    def _first(self, logits, hid) -> None:
+    def _first(self, logits, hid, last) -> None:
         """After the prompt's forward: the drafter observes every row run (a padded prefill's pad rows too:
         scratch, overwritten by the first draft's block before anything reads them), the first root (-1: NaN
         logits), clamped into the round's root and the draft's slot."""
         feats = self.drafter.feature_layers
         if feats:
             self.drafter.observe_at(concat_features(hid, feats), self.zero)
-        sampling.choose_tokens(logits, *self.sampler, 0, out=self.first)                 # logits [1, V]
+        sampling.choose_tokens(logits, *self.sampler, last, out=self.first)              # logits [1, V]
         backend.xp.maximum(self.first, 0, out=self.root)
         self.draft_root[...] = self.root
 
@@ -161,9 +161,9 @@ class _RoundProgram(Program):
             tree=TreeInput(None, tree.paths[0, :B + 1], depth, self.L))      # rope at start + depth: no add
 
     def _accept(self):
-        tree = self.r["tree"]
+        tree, B = self.r["tree"], self.budget
         self.s.acceptor.run(self.r["logits"], tree.tokens[0], tree.parent[0], tree.n[:1], *self.sampler,
-                            self.round)
+                            self.start, tree.path_depth[0, :B + 1])    # drawn at start + depth, as in ddtree.py
 
     def _compact(self):
         a, feats = self.s.acceptor, self.drafter.feature_layers

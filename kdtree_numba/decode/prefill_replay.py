@@ -9,7 +9,8 @@ A CUDA graph replays fixed shapes, so the prompt is padded to its *bucket*, a po
     last [1]   int32    n - 1: the one row whose logits are computed (the target reads it on the device)
 
     logits [1, V], hiddens = target.forward(ids, cache, 0, hidden_layers, logits_at=last)
-    then(logits, hiddens)        the program's follow-up (the first token; the drafter's context), captured too
+    then(logits, hiddens, last)  the program's follow-up (the first token, drawn at position last; the drafter's
+                                 context), captured too
 
 Why the padding changes nothing the decode reads: attention is causal, so prompt row t sees rows 0 .. t and never
 a pad row, and every other stage works row by row (the MoE routes each pad row on its own: more rows in the
@@ -70,7 +71,8 @@ class _Bucket:
 
 class Prefill:
     """A replay program's prefill: ``prefill(prompt)`` runs the target over the prompt into ``cache`` rows from 0
-    and calls ``then(logits [1, V], hiddens)`` (``hiddens[k]`` of every row run, for k in ``hidden_layers``),
+    and calls ``then(logits [1, V], hiddens, last)`` (``hiddens[k]`` of every row run, for k in
+    ``hidden_layers``; ``last`` = n - 1, the logits row's position: an int, or a device int32 [1] in a graph),
     padded and captured per bucket where it can be (module docstring), directly otherwise. ``then`` must leave
     its results in the program's own device arrays: inside a graph, its Python side runs once, at the capture."""
 
@@ -85,7 +87,7 @@ class Prefill:
         if rows is None or rows > self.cache.capacity:
             logits, hid = self.target.forward(prompt, self.cache, 0, hidden_layers=self.hidden_layers,
                                               check_ids=False, logits_to_keep=1)
-            self.then(logits, hid)
+            self.then(logits, hid, n - 1)
             return
         b = self.buckets.get(rows)
         if b is None:
@@ -105,4 +107,4 @@ class Prefill:
     def _padded(self, ids, last) -> None:
         logits, hid = self.target.forward(ids, self.cache, 0, hidden_layers=self.hidden_layers, check_ids=False,
                                           logits_at=last)                  # [1, V]
-        self.then(logits, hid)
+        self.then(logits, hid, last)

@@ -6,12 +6,13 @@ A decode step's only inputs live in four device int32 arrays (the *state*), neve
 
     tok  [1]   the token fed to the target (the last emitted one, clamped to >= 0)
     pos  [1]   its position = the cache row it writes (prompt length + tokens emitted - 1)
-    step [1]   tokens emitted so far = the RNG stream of the next choice (as plain decoding numbers them)
+    step [1]   tokens emitted so far = the row of ``out`` the next choice goes to
     out  [n]   the emitted tokens (-1 where a row of logits held NaN)
     T, seed    the sampler's settings (sampling.settings: float64 [1], uint32 [2]), set by each generation
 
     step():  logits = target.forward(tok, cache, start=pos)       # [1, V]; kernels read pos on the device
-             choice = choose_tokens(logits, T, seed, stream=step)   # argmax or seeded Gumbel-max
+             choice = choose_tokens(logits, T, seed, stream=pos)    # argmax or seeded Gumbel-max, drawn at
+                                                                    # pos (sampling's position keys)
              out[step] = choice;  tok = max(choice, 0);  pos += 1;  step += 1
 
 Replaying the same graph n times therefore decodes n tokens. The host reads ``out`` once every ``sync_every``
@@ -136,14 +137,14 @@ class _StepProgram(Program):
         self.pos[...] = len(prompt)
         self.step[...] = 1
 
-    def _first(self, logits, _hiddens) -> None:
-        sampling.choose_tokens(logits, *self.sampler, 0, out=self.choice)                  # logits [1, V]
+    def _first(self, logits, _hiddens, last) -> None:
+        sampling.choose_tokens(logits, *self.sampler, last, out=self.choice)               # logits [1, V]
         self.out[:1] = self.choice
         backend.xp.maximum(self.choice, 0, out=self.tok)
 
     def _step(self) -> None:
         lg, _ = self.target.forward(self.tok, self.cache, self.pos, check_ids=False)          # [1, V]
-        sampling.choose_tokens(lg, *self.sampler, self.step, out=self.choice)
+        sampling.choose_tokens(lg, *self.sampler, self.pos, out=self.choice)
         self.out[self.step] = self.choice
         backend.xp.maximum(self.choice, 0, out=self.tok)
         self.pos[...] += 1

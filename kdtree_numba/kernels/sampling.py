@@ -6,7 +6,12 @@ a sample from softmax(x / T) by the Gumbel-max trick (the shift by the row max k
 a vanishing T cannot overflow), with u in (0, 1) from Philox4x32-10, a counter-based generator: no RNG state, so a
 run is reproducible from its seed, every (token, row, stream) counter gets an independent draw, and the reference
 computes the same u (``uniforms_ref``). A row holding NaN gives token -1, which the decode loop turns into an error.
-Rows are tree nodes or decode steps; ``stream`` separates the draws of different calls (the step or round).
+Rows are independent draws (counter row = the row) unless ``row_streams`` is given: then row r draws from stream
+``stream + row_streams[r]`` (counter row 0). Decoding keys every draw by *position*: a row of logits computed at
+the token in position p draws from stream p - a plain decode step's one row (stream = the fed token's position),
+a DDTree verify's node rows (stream = the root's position, row_streams = the nodes' depths), the prefill's last
+row (stream = n - 1). So plain decoding, the DFlash chain and DDTree, direct or replayed, draw the same noise for
+the same position, and emit the same tokens at every temperature, not only at T = 0 (tree_accept's docstring).
 Mapping: one block per row (``_choose_kernel``); threads stride over the vocabulary keeping their best (score,
 index) - at T > 0 after a strided max and a block max (primitives.smem_max) for the row max - then a block
 arg-max of the (value, index) pairs (primitives.smem_argmax: lower index on ties). Blocks of a power of two.
@@ -19,14 +24,16 @@ Shapes: logits [M, V] float32 -> tokens [M] int32; seed < 2^64, stream <= 2^32 -
 array for CUDA-graph replay). For a captured program that serves any request, temperature and seed may live on the
 device too (``settings(T, seed)``: float64 [1] and uint32 [2] = (low, high) words), so one graph serves every
 temperature and seed; the kernel computes the same bits either way (T = T_host + T_dev[0], key = host ^ device).
-Example: choose_tokens([[0, 2, 2, -1]], 0.0) -> [1];  at T > 0 the kernel's token equals choose_tokens_ref's.
+Example: choose_tokens([[0, 2, 2, -1]], 0.0) -> [1];  at T > 0 the kernel's token equals choose_tokens_ref's;
+choose_tokens(x [3, V], 0.7, 5, stream=40, row_streams=[0, 1, 1]) draws row 0 from stream 40 and rows 1 and 2
+both from stream 41 (the same uniforms: two nodes at depth 1 of a tree rooted at position 40).
 """
 from __future__ import annotations
 
 import math
 
 import numpy as np
-from numba import cuda, float64, int32, uint64
+from numba import cuda, float64, int32, int64, uint64
 
 from .. import backend
 from . import _checks
@@ -62,10 +69,11 @@ def uniforms_ref(seed: int, stream: int, row: int, n: int) -> np.ndarray:
     return (h.astype(np.float64) + 0.5) / 4294967296.0
 
 
-def choose_tokens_ref(logits, temperature: float, seed: int = 0, stream: int = 0):
+def choose_tokens_ref(logits, temperature: float, seed: int = 0, stream: int = 0, row_streams=None):
     """T == 0: argmax (first max); T > 0: Gumbel-max sample with the counter-based uniforms,
     argmax_v (x_v - max x) / T + g_v in float64: the shift keeps every scaled logit in [-inf, 0], so a vanishing
-    T (1e-308) cannot overflow to inf and tie unrelated tokens. NaN rows and rows without a value > -inf -> -1."""
+    T (1e-308) cannot overflow to inf and tie unrelated tokens. NaN rows and rows without a value > -inf -> -1.
+    Row r's uniforms: row r of ``stream``, or with ``row_streams`` row 0 of stream + row_streams[r]."""
     x = np.asarray(logits, np.float32)
     out = np.empty(x.shape[0], np.int32)
     for r in range(x.shape[0]):
@@ -74,7 +82,8 @@ def choose_tokens_ref(logits, temperature: float, seed: int = 0, stream: int = 0
         elif temperature == 0:
             out[r] = int(np.argmax(x[r]))
         else:
-            g = -np.log(-np.log(uniforms_ref(seed, stream, r, x.shape[1])))
+            s, row = (stream, r) if row_streams is None else (stream + int(row_streams[r]), 0)
+            g = -np.log(-np.log(uniforms_ref(seed, s, row, x.shape[1])))
             xr = x[r].astype(np.float64)
             out[r] = int(np.argmax((xr - xr.max()) / temperature + g))
     return out
@@ -121,9 +130,18 @@ def _strided_max(x, row, v0, v1):
 
 
 @cuda.jit(device=True, inline=True)
-def _strided_best(x, row, v0, v1, temperature, top, k0, k1, stream, nan_flag):
+def _noise_key(row, stream, row_streams, keyed):
+    """(counter row, stream) of row ``row``'s draws: (row, stream), or with ``keyed`` (0, stream +
+    row_streams[row]) - the module docstring's position keys."""
+    if keyed:
+        return 0, (int64(stream) + int64(row_streams[row])) & int64(M32)
+    return row, stream
+
+
+@cuda.jit(device=True, inline=True)
+def _strided_best(x, row, v0, v1, temperature, top, k0, k1, noise_row, stream, nan_flag):
     """This thread's best (score, v) over x[row, v0 + tid :: threads] below v1 (argmax_beats; (-inf, V) if none);
-    score = x (T = 0) or (x - top) / T + Gumbel(u(v, row, stream)). A NaN sets nan_flag[0] and is skipped."""
+    score = x (T = 0) or (x - top) / T + Gumbel(u(v, noise_row, stream)). A NaN sets nan_flag[0] and is skipped."""
     best = -math.inf
     best_i = x.shape[1]
     for v in range(v0 + cuda.threadIdx.x, v1, cuda.blockDim.x):
@@ -133,7 +151,7 @@ def _strided_best(x, row, v0, v1, temperature, top, k0, k1, stream, nan_flag):
             continue
         score = float64(val)
         if temperature > 0:
-            u = _philox_u(v, row, stream, k0, k1)
+            u = _philox_u(v, noise_row, stream, k0, k1)
             score = (score - top) / temperature - math.log(-math.log(u))
         if argmax_beats(score, v, best, best_i):
             best = score
@@ -142,7 +160,7 @@ def _strided_best(x, row, v0, v1, temperature, top, k0, k1, stream, nan_flag):
 
 
 @cuda.jit(device=True, inline=True)
-def _block_best(x, row, v0, v1, temperature, k0, k1, stream, part_max, max_from_parts):
+def _block_best(x, row, v0, v1, temperature, k0, k1, noise_row, stream, part_max, max_from_parts):
     """The block's best (score, v) over x[row, v0:v1] and its NaN flag, to every thread. At T > 0 the scores are
     taken against the row max: the max of the chunk maxima ``part_max[row]`` when ``max_from_parts``, else this
     block's own max over v0:v1 (the whole row)."""
@@ -160,19 +178,21 @@ def _block_best(x, row, v0, v1, temperature, k0, k1, stream, part_max, max_from_
     elif temperature > 0:                         # the row max: scores (x - top) / T stay in [-inf, 0]
         top = smem_max(_strided_max(x, row, v0, v1), red_v)
         cuda.syncthreads()                        # everyone has read red_v before the arg-max reuses it
-    best, best_i = _strided_best(x, row, v0, v1, temperature, top, k0, k1, stream, nan_flag)
+    best, best_i = _strided_best(x, row, v0, v1, temperature, top, k0, k1, noise_row, stream, nan_flag)
     best, best_i = smem_argmax(best, best_i, red_v, red_i)   # its barriers also publish nan_flag
     return best, best_i, nan_flag[0]
 
 
 @cuda.jit
-def _choose_kernel(x, temperature0, temperature_dev, seed_lo, seed_hi, seed_dev, stream0, stream_dev, out):
+def _choose_kernel(x, temperature0, temperature_dev, seed_lo, seed_hi, seed_dev, stream0, stream_dev, row_streams,
+                   keyed, out):
     """One block per row: the row max (T > 0), then the row's arg-max of the scores."""
     row = cuda.blockIdx.x
     V = x.shape[1]
     temperature, k0, k1, stream = _key_and_settings(temperature0, temperature_dev, seed_lo, seed_hi, seed_dev,
                                                     stream0, stream_dev)
-    _, win, nan = _block_best(x, row, 0, V, temperature, k0, k1, stream, x, False)
+    noise_row, stream = _noise_key(row, stream, row_streams, keyed)
+    _, win, nan = _block_best(x, row, 0, V, temperature, k0, k1, noise_row, stream, x, False)
     if cuda.threadIdx.x == 0:
         out[row] = -1 if nan or win >= V else win
 
@@ -192,16 +212,17 @@ def _chunk_max_kernel(x, temperature0, temperature_dev, chunk, part_max):
 
 
 @cuda.jit
-def _chunk_best_kernel(x, temperature0, temperature_dev, seed_lo, seed_hi, seed_dev, stream0, stream_dev, chunk,
-                       part_max, part_v, part_i):
+def _chunk_best_kernel(x, temperature0, temperature_dev, seed_lo, seed_hi, seed_dev, stream0, stream_dev,
+                       row_streams, keyed, chunk, part_max, part_v, part_i):
     """Block (row, c): the best (score, v) of chunk c -> part_v / part_i [row, c]; (+inf, -1) if it met a NaN."""
     row = cuda.blockIdx.x
     c = cuda.blockIdx.y
     temperature, k0, k1, stream = _key_and_settings(temperature0, temperature_dev, seed_lo, seed_hi, seed_dev,
                                                     stream0, stream_dev)
+    noise_row, stream = _noise_key(row, stream, row_streams, keyed)
     v0 = c * chunk
-    best, best_i, nan = _block_best(x, row, v0, min(v0 + chunk, x.shape[1]), temperature, k0, k1, stream, part_max,
-                                    True)
+    best, best_i, nan = _block_best(x, row, v0, min(v0 + chunk, x.shape[1]), temperature, k0, k1, noise_row, stream,
+                                    part_max, True)
     if cuda.threadIdx.x == 0:
         part_v[row, c] = math.inf if nan else best
         part_i[row, c] = -1 if nan else best_i
@@ -261,12 +282,15 @@ def _host_and_device(temperature, seed) -> tuple:
     return t_host, t_dev, lo, hi, s_dev
 
 
-def choose_tokens(logits, temperature: float = 0.0, seed: int = 0, stream: int = 0, out=None, chunk: int = CHUNK):
+def choose_tokens(logits, temperature: float = 0.0, seed: int = 0, stream: int = 0, out=None, chunk: int = CHUNK,
+                  row_streams=None):
     """One token per row of ``logits [M, V]``: argmax (T = 0) or a seeded Gumbel-max sample (T > 0).
 
-    ``stream`` separates the random draws of different calls (the decode step or DDTree round); rows are the
-    nodes. Rows with NaN give -1. ``stream`` may be a device int32 [1] array, ``temperature`` and ``seed`` the
-    device arrays of ``settings`` (graph replay: decode/replay.py) - the same tokens as the host values.
+    ``stream`` separates the random draws of different calls; the rows draw independently (row r of the stream),
+    or with ``row_streams`` (int32 [M], on the backend) row r draws from stream + row_streams[r] - the position
+    keys decoding uses (module docstring). Rows with NaN give -1. ``stream`` may be a device int32 [1] array (or
+    ``(array, offset)``: ``_checks.device_int``), ``temperature`` and ``seed`` the device arrays of ``settings``
+    (graph replay: decode/replay.py) - the same tokens as the host values.
     Rows longer than ``chunk`` are split over blocks of ``chunk`` columns (three launches; module docstring)."""
     x = _checks.array(logits, "logits", dtype=np.float32, ndim=2)
     t_host, t_dev, lo, hi, s_dev = _host_and_device(temperature, seed)
@@ -275,23 +299,30 @@ def choose_tokens(logits, temperature: float = 0.0, seed: int = 0, stream: int =
         raise ValueError(f"stream: expected an integer <= {M32}, got {stream0}")
     out = _checks.out_array(out, "out", (x.shape[0],), np.int32)
     chunk = _checks.integer(chunk, "chunk", lo=1)
+    keyed = row_streams is not None
+    if keyed:
+        row_streams = _checks.array(row_streams, "row_streams", dtype=np.int32, shape=(x.shape[0],))
     if backend.name == "numpy":
         t = t_host + float(t_dev[0])
-        out[...] = choose_tokens_ref(x, t, (lo ^ int(s_dev[0])) | (hi ^ int(s_dev[1])) << 32, _checks.host_int(stream))
+        out[...] = choose_tokens_ref(x, t, (lo ^ int(s_dev[0])) | (hi ^ int(s_dev[1])) << 32,
+                                     _checks.host_int(stream), row_streams)
         return out
+    if not keyed:
+        row_streams = _checks.device_int(0, "row_streams")[1]             # unread: a [1] zero of the backend
     M, V = x.shape
     if M == 0:
         return out
     threads = backend.block_size(256, 32)
     if V <= chunk:
-        backend.launch(_choose_kernel, M, threads, x, t_host, t_dev, lo, hi, s_dev, stream0, stream_dev, out)
+        backend.launch(_choose_kernel, M, threads, x, t_host, t_dev, lo, hi, s_dev, stream0, stream_dev, row_streams,
+                       keyed, out)
         return out
     C = -(-V // chunk)
     part_max = backend.empty((M, C), np.float64)                            # [M, C] chunk maxima (T > 0)
     part_v = backend.empty((M, C), np.float64)                              # [M, C] chunk winners' scores
     part_i = backend.empty((M, C), np.int32)                                # [M, C] and their columns
     backend.launch(_chunk_max_kernel, (M, C), threads, x, t_host, t_dev, chunk, part_max)
-    backend.launch(_chunk_best_kernel, (M, C), threads, x, t_host, t_dev, lo, hi, s_dev, stream0, stream_dev, chunk,
-                   part_max, part_v, part_i)
+    backend.launch(_chunk_best_kernel, (M, C), threads, x, t_host, t_dev, lo, hi, s_dev, stream0, stream_dev,
+                   row_streams, keyed, chunk, part_max, part_v, part_i)
     backend.launch(_choose_parts_kernel, M, backend.block_size(64, 32), part_v, part_i, V, out)
     return out

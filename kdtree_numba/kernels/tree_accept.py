@@ -5,6 +5,11 @@
     bonus = chosen[path[-1]]
 Every emitted token is a genuine target sample given its prefix, so this is lossless at any temperature (no
 draft-probability rejection step). Siblings carry distinct tokens, so at most one child matches.
+At T > 0 node i's draw is keyed by its *position* (``sampling``'s module docstring): the stream is the root's
+position and node i draws from stream + depth[i], the same uniforms plain decoding uses for the token after that
+position. A walked node's prefix is the one plain decoding has there, so its choice is plain decoding's token:
+DDTree (and the chain) emit exactly plain decoding's tokens at every temperature, for the same seed - whatever the
+tree's shape or node order (siblings share their uniforms; only one of them is ever walked).
 The token choice is ``sampling.choose_tokens`` (one block per node); the walk is ``_walk_kernel``: one block, at
 each step every thread scans a strided share of the nodes for the matching child (at most L + 1 steps).
 Outputs stay on the device: ``accepted [L+1]`` node indices (ascending, -1 padded), ``n_acc [1]``, and one packed
@@ -85,12 +90,14 @@ class Acceptor:
         self.n_acc = backend.empty((1,), np.int32)
         self.result = backend.full((L + 2,), -1, np.int32)
 
-    def run(self, logits, tokens, parents, n_nodes, temperature: float, seed: int, stream: int):
+    def run(self, logits, tokens, parents, n_nodes, temperature: float, seed: int, stream: int, depths):
         """Choose at every node of ``logits [B+1, V]`` and walk; fills accepted / n_acc / result (no host sync).
-        ``temperature``, ``seed``, ``stream``: host values or device arrays, as ``sampling.choose_tokens`` takes."""
+        ``temperature``, ``seed``, ``stream`` (the root's position): host values or device arrays, as
+        ``sampling.choose_tokens`` takes; ``depths [B+1]`` int32 the nodes' depths (the root's 0): node i draws
+        from stream + depths[i] (module docstring)."""
         rows = logits.shape[0]
         chosen = self.chosen[:rows]
-        sampling.choose_tokens(logits, temperature, seed, stream, out=chosen)
+        sampling.choose_tokens(logits, temperature, seed, stream, out=chosen, row_streams=depths[:rows])
         if backend.name == "numpy":
             n = int(n_nodes[0])
             path, bonus = walk_ref(chosen, tokens, parents, n)
@@ -114,7 +121,8 @@ class Acceptor:
 def accept(logits, tokens, parents, n: int, temperature: float = 0.0, seed: int = 0, stream: int = 0):
     """Host convenience: (accepted node indices, bonus token) for one verified tree.
 
-    logits [n+1, V] (row i = node i, row 0 the root); tokens / parents [n] for nodes 1..n (parent 0 = root)."""
+    logits [n+1, V] (row i = node i, row 0 the root); tokens / parents [n] for nodes 1..n (parent 0 = root);
+    stream: the root's position (node i draws from stream + its depth at T > 0)."""
     logits = _checks.array(logits, "logits", dtype=np.float32, ndim=2)
     n = _checks.integer(n, "n", lo=0, hi=logits.shape[0] - 1)
     tokens = _checks.array(np.asarray(tokens, np.int32) if not backend.is_device(tokens) else tokens, "tokens",
@@ -130,7 +138,8 @@ def accept(logits, tokens, parents, n: int, temperature: float = 0.0, seed: int 
             raise ValueError(f"parents: node {j} has parent {host_parents[j - 1]}, expected one in [0, {j})")
         depth[j] = depth[host_parents[j - 1]] + 1
     acc = Acceptor(int(depth.max()), max(n, 1))
-    acc.run(logits[:n + 1], tokens, parents, backend.asarray(np.array([n], np.int32)), temperature, seed, stream)
+    acc.run(logits[:n + 1], tokens, parents, backend.asarray(np.array([n], np.int32)), temperature, seed, stream,
+            backend.asarray(depth.astype(np.int32)))
     result = backend.to_host(acc.result)
     if result[0] < 0:
         raise ValueError("logits: a node's target logits contain NaN")

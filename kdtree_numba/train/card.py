@@ -685,7 +685,8 @@ def _limitations(ev, dlog=None, stats=None) -> list:
             *([_overfit(dlog)] if dlog and _overfit(dlog) else []),
             "- Trained on 15 libraries' Python source only: prose, other languages and HumanEval-style docstrings "
             "are out of domain. The context was 512 tokens in training (2048 positions are allowed).",
-            "- Greedy decoding only was evaluated; sampled DDTree is exact in distribution but not measured here.",
+            "- Greedy decoding only was evaluated; sampled DDTree emits plain sampling's tokens exactly (the same "
+            "seed: draws keyed by position) but was not measured here.",
             "- Retraining reproduces the recipe, not the bytes: GPU kernels (bf16 autocast, fused AdamW, "
             "grouped_mm) are not bit-deterministic.",
             "- Decontamination is by function signature; a HumanEval-like snippet with a different signature could "

@@ -1,4 +1,4 @@
-"""DDTree's output against plain decoding: greedy token for token, sampling in distribution; and bad input."""
+"""DDTree's output against plain decoding: greedy and sampled token for token (the same seed); and bad input."""
 import math
 
 import numpy as np
@@ -47,6 +47,21 @@ def test_greedy_ddtree_equals_autoregressive(targets, references, config, budget
         assert r.accepted[0] == 0 and r.tree.n <= budget
     emitted = [res.tokens[0]] + [t for r in res.rounds for t in r.accepted_tokens + [r.bonus]]
     assert emitted[:64] == res.tokens
+
+
+@pytest.mark.parametrize("temperature", [0.6, 1.5])
+@pytest.mark.parametrize("kw", [dict(budget=0), dict(budget=4), dict(budget=64), dict(chain=True)],
+                         ids=["b0", "b4", "b64", "chain"])
+def test_sampled_ddtree_equals_sampled_autoregressive(targets, temperature, kw, numpy_backend):
+    """T > 0, same seed: DDTree and the chain emit plain decoding's tokens exactly, not only in distribution -
+    every draw is keyed by the position it follows (sampling's module docstring), so a walked node draws what a
+    decode step at its position draws. Noisy and random drafters shape the trees differently in every round."""
+    t = targets["default"]
+    for seed in (3, 11):
+        want = kd.generate(t, PROMPT, 40, temperature=temperature, seed=seed).tokens
+        for d in (kd.OracleDrafter(t, noise=1.0, seed=seed, depth=6), kd.RandomDrafter(t.config.vocab_size, 6, 4)):
+            got = kd.generate(t, PROMPT, 40, drafter=d, temperature=temperature, seed=seed, **kw).tokens
+            assert got == want, (seed, d.name)
 
 
 def test_noise_zero_accepts_the_whole_greedy_chain_in_the_tree(targets, numpy_backend):
@@ -275,8 +290,8 @@ def test_stop_token_inside_an_accepted_path_stops_like_plain_decoding(targets, c
 
 
 def test_sampled_generation_ends_at_its_first_stop_token(targets, numpy_backend):
-    """At T > 0 the tokens differ from plain decoding's (other random streams), but the rule is the same: the
-    output ends with the first stop token it contains, or runs to max_new_tokens without one."""
+    """At T > 0 too: the output ends with the first stop token it contains, or runs to max_new_tokens without
+    one - and, draws being keyed by position, it is plain decoding's sampled output cut there."""
     t = targets["default"]
     for seed in range(6):
         sample = kd.generate(t, PROMPT, 40, drafter=kd.OracleDrafter(t, noise=0.0, depth=6), budget=8,
@@ -285,6 +300,7 @@ def test_sampled_generation_ends_at_its_first_stop_token(targets, numpy_backend)
         res = kd.generate(t, PROMPT, 40, drafter=kd.OracleDrafter(t, noise=0.0, depth=6), budget=8,
                           temperature=0.8, seed=seed, stop_tokens=[stop])
         assert res.tokens == sample[:sample.index(stop) + 1]
+        assert res.tokens == kd.generate(t, PROMPT, 40, temperature=0.8, seed=seed, stop_tokens=[stop]).tokens
 
 
 def test_stop_token_on_the_kernel_backend(kernel_backend):

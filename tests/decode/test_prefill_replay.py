@@ -36,9 +36,10 @@ def test_padded_prefill_equals_a_direct_prefill(tiny, numpy_backend):
     want, want_hid = tiny.forward(prompt, direct_cache, 0, hidden_layers=layers, logits_to_keep=1)
     got = {}
     cache = tiny.new_cache(256)
-    pre = Prefill(tiny, cache, layers, lambda lg, hid: got.update(logits=lg.copy(), hid=hid))
+    pre = Prefill(tiny, cache, layers, lambda lg, hid, last: got.update(logits=lg.copy(), hid=hid, last=last))
     pre(prompt)
     assert list(pre.buckets) == [16]
+    assert int(kd.backend.to_host(got["last"])[0]) == n - 1                            # the row's position
     np.testing.assert_allclose(got["logits"], want, rtol=1e-5, atol=1e-5)                # [1, V]
     for k in layers:
         assert got["hid"][k].shape[0] == 16                                            # every row run

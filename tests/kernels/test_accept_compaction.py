@@ -42,10 +42,13 @@ def test_random_trees_match_reference_greedy_and_sampled():
             while tokens[j - 1] in tokens[[i - 1 for i in sib]]:
                 tokens[j - 1] = (tokens[j - 1] + 1) % V
         x = (rng.standard_normal((n + 1, V)) * 2).astype(np.float32)
+        depth = np.zeros(n + 1, np.int32)
+        for j in range(1, n + 1):
+            depth[j] = depth[parents[j - 1]] + 1
         for T in (0.0, 0.9):
             got = ta.accept(x, tokens, parents, n, T, seed=trial, stream=2)
-            want = ta.walk_ref(sampling.choose_tokens_ref(x, T, trial, 2), tokens, parents, n)
-            assert got == want
+            want = ta.walk_ref(sampling.choose_tokens_ref(x, T, trial, 2, row_streams=depth), tokens, parents, n)
+            assert got == want                     # node j draws at position 2 + its depth
 
 
 def test_nan_logits_are_reported():

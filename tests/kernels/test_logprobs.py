@@ -161,6 +161,29 @@ def test_choose_split_over_chunks_is_the_one_block_choice(chunk):
             sampling.choose_tokens(x, 0.0, chunk=0)
 
 
+@pytest.mark.parametrize("chunk", [77, 25])
+def test_row_streams_key_each_row_by_its_position(chunk):
+    """``row_streams``: row r draws from stream + row_streams[r] with counter row 0 - the kernel (one block a row,
+    and chunked) equals the reference; rows with the same key and logits choose alike; and a row keyed p draws what
+    a one-row call at stream p draws (a decode step at that position), which is why DDTree's tokens are plain
+    decoding's at T > 0."""
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((4, 77)).astype(np.float32)
+    x[2] = x[1]                                                          # two siblings' rows (same logits)
+    rs = np.array([0, 1, 1, 2], np.int32)                                # depths: root, two children, a grandchild
+    got = H(sampling.choose_tokens(x, 1.1, 6, 40, chunk=chunk, row_streams=kd.backend.asarray(rs)))
+    np.testing.assert_array_equal(got, sampling.choose_tokens_ref(x, 1.1, 6, 40, row_streams=rs))
+    assert got[1] == got[2]
+    for r in range(4):
+        one = H(sampling.choose_tokens(x[r:r + 1], 1.1, 6, 40 + int(rs[r]), chunk=chunk))
+        assert one[0] == got[r]
+    keyed = [sampling.choose_tokens_ref(x, 1.1, s, 40, row_streams=rs) for s in range(8)]
+    plain = [sampling.choose_tokens_ref(x, 1.1, s, 40) for s in range(8)]
+    assert any(not np.array_equal(a, b) for a, b in zip(keyed, plain))  # the keys change the draws
+    with pytest.raises(ValueError, match="row_streams"):
+        sampling.choose_tokens(x, 1.1, 6, 40, row_streams=kd.backend.asarray(rs[:3]))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [0.0, 0.8])
 def test_choose_split_over_chunks_replays_from_a_cuda_graph(T):
