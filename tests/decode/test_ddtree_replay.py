@@ -38,6 +38,7 @@ def test_replayed_rounds_equal_direct_rounds(pair, budget, chain, temperature, n
     want = kd.generate(target, ids, n, **kw)
     got = kd.generate(target, ids, n, replay=True, **kw)
     assert got.tokens == want.tokens and len(got.tokens) == n
+    assert got.tokens == kd.generate(target, ids, n, temperature=temperature, seed=3).tokens   # plain decoding's
     assert got.settings["replay"] == "direct (device-side state)"
     _same_rounds(want, got)
 
@@ -70,15 +71,17 @@ def test_replay_on_simulated_kernels(kernel_backend):
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_captured_rounds_equal_direct_rounds_on_the_gpu(temperature):
     """On cuda every stage is captured after one direct round and replayed: same tokens and trees as direct
-    launches, across many rounds, with the default pair."""
+    launches, across many rounds, with the default pair - and plain decoding's tokens (replayed too), sampled or
+    not (draws keyed by position: sampling's module docstring)."""
     target, drafter = kd.load_default()
     ids = target.tokenizer.encode("def fib(n):")
+    plain = kd.generate(target, ids, 96, temperature=temperature, seed=4, replay=True).tokens
     for budget, chain in [(64, False), (None, True)]:                   # the chain's length: the drafter's depth
         kw = dict(drafter=drafter, budget=budget, chain=chain, temperature=temperature, seed=4)
         want = kd.generate(target, ids, 96, **kw)
         got = kd.generate(target, ids, 96, replay=True, **kw)
         assert got.settings["replay"] == "cuda graphs"
-        assert got.tokens == want.tokens
+        assert got.tokens == want.tokens == plain
         # stamps inside the graph: every replayed round's verify took time, and the stages fit in the wall clock
         assert all(r.times["verify"] > 0 for r in got.rounds)
         assert 0 < sum(sum(r.times.values()) for r in got.rounds) < 1e3 * got.seconds
