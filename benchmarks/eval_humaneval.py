@@ -18,7 +18,9 @@ never runs while the worker processes of the acceptance part are alive):
    prefill, belongs to no round). Aggregates: ``tau = sum of committed tokens over all rounds of all prompts /
    total rounds`` and ``forwards/token = total target forwards (prefill included) / total generated tokens``;
    the per-prompt means of both are given too. Every chain / DDTree output is compared with the autoregressive
-   output token by token; the number of mismatching runs is reported (must be 0).
+   output token by token; the number of mismatching runs is reported (must be 0). ``--temperature T`` samples
+   instead (prompt i with seed ``--seed`` + i, every method alike): the outputs must still be plain decoding's,
+   token for token (draws keyed by position: kernels/sampling.py); with --skip-bpb --skip-speed only.
 3. **tokens/s** (current backend, main process). Autoregressive, chain and DDTree at each ``--speed-budget`` (64;
    comma-separated for several) on the first ``--speed-subset`` (8) prompts (task ids named in the output). Per
    method one untimed warm-up generation per subset prompt (compiles; with ``replay=True`` captures the program of
@@ -103,6 +105,16 @@ def _positive(s: str) -> int:
     return v
 
 
+def _temperature(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {s!r}") from None
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {s!r}")
+    return v
+
+
 def _drafter_dir(s: str) -> str:
     if not os.path.isfile(os.path.join(s, "config.json")):
         raise argparse.ArgumentTypeError(f"{s!r} holds no config.json, expected a DFlash drafter directory (the "
@@ -130,6 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budgets", type=_int_list, default=[8, 16, 32, 64, 128, 256],
                    help="DDTree node budgets (default 8,16,32,64,128,256)")
     p.add_argument("--max-new-tokens", type=_positive, default=128)
+    p.add_argument("--temperature", type=_temperature, default=0.0,
+                   help="the acceptance part's sampling temperature (default 0: greedy); prompt i is sampled with seed "
+                        "--seed + i, and every chain / DDTree output must still equal plain decoding's")
+    p.add_argument("--seed", type=_nonneg, default=0, help="the first prompt's sampling seed (default 0)")
     p.add_argument("--speed-subset", type=_positive, default=8, help="tokens/s on the first K prompts (default 8)")
     p.add_argument("--speed-budget", type=_int_list, default=[64],
                    help="DDTree budgets of the speed part, comma-separated (default 64)")
@@ -236,13 +252,20 @@ def _methods(budgets) -> list:
     return ["chain"] + [f"ddtree@{b}" for b in budgets]
 
 
-def _run_method(name: str, ids, ar_tokens: list) -> dict:
+def _sampling(index: int) -> dict:
+    """The sampling arguments of prompt ``index``'s generations (every method alike: draws keyed by position make
+    their outputs plain decoding's, sampled too)."""
+    return {"temperature": _W.get("temperature", 0.0), "seed": _W.get("seed", 0) + index}
+
+
+def _run_method(name: str, ids, ar_tokens: list, index: int = 0) -> dict:
     """One chain / DDTree generation of a prompt: its counts, and whether its output equals AR's."""
     kd, target, drafter, n, replay = _W["kd"], _W["target"], _W["drafter"], _W["max_new_tokens"], bool(_W.get("replay"))
     if name == "chain":
-        g = kd.generate(target, ids, n, drafter=drafter, chain=True, replay=replay)
+        g = kd.generate(target, ids, n, drafter=drafter, chain=True, replay=replay, **_sampling(index))
     else:
-        g = kd.generate(target, ids, n, drafter=drafter, budget=int(name.split("@")[1]), replay=replay)
+        g = kd.generate(target, ids, n, drafter=drafter, budget=int(name.split("@")[1]), replay=replay,
+                        **_sampling(index))
     lens = [r.accept_length for r in g.rounds]
     first_diff = next((i for i, (a, b) in enumerate(zip(g.tokens, ar_tokens)) if a != b),
                       None if len(g.tokens) == len(ar_tokens) else min(len(g.tokens), len(ar_tokens)))
@@ -263,11 +286,11 @@ def eval_prompt(job, methods=None) -> dict:
     index, task_id, prompt = job
     ids = _encode(prompt)
     t0 = time.perf_counter()
-    ar = _W["kd"].generate(_W["target"], ids, _W["max_new_tokens"], replay=bool(_W.get("replay")))
+    ar = _W["kd"].generate(_W["target"], ids, _W["max_new_tokens"], replay=bool(_W.get("replay")), **_sampling(index))
     rec = {"index": index, "task_id": task_id, "prompt_tokens": int(len(ids)), "ar_tokens": [int(t) for t in ar.tokens],
            "ar_forwards": int(ar.target_forwards), "runs": {}}
     for name in _methods(_W["budgets"]) if methods is None else methods:
-        rec["runs"][name] = _run_method(name, ids, rec["ar_tokens"])
+        rec["runs"][name] = _run_method(name, ids, rec["ar_tokens"], index)
     rec["seconds"] = time.perf_counter() - t0
     return rec
 
@@ -278,9 +301,9 @@ def eval_method_major(jobs) -> list:
     than a model object keeps (decode/replay.py's KEEP) would capture again for every generation."""
     recs = [eval_prompt(job, methods=()) for job in jobs]
     for name in _methods(_W["budgets"]):
-        for (_, _, prompt), rec in zip(jobs, recs):
+        for (index, _, prompt), rec in zip(jobs, recs):
             t0 = time.perf_counter()
-            rec["runs"][name] = _run_method(name, _encode(prompt), rec["ar_tokens"])
+            rec["runs"][name] = _run_method(name, _encode(prompt), rec["ar_tokens"], index)
             rec["seconds"] += time.perf_counter() - t0
     return recs
 
@@ -315,9 +338,9 @@ def _aggregate(records: list, budgets) -> dict:
 
 
 def run_tau(prompts: list, budgets, max_new_tokens: int, workers: int, blas_threads: int, drafter_dir=None,
-            replay: bool = False) -> dict:
+            replay: bool = False, temperature: float = 0.0, seed: int = 0) -> dict:
     settings = {"budgets": list(budgets), "max_new_tokens": max_new_tokens, "drafter_dir": drafter_dir,
-                "replay": replay}
+                "replay": replay, "temperature": temperature, "seed": seed}
     jobs = [(i, p["task_id"], p["prompt"]) for i, p in enumerate(prompts)]
     records, t0 = [], time.perf_counter()
 
@@ -355,7 +378,7 @@ def run_tau(prompts: list, budgets, max_new_tokens: int, workers: int, blas_thre
                       "forwards_per_token = total target forwards (prefill included) / total generated tokens; "
                       "*_prompt_mean: the mean over prompts of the per-prompt ratio",
         "backend": backend, "workers": workers, "replay": replay, "max_new_tokens": max_new_tokens,
-        "budgets": list(budgets),
+        "budgets": list(budgets), "temperature": temperature, "seed": seed,
         "stop_tokens": [], "prompts": len(records), "seconds": time.perf_counter() - t0,
         "mismatches_total": sum(v.get("mismatches", 0) for v in agg.values()),
         "methods": agg,
@@ -532,7 +555,9 @@ def markdown(res: dict) -> str:
                   f"({b['nats_per_token']:.4f} nats/token, {b['bytes_per_token']:.2f} bytes/token)", ""]
     t = res.get("tau")
     if t:
-        lines += [f"**Acceptance** ({t['prompts']} prompts x {t['max_new_tokens']} greedy tokens"
+        mode = (f"tokens sampled at T = {t['temperature']:g} (seeds {t.get('seed', 0)} + prompt index)"
+                if t.get("temperature", 0) > 0 else "greedy tokens")
+        lines += [f"**Acceptance** ({t['prompts']} prompts x {t['max_new_tokens']} {mode}"
                   f"{', replayed' if t.get('replay') else ''}; tau = total committed tokens / total rounds):", "",
                   "| method | tau (aggregate) | tau (prompt mean) | target forwards / token | mismatches vs AR |",
                   "|---|---|---|---|---|",
@@ -575,6 +600,10 @@ def main(argv=None) -> int:
         print(f"eval_humaneval.py: error: --out {a.out}: {problem}", file=sys.stderr)
         return 2
     workers = a.workers if a.workers is not None else (0 if kd.backend.process_name == "cuda" else 2)
+    if a.temperature > 0 and not (a.skip_speed and a.skip_bpb):   # --temperature is the acceptance part's only
+        print(f"eval_humaneval.py: error: --temperature {a.temperature}: sampling applies to the acceptance part "
+              f"only; add --skip-bpb --skip-speed", file=sys.stderr)
+        return 2
     prompts = load_prompts(a.prompts_file, a.prompts)
     if not a.skip_speed and a.speed_subset > len(prompts):      # prompts[:K] would quietly time fewer
         print(f"eval_humaneval.py: error: --speed-subset {a.speed_subset}: only {len(prompts)} prompts are evaluated "
@@ -588,7 +617,8 @@ def main(argv=None) -> int:
            "python": platform.python_version(), "blas_threads": a.blas_threads,
            "prompts_file": os.path.relpath(a.prompts_file, ROOT), "prompts": len(prompts),
            "task_ids": [prompts[0]["task_id"], prompts[-1]["task_id"]], "settings": {
-               "max_new_tokens": a.max_new_tokens, "budgets": a.budgets, "temperature": 0.0,
+               "max_new_tokens": a.max_new_tokens, "budgets": a.budgets, "temperature": a.temperature,
+               "seed": a.seed,
                "speed_subset": a.speed_subset, "speed_budget": a.speed_budget, "repeats": a.repeats,
                "replay_only": a.replay_only,
                "workers": workers, "drafter": a.drafter or "shipped", "replay_tau": a.replay_tau,
@@ -604,7 +634,8 @@ def main(argv=None) -> int:
         _log(f"[bpb] {res['bpb']['bits_per_byte']:.4f} bits/byte, {res['bpb']['nats_per_token']:.4f} nats/token "
              f"({res['bpb']['roundtrip_failures']} round-trip failures)")
     if not a.skip_tau:
-        res["tau"] = run_tau(prompts, a.budgets, a.max_new_tokens, workers, a.blas_threads, a.drafter, a.replay_tau)
+        res["tau"] = run_tau(prompts, a.budgets, a.max_new_tokens, workers, a.blas_threads, a.drafter, a.replay_tau,
+                             a.temperature, a.seed)
     if not a.skip_speed:
         res["speed"] = run_speed(kd, target, drafter, prompts[:a.speed_subset], a.max_new_tokens, a.speed_budget,
                                  a.replay, a.repeats, a.replay_only)

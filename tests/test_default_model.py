@@ -163,6 +163,33 @@ def test_eval_refuses_a_speed_subset_beyond_the_prompts(monkeypatch, capsys):
     assert "--speed-subset 5: only 3 prompts" in err and "[speed]" not in err
 
 
+def test_eval_sampled_acceptance(pair, prompts, monkeypatch, capsys, tmp_path):
+    """--temperature T samples the acceptance part (prompt i with seed --seed + i) and still holds every chain /
+    DDTree output to plain decoding's, token for token; it refuses to go with the greedy parts (bits per byte,
+    tokens/s) and a negative or non-finite T - one line, exit 2."""
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(MODEL_DIR), "..", "benchmarks"))
+    import eval_humaneval as ev
+
+    assert ev.main(["--prompts", "1", "--temperature", "0.8"]) == 2
+    assert "--temperature 0.8: sampling applies to the acceptance part only" in capsys.readouterr().err
+    for bad in ("-1", "nan", "hot"):
+        with pytest.raises(SystemExit):
+            ev.build_parser().parse_args(["--temperature", bad])
+    out = tmp_path / "sampled.json"
+    with kd.backend.use("numpy"):
+        rc = ev.main(["--prompts", "2", "--max-new-tokens", "12", "--budgets", "8", "--workers", "0", "--temperature",
+                      "1.2", "--seed", "7", "--skip-bpb", "--skip-speed", "--out", str(out)])
+    assert rc == 0
+    res = json.load(open(out))
+    assert res["settings"]["temperature"] == 1.2 and res["tau"]["temperature"] == 1.2 and res["tau"]["seed"] == 7
+    assert res["tau"]["mismatches_total"] == 0
+    target = pair[0]
+    with kd.backend.use("numpy"):
+        plain = kd.generate(target, target.tokenizer.encode(prompts[0]["prompt"]), 12, temperature=1.2, seed=7).tokens
+    assert res["tau"]["per_prompt"][0]["ar_tokens"] == plain                  # prompt 0 sampled with seed 7 + 0
+    assert "tokens sampled at T = 1.2 (seeds 7 + prompt index)" in res["markdown"]
+
+
 def test_eval_speed_replay_only(pair, prompts, monkeypatch):
     """--replay-only times only the replay=True methods; the speedups are against replayed autoregressive decoding
     and every output is still compared with it."""

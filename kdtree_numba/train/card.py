@@ -28,6 +28,7 @@ DEFAULT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 CARD = "MODEL_CARD.md"
 EVAL = "eval_humaneval.json"
 GPU_EVAL = "eval_humaneval_gpu.json"       # the same script on the GPU: the GPU tokens/s
+SAMPLED_EVAL = "eval_humaneval_sampled.json"   # the acceptance part at T > 0 (``--temperature``)
 FIGURE = "training_curves.png"
 HASH_HEADING = "## Files and sha256"
 GPU_HEADING = "### GPU tokens/s"
@@ -513,12 +514,33 @@ def _subset(sp) -> str:
     return ", ".join(ids) if len(ids) <= 10 else f"{ids[0]} .. {ids[-1]}"
 
 
-def _evaluation(ev, gpu, val_loss=None, corpus_bpt=None) -> list:
+def _sampled_acceptance(sampled) -> list:
+    """The acceptance table of a sampled eval (``SAMPLED_EVAL``: eval_humaneval.py --temperature), or nothing."""
+    t = (sampled or {}).get("tau")
+    if not t:
+        return []
+    rows = [[("DFlash chain (depth 15)" if name == "chain" else f"DDTree, budget {name.split('@')[1]}"),
+             f"**{m['tau']:.3f}**", f"{m['tau_prompt_mean']:.3f}", _f(m["forwards_per_token"]), _int(m["rounds"]),
+             m["mismatches"]]
+            for name, m in ((n, t["methods"][n]) for n in ["chain"] + [f"ddtree@{x}" for x in t["budgets"]])]
+    return ([f"### Acceptance when sampling (T = {t['temperature']:g})", "",
+             f"`{SAMPLED_EVAL}` (`{sampled.get('command', '')}`, {sampled.get('date')}): the same {t['prompts']} "
+             f"prompts, {t['max_new_tokens']} tokens sampled at temperature {t['temperature']:g}, prompt i with seed "
+             f"{t.get('seed', 0)} + i. Every draw is keyed by the position it follows, so each chain and DDTree output "
+             f"must equal plain sampling's with the same seed, token for token: **{t['mismatches_total']} "
+             f"mismatches** in {t['prompts'] * (len(t['budgets']) + 1)} runs.", ""]
+            + _table(["method", "tau (total tokens / total rounds)", "tau (mean over prompts)",
+                      "target forwards / token", "rounds", "mismatches vs plain sampling"], rows)
+            + ["Sampled text is harder to predict than the greedy text the drafter was trained on, so fewer "
+               "drafts match than in the greedy table above.", ""])
+
+
+def _evaluation(ev, gpu, val_loss=None, corpus_bpt=None, sampled=None) -> list:
     lines = ["## Evaluation (held-out HumanEval prompts)", ""]
     if not ev:
         return lines + ["_Not yet measured: run `KDTREE_BACKEND=numpy python benchmarks/eval_humaneval.py --out "
-                        f"kdtree_numba/default_model/{EVAL}` and regenerate this card._", "",
-                        GPU_HEADING, "", "_Not yet measured._", ""]
+                        f"kdtree_numba/default_model/{EVAL}` and regenerate this card._", ""] \
+            + _sampled_acceptance(sampled) + [GPU_HEADING, "", "_Not yet measured._", ""]
     st = ev.get("settings") or {}
     lines += [f"`{EVAL}` (written by `benchmarks/eval_humaneval.py`, every number measured): {ev.get('prompts')} "
               f"prompts ({' .. '.join(ev.get('task_ids') or [])}), greedy, {st.get('max_new_tokens')} new tokens, no "
@@ -559,6 +581,7 @@ def _evaluation(ev, gpu, val_loss=None, corpus_bpt=None) -> list:
                   "finish in fewer rounds and so weigh less in the total. How much wall-clock time fewer target "
                   "forwards save depends on what a tree verify costs relative to a one-token step on the hardware "
                   "(below).", ""]
+    lines += _sampled_acceptance(sampled)
     s = ev.get("speed")
     if s:
         lines += [f"### Tokens/s on the {s['backend']} backend", "",
@@ -665,7 +688,7 @@ def _samples(stats, model_dir) -> list:
             stats["sample"].rstrip("\n"), "```", ""]
 
 
-def _limitations(ev, dlog=None, stats=None) -> list:
+def _limitations(ev, dlog=None, stats=None, sampled=None) -> list:
     t = (ev or {}).get("tau")
     tau = ""
     if t:
@@ -685,8 +708,11 @@ def _limitations(ev, dlog=None, stats=None) -> list:
             *([_overfit(dlog)] if dlog and _overfit(dlog) else []),
             "- Trained on 15 libraries' Python source only: prose, other languages and HumanEval-style docstrings "
             "are out of domain. The context was 512 tokens in training (2048 positions are allowed).",
-            "- Greedy decoding only was evaluated; sampled DDTree emits plain sampling's tokens exactly (the same "
-            "seed: draws keyed by position) but was not measured here.",
+            ("- Sampled decoding was evaluated for acceptance only (T = "
+             f"{sampled['tau']['temperature']:g}, Evaluation); its tokens/s were not measured."
+             if (sampled or {}).get("tau") else
+             "- Greedy decoding only was evaluated; sampled DDTree emits plain sampling's tokens exactly (the same "
+             "seed: draws keyed by position) but was not measured here."),
             "- Retraining reproduces the recipe, not the bytes: GPU kernels (bf16 autocast, fused AdamW, "
             "grouped_mm) are not bit-deterministic.",
             "- Decontamination is by function signature; a HumanEval-like snippet with a different signature could "
@@ -739,8 +765,10 @@ def _hashes(model_dir) -> list:
 
 
 # ------------------------------------------------------------------------------------------------ card
-def build_card(model_dir=DEFAULT_DIR, eval_data: dict | None = None, gpu_eval: dict | None = None) -> str:
-    """The card's markdown text (reads ``model_dir``; ``eval_data`` / ``gpu_eval``: eval_humaneval.py JSON)."""
+def build_card(model_dir=DEFAULT_DIR, eval_data: dict | None = None, gpu_eval: dict | None = None,
+               sampled_eval: dict | None = None) -> str:
+    """The card's markdown text (reads ``model_dir``; ``eval_data`` / ``gpu_eval`` / ``sampled_eval``:
+    eval_humaneval.py JSON - greedy on the CPU, speed on the GPU, acceptance at T > 0)."""
     tdir, ddir = os.path.join(model_dir, "target"), os.path.join(model_dir, "drafter")
     tcfg, dcfg = _load(os.path.join(tdir, "config.json")), _load(os.path.join(ddir, "config.json"))
     tlog = _load(os.path.join(model_dir, "target_train_log.json"))
@@ -771,6 +799,12 @@ def build_card(model_dir=DEFAULT_DIR, eval_data: dict | None = None, gpu_eval: d
     if t:
         glance.append(["acceptance (greedy)", f"chain tau {t['methods']['chain']['tau']:.2f}; DDTree tau "
                        + ", ".join(f"{t['methods'][f'ddtree@{x}']['tau']:.2f} (budget {x})" for x in t["budgets"])])
+    st = (sampled_eval or {}).get("tau")
+    if st:
+        glance.append([f"acceptance (sampled, T = {st['temperature']:g})", f"chain tau "
+                       f"{st['methods']['chain']['tau']:.2f}; DDTree tau "
+                       + ", ".join(f"{st['methods'][f'ddtree@{x}']['tau']:.2f} (budget {x})" for x in st["budgets"])
+                       + "; outputs equal plain sampling's"])
     lines = ["# kdtree-numba default model: a small DeepSeek-V3 code model and its DFlash drafter", "",
              "_Generated by `python -m kdtree_numba.train.card` from the files in this directory; do not edit by "
              "hand._", "",
@@ -790,25 +824,37 @@ def build_card(model_dir=DEFAULT_DIR, eval_data: dict | None = None, gpu_eval: d
     lines += _training(tlog, dlog)
     corpus_bpt = (manifest["bytes"] / manifest["tokens"]) if manifest.get("tokens") and manifest.get("bytes") else None
     stats = continuation_stats(ev, model_dir)
-    lines += _evaluation(ev, gpu_eval, (tlog.get("val") or [{}])[-1].get("loss"), corpus_bpt)
+    lines += _evaluation(ev, gpu_eval, (tlog.get("val") or [{}])[-1].get("loss"), corpus_bpt, sampled_eval)
     lines += _samples(stats, model_dir)
-    lines += _limitations(ev, dlog, stats)
+    lines += _limitations(ev, dlog, stats, sampled_eval)
     lines += _license()
     lines += _reproduce(tlog, dlog)
     lines += _hashes(model_dir)
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
-def write_card(model_dir=DEFAULT_DIR, eval_path=None, gpu_eval_path=None, out=None) -> str:
+def write_card(model_dir=DEFAULT_DIR, eval_path=None, gpu_eval_path=None, out=None, sampled_eval_path=None) -> str:
     """Write the card (default ``model_dir/MODEL_CARD.md``) and return its path."""
     if eval_path is None and os.path.exists(os.path.join(model_dir, EVAL)):
         eval_path = os.path.join(model_dir, EVAL)
     if gpu_eval_path is None and os.path.exists(os.path.join(model_dir, GPU_EVAL)):
         gpu_eval_path = os.path.join(model_dir, GPU_EVAL)
+    if sampled_eval_path is None and os.path.exists(os.path.join(model_dir, SAMPLED_EVAL)):
+        sampled_eval_path = os.path.join(model_dir, SAMPLED_EVAL)
     ev = _load(eval_path) if eval_path else None
     gpu = _load(gpu_eval_path) if gpu_eval_path else None
+    sampled = _load(sampled_eval_path) if sampled_eval_path else None
+    for path, data, want_sampled in ((eval_path, ev, False), (sampled_eval_path, sampled, True)):
+        temperature = ((data or {}).get("settings") or {}).get("temperature", 0.0) or 0.0
+        if data is not None and (temperature > 0) != want_sampled:
+            raise ValueError(f"{path}: an eval at temperature {temperature:g}, expected "
+                             + ("a sampled one (eval_humaneval.py --temperature T > 0)" if want_sampled else
+                                f"a greedy one (a sampled eval goes in {SAMPLED_EVAL})"))
+        if want_sampled and data is not None and not data.get("tau"):
+            raise ValueError(f"{path}: holds no acceptance part ('tau'), expected eval_humaneval.py --temperature T "
+                             f"--skip-bpb --skip-speed")
     shipped = None
-    for path, data in ((eval_path, ev), (gpu_eval_path, gpu)):
+    for path, data in ((eval_path, ev), (gpu_eval_path, gpu), (sampled_eval_path, sampled)):
         settings = (data or {}).get("settings") or {}
         drafter = settings.get("drafter", "shipped")
         if drafter == "shipped":
@@ -823,7 +869,7 @@ def write_card(model_dir=DEFAULT_DIR, eval_path=None, gpu_eval_path=None, out=No
     if not os.path.exists(os.path.join(model_dir, FIGURE)):
         print(f"[card] warning: {os.path.join(model_dir, FIGURE)} does not exist yet (the card links it)",
               file=sys.stderr)
-    text = build_card(model_dir, ev, gpu)
+    text = build_card(model_dir, ev, gpu, sampled)
     out = out or os.path.join(model_dir, CARD)
     write_text_atomic(out, text)                         # the old card or the whole new one
     return out
@@ -834,12 +880,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval", default=None, help=f"eval_humaneval.py JSON (default MODEL_DIR/{EVAL} if present)")
     p.add_argument("--gpu-eval", default=None, help=f"eval_humaneval.py JSON from the GPU: fills 'GPU tokens/s' "
                    f"(default MODEL_DIR/{GPU_EVAL} if present)")
+    p.add_argument("--sampled-eval", default=None, help=f"eval_humaneval.py --temperature JSON: the sampled "
+                   f"acceptance (default MODEL_DIR/{SAMPLED_EVAL} if present)")
     p.add_argument("--out", default=None, help=f"output path (default MODEL_DIR/{CARD})")
 
 
 def run(a) -> int:
     """Entry point for parsed arguments (``add_arguments``); also the ``train card`` subcommand's."""
-    for flag, path in (("--eval", a.eval), ("--gpu-eval", a.gpu_eval)):
+    for flag, path in (("--eval", a.eval), ("--gpu-eval", a.gpu_eval), ("--sampled-eval", a.sampled_eval)):
         if path is not None and not os.path.isfile(path):
             print(f"card: error: {flag} {path}: no such file", file=sys.stderr)
             return 2
@@ -847,7 +895,7 @@ def run(a) -> int:
         print(f"card: error: --model-dir {a.model_dir}: no target_train_log.json", file=sys.stderr)
         return 2
     try:
-        path = write_card(a.model_dir, a.eval, a.gpu_eval, a.out)
+        path = write_card(a.model_dir, a.eval, a.gpu_eval, a.out, a.sampled_eval)
     except ValueError as e:
         print(f"card: error: {e}", file=sys.stderr)
         return 2

@@ -224,6 +224,41 @@ def test_card_refuses_an_eval_of_another_drafter(tmp_path, capsys):
     assert card.main(["--model-dir", d, "--eval", str(path), "--out", str(tmp_path / "CARD.md")]) == 0
 
 
+def _sampled(temperature=1.0):
+    ev = _eval()
+    for k in ("bpb", "speed"):
+        del ev[k]
+    ev["settings"]["temperature"] = temperature
+    ev["tau"].update(temperature=temperature, seed=5, max_new_tokens=16)
+    ev["tau"]["methods"]["chain"]["tau"] = 1.4375
+    return ev
+
+
+def test_card_sampled_acceptance_from_a_sampled_eval(tmp_path, capsys):
+    """A sampled eval (eval_humaneval.py --temperature) adds its own acceptance table and glance row, and changes
+    the limitation line; a greedy eval given as the sampled one (or the reverse) is refused, nothing written."""
+    d = _fake_dir(tmp_path)
+    text = card.build_card(d, _eval())
+    assert "Acceptance when sampling" not in text and "Greedy decoding only was evaluated" in text
+    text = card.build_card(d, _eval(), None, _sampled())
+    section = text.split("### Acceptance when sampling (T = 1)")[1].split("\n## ")[0]
+    assert "**1.438**" in section and "seed 5 + i" in section and "**0 mismatches** in 4 runs" in section
+    assert "| acceptance (sampled, T = 1) | chain tau 1.44; DDTree tau 2.12 (budget 8)" in text
+    assert "Sampled decoding was evaluated for acceptance only (T = 1" in text
+    s_path, out = tmp_path / "sampled.json", tmp_path / "CARD.md"
+    s_path.write_text(json.dumps(_sampled()))
+    assert card.main(["--model-dir", d, "--sampled-eval", str(s_path), "--out", str(out)]) == 0
+    assert "Acceptance when sampling" in out.read_text()
+    os.remove(out)
+    s_path.write_text(json.dumps(_eval()))                       # a greedy eval in the sampled slot
+    assert card.main(["--model-dir", d, "--sampled-eval", str(s_path), "--out", str(out)]) == 2
+    assert "an eval at temperature 0, expected a sampled one" in capsys.readouterr().err
+    s_path.write_text(json.dumps(_sampled()))                    # and a sampled one in the greedy slot
+    assert card.main(["--model-dir", d, "--eval", str(s_path), "--out", str(out)]) == 2
+    assert f"expected a greedy one (a sampled eval goes in {card.SAMPLED_EVAL})" in capsys.readouterr().err
+    assert not out.exists()
+
+
 OLD_REGEN_ROW = ("| regeneration | 8 prompts of 4 tokens from the train split (+ 4 from the validation split, held out), "
                  "each continued GREEDILY by the target for 28 tokens (HF `generate`, do_sample=False, no EOS stop), "
                  "in batches of 12: 0.5 s, 100 new tokens/s. The drafter so learns the target's own greedy behaviour, "
@@ -256,7 +291,9 @@ def test_shipped_card_is_what_its_files_render():
     if not (os.path.exists(ev_path) and os.path.exists(card_path)):
         pytest.skip("the shipped eval JSON or card is missing")
     gpu = json.load(open(gpu_path)) if os.path.exists(gpu_path) else None     # the GPU eval is optional
-    assert card.build_card(d, json.load(open(ev_path)), gpu) == open(card_path, encoding="utf-8").read()
+    sampled_path = os.path.join(d, card.SAMPLED_EVAL)                          # and the sampled one
+    sampled = json.load(open(sampled_path)) if os.path.exists(sampled_path) else None
+    assert card.build_card(d, json.load(open(ev_path)), gpu, sampled) == open(card_path, encoding="utf-8").read()
 
 
 def test_card_says_when_prompts_end_at_docstrings(tmp_path):
