@@ -154,7 +154,7 @@ def _models(tdir, ddir, tcfg, dcfg, tlog, dlog) -> list:
                                        if f.endswith(".safetensors")])
     L = tcfg.get("num_hidden_layers")
     dense = tcfg.get("first_k_dense_replace", 0)
-    mtp = sum(1 for n in t_names if re.match(rf"model\.layers\.(\d+)\.", n) and
+    mtp = sum(1 for n in t_names if re.match(r"model\.layers\.(\d+)\.", n) and
               int(re.match(r"model\.layers\.(\d+)\.", n).group(1)) >= (L or 0))
     bias = [n for n in t_names if n.endswith("e_score_correction_bias")]
     bias_n = sum(t_names[n] for n in bias)
@@ -167,8 +167,8 @@ def _models(tdir, ddir, tcfg, dcfg, tlog, dlog) -> list:
     tl = (dcfg.get("dflash_config") or {}).get("target_layer_ids", [])
     bs = dcfg.get("block_size")
     lines = ["## Models", "",
-             f"Two models, both stored as bfloat16 safetensors. The drafter has no embedding or output head: it uses "
-             f"the target's `embed_tokens` and `lm_head`.", "",
+             "Two models, both stored as bfloat16 safetensors. The drafter has no embedding or output head: it uses "
+             "the target's `embed_tokens` and `lm_head`.", "",
              "### Target: `target/` (DeepseekV3ForCausalLM)", ""]
     lines += _table(["field", "value"], [
         ["architecture", f"`{(tcfg.get('architectures') or ['?'])[0]}` (HF `model_type: {tcfg.get('model_type')}`, "
@@ -486,7 +486,7 @@ def _training(tlog, dlog) -> list:
     if vrows:
         lines += ["Held-out drafter metrics (teacher-forced on fixed held-out blocks: top-1 accuracy per depth, and "
                   "the greedy-chain acceptance length 1 + sum_k prod_{j<=k} correct_j):", ""]
-        lines += _table(["step", "held-out text", "loss", f"acc depth 1", f"acc depth {bs - 1 if bs else '?'}",
+        lines += _table(["step", "held-out text", "loss", "acc depth 1", f"acc depth {bs - 1 if bs else '?'}",
                          "mean acc", "chain tau"], vrows)
     lines += [f"![training curves]({FIGURE})", "",
               f"`{FIGURE}`, drawn from `target_train_log.json` and `drafter_train_log.json`: the target's train "
