@@ -19,8 +19,8 @@ never runs while the worker processes of the acceptance part are alive):
    total rounds`` and ``forwards/token = total target forwards (prefill included) / total generated tokens``;
    the per-prompt means of both are given too. Every chain / DDTree output is compared with the autoregressive
    output token by token; the number of mismatching runs is reported (must be 0). ``--temperature T`` samples
-   instead (prompt i with seed ``--seed`` + i, every method alike): the outputs must still be plain decoding's,
-   token for token (draws keyed by position: kernels/sampling.py); with --skip-bpb --skip-speed only.
+   instead, here and in the speed part (prompt i with seed ``--seed`` + i, every method alike): the outputs must
+   still be plain decoding's, token for token (draws keyed by position: kernels/sampling.py); with --skip-bpb.
 3. **tokens/s** (current backend, main process). Autoregressive, chain and DDTree at each ``--speed-budget`` (64;
    comma-separated for several) on the first ``--speed-subset`` (8) prompts (task ids named in the output). Per
    method one untimed warm-up generation per subset prompt (compiles; with ``replay=True`` captures the program of
@@ -143,8 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="DDTree node budgets (default 8,16,32,64,128,256)")
     p.add_argument("--max-new-tokens", type=_positive, default=128)
     p.add_argument("--temperature", type=_temperature, default=0.0,
-                   help="the acceptance part's sampling temperature (default 0: greedy); prompt i is sampled with seed "
-                        "--seed + i, and every chain / DDTree output must still equal plain decoding's")
+                   help="sample the acceptance and speed parts' generations at this temperature (default 0: greedy; "
+                        "with --skip-bpb); prompt i with seed --seed + i; every chain / DDTree output must still "
+                        "equal plain decoding's")
     p.add_argument("--seed", type=_nonneg, default=0, help="the first prompt's sampling seed (default 0)")
     p.add_argument("--speed-subset", type=_positive, default=8, help="tokens/s on the first K prompts (default 8)")
     p.add_argument("--speed-budget", type=_int_list, default=[64],
@@ -416,13 +417,14 @@ def _loadavg():
         return None
 
 
-def _timed_pass(kd, target, ids: list, max_new_tokens: int, kw: dict) -> tuple:
-    """One timed generation per prompt: (seconds, new tokens, seconds after prefill, tokens) lists."""
+def _timed_pass(kd, target, ids: list, max_new_tokens: int, kw: dict, sampling: list) -> tuple:
+    """One timed generation per prompt (``sampling[j]``: prompt j's temperature and seed): (seconds, new tokens,
+    seconds after prefill, tokens) lists."""
     secs, toks, post, texts = [], [], [], []
-    for x in ids:
+    for x, smp in zip(ids, sampling):
         kd.backend.synchronize()
         t = time.perf_counter()
-        g = kd.generate(target, x, max_new_tokens, **kw)
+        g = kd.generate(target, x, max_new_tokens, **kw, **smp)
         kd.backend.synchronize()
         secs.append(time.perf_counter() - t)
         toks.append(len(g.tokens))
@@ -450,7 +452,7 @@ def _speedup(v: dict, base: dict, interleaved: bool) -> tuple:
 SPEED_KEEP = 32        # replay programs a model object keeps during the speed part (decode/replay.py: KEEP = 4)
 
 
-def _speed_passes(kd, target, drafter, ids, max_new_tokens, methods: dict, repeats: int, warm) -> tuple:
+def _speed_passes(kd, target, drafter, ids, max_new_tokens, methods: dict, repeats: int, warm, sampling) -> tuple:
     """``({method: [pass, ...]}, interleaved)``: every method warmed up once, then ``repeats`` timed passes.
     Interleaved passes (pass r of every method, then pass r + 1) share the machine's drift between methods -
     unless a model object keeps fewer programs than the methods built, when a pass would capture again: then
@@ -465,19 +467,19 @@ def _speed_passes(kd, target, drafter, ids, max_new_tokens, methods: dict, repea
     if interleaved:
         for _ in range(repeats):
             for name, kw in methods.items():
-                passes[name].append(_timed_pass(kd, target, ids, max_new_tokens, kw))
+                passes[name].append(_timed_pass(kd, target, ids, max_new_tokens, kw, sampling))
     else:
         for name, kw in methods.items():
             warm(kw)             # its programs again: a later method's warm-up pushed them out
-            passes[name] = [_timed_pass(kd, target, ids, max_new_tokens, kw) for _ in range(repeats)]
+            passes[name] = [_timed_pass(kd, target, ids, max_new_tokens, kw, sampling) for _ in range(repeats)]
     return passes, interleaved
 
 
 def run_speed(kd, target, drafter, prompts: list, max_new_tokens: int, budgets: list, replay: bool = False,
-              repeats: int = 1, replay_only: bool = False) -> dict:
+              repeats: int = 1, replay_only: bool = False, temperature: float = 0.0, seed: int = 0) -> dict:
     """The speed part (module docstring, 3.): ``replay`` adds every method with replay=True, ``replay_only``
     times only those; the first method timed (autoregressive decoding) is the ``speedup_vs_autoregressive``
-    baseline."""
+    baseline. ``temperature`` > 0: prompt j sampled with seed ``seed`` + j, as in the acceptance part."""
     import numpy as np
 
     direct = {"autoregressive": dict(), "chain": dict(drafter=drafter, chain=True),
@@ -486,17 +488,19 @@ def run_speed(kd, target, drafter, prompts: list, max_new_tokens: int, budgets: 
     if replay or replay_only:    # the same methods with their step / round replayed from CUDA graphs (same tokens)
         methods.update({f"{name} (replay)": dict(kw, replay=True) for name, kw in direct.items()})
     ids = [np.asarray(target.tokenizer.encode(p["prompt"]), np.int32) for p in prompts]
+    sampling = [{"temperature": temperature, "seed": seed + j} for j in range(len(ids))]
     load_before = _loadavg()
 
     def warm(kw):                # untimed: compiles, and (replay) captures every cache capacity used, longest
-        for x in sorted(ids, key=len, reverse=True):         # first (bench_round.py says why)
-            kd.generate(target, x, max_new_tokens, **kw)
+        for j in sorted(range(len(ids)), key=lambda j: len(ids[j]), reverse=True):   # first (bench_round.py)
+            kd.generate(target, ids[j], max_new_tokens, **kw, **sampling[j])
 
     from kdtree_numba.decode import replay as programs
 
     keep, programs.KEEP = programs.KEEP, max(programs.KEEP, SPEED_KEEP)   # every method's programs, for this run
     try:
-        passes, interleaved = _speed_passes(kd, target, drafter, ids, max_new_tokens, methods, repeats, warm)
+        passes, interleaved = _speed_passes(kd, target, drafter, ids, max_new_tokens, methods, repeats, warm,
+                                            sampling)
     finally:
         programs.KEEP = keep
     out = {}
@@ -531,7 +535,7 @@ def run_speed(kd, target, drafter, prompts: list, max_new_tokens: int, budgets: 
                           f"tokens_per_second = total new tokens / total seconds{median}",
             "interleaved": interleaved,
             "task_ids": [p["task_id"] for p in prompts], "max_new_tokens": max_new_tokens, "budget": budgets[0],
-            "budgets": budgets, "repeats": repeats,
+            "budgets": budgets, "repeats": repeats, "temperature": temperature, "seed": seed,
             "backend": kd.backend.name, "device": device_name(kd), "cpu_count": os.cpu_count(),
             "load_average_1min": {"before": load_before, "after": _loadavg()}, "methods": out}
 
@@ -572,8 +576,10 @@ def markdown(res: dict) -> str:
     if s:
         ids = s["task_ids"]
         named = f"{ids[0]} .. {ids[-1]}" if len(ids) > 1 else ids[0]
+        sampled = (f" sampled at T = {s['temperature']:g} (seeds {s.get('seed', 0)} + prompt index)"
+                   if s.get("temperature", 0) > 0 else "")
         lines += [f"**Speed** ({s['backend']} backend, {s['device']}; {len(ids)} prompts {named} x "
-                  f"{s['max_new_tokens']} tokens, wall clock incl. prefill, after one warm-up per prompt"
+                  f"{s['max_new_tokens']} tokens{sampled}, wall clock incl. prefill, after one warm-up per prompt"
                   f"{_order(s)}):", "",
                   "| method | tokens/s | speedup vs AR | vs AR, same launches | vs chain, same launches | "
                   "passes (min .. max) |", "|---|---|---|---|---|---|"]
@@ -600,9 +606,9 @@ def main(argv=None) -> int:
         print(f"eval_humaneval.py: error: --out {a.out}: {problem}", file=sys.stderr)
         return 2
     workers = a.workers if a.workers is not None else (0 if kd.backend.process_name == "cuda" else 2)
-    if a.temperature > 0 and not (a.skip_speed and a.skip_bpb):   # --temperature is the acceptance part's only
-        print(f"eval_humaneval.py: error: --temperature {a.temperature}: sampling applies to the acceptance part "
-              f"only; add --skip-bpb --skip-speed", file=sys.stderr)
+    if a.temperature > 0 and not a.skip_bpb:          # bits per byte do not sample: a sampled eval skips them
+        print(f"eval_humaneval.py: error: --temperature {a.temperature}: bits per byte do not depend on it; add "
+              f"--skip-bpb (a sampled eval times and counts sampled generations only)", file=sys.stderr)
         return 2
     prompts = load_prompts(a.prompts_file, a.prompts)
     if not a.skip_speed and a.speed_subset > len(prompts):      # prompts[:K] would quietly time fewer
@@ -638,7 +644,7 @@ def main(argv=None) -> int:
                              a.temperature, a.seed)
     if not a.skip_speed:
         res["speed"] = run_speed(kd, target, drafter, prompts[:a.speed_subset], a.max_new_tokens, a.speed_budget,
-                                 a.replay, a.repeats, a.replay_only)
+                                 a.replay, a.repeats, a.replay_only, a.temperature, a.seed)
     res["seconds"] = time.perf_counter() - t_all
     res["markdown"] = markdown(res)
     if a.out:

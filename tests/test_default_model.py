@@ -164,14 +164,14 @@ def test_eval_refuses_a_speed_subset_beyond_the_prompts(monkeypatch, capsys):
 
 
 def test_eval_sampled_acceptance(pair, prompts, monkeypatch, capsys, tmp_path):
-    """--temperature T samples the acceptance part (prompt i with seed --seed + i) and still holds every chain /
-    DDTree output to plain decoding's, token for token; it refuses to go with the greedy parts (bits per byte,
-    tokens/s) and a negative or non-finite T - one line, exit 2."""
+    """--temperature T samples the acceptance and speed parts (prompt i with seed --seed + i) and still holds
+    every chain / DDTree output to plain decoding's, token for token; it refuses to go with bits per byte (which
+    do not sample) and a negative or non-finite T - one line, exit 2."""
     monkeypatch.syspath_prepend(os.path.join(os.path.dirname(MODEL_DIR), "..", "benchmarks"))
     import eval_humaneval as ev
 
     assert ev.main(["--prompts", "1", "--temperature", "0.8"]) == 2
-    assert "--temperature 0.8: sampling applies to the acceptance part only" in capsys.readouterr().err
+    assert "--temperature 0.8: bits per byte do not depend on it; add --skip-bpb" in capsys.readouterr().err
     for bad in ("-1", "nan", "hot"):
         with pytest.raises(SystemExit):
             ev.build_parser().parse_args(["--temperature", bad])
@@ -188,6 +188,10 @@ def test_eval_sampled_acceptance(pair, prompts, monkeypatch, capsys, tmp_path):
         plain = kd.generate(target, target.tokenizer.encode(prompts[0]["prompt"]), 12, temperature=1.2, seed=7).tokens
     assert res["tau"]["per_prompt"][0]["ar_tokens"] == plain                  # prompt 0 sampled with seed 7 + 0
     assert "tokens sampled at T = 1.2 (seeds 7 + prompt index)" in res["markdown"]
+    with kd.backend.use("numpy"):
+        speed = ev.run_speed(kd, target, pair[1], prompts[:1], 12, [8], repeats=1, temperature=1.2, seed=7)
+    assert speed["temperature"] == 1.2 and speed["seed"] == 7
+    assert all(v["mismatches_vs_autoregressive"] == 0 for v in speed["methods"].values())
 
 
 def test_eval_speed_replay_only(pair, prompts, monkeypatch):
