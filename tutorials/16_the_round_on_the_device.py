@@ -251,7 +251,7 @@ check_true("the old program is no longer valid, the new one is", (not p.valid())
 #
 # `_RoundProgram` (decode/ddtree_replay.py) splits the round of tutorial 11 into six stages and an advance; each reads
 # the state `start [1]` (committed length = the root's cache row), `root [1]` (the last bonus token) and
-# `round [1]` (from 1: the row of the trace records) on the device; the accept stage's draws are keyed by
+# `round [1]` (from 1; the trace records go to row round - 1) on the device; the accept stage's draws are keyed by
 # `start` (+ each node's depth), as plain decoding's by `pos`:
 #
 #     draft    logits = drafter.draft_at(root, start)                               [L, V]

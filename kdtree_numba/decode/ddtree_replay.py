@@ -7,7 +7,7 @@ The round's inputs live in three device int32 [1] arrays (the *state*), never in
     root   the root token (the last bonus token); the verify ids' first slot, the tree's tokens after it (the
            build writes them there): the verify's ids are copied from nowhere; the round end writes it into the
            drafter's block slot as well (``root_slot``), so the draft copies nothing either
-    round  the round number, from 1 (the row of the trace records the round end writes)
+    round  the round number, from 1 (the round end writes its trace records at row round - 1)
 
     draft    logits = drafter.draft_at(root, start)                               [L, V]  (DFlash: device-side)
     topk     lp, ids = top-K of log_softmax(logits)                                [L, K]
