@@ -29,6 +29,7 @@ CARD = "MODEL_CARD.md"
 EVAL = "eval_humaneval.json"
 GPU_EVAL = "eval_humaneval_gpu.json"       # the same script on the GPU: the GPU tokens/s
 SAMPLED_EVAL = "eval_humaneval_sampled.json"   # the acceptance part at T > 0 (``--temperature``)
+SAMPLED_GPU_EVAL = "eval_humaneval_gpu_sampled.json"   # the speed part at T > 0, on the GPU
 FIGURE = "training_curves.png"
 HASH_HEADING = "## Files and sha256"
 GPU_HEADING = "### GPU tokens/s"
@@ -535,12 +536,29 @@ def _sampled_acceptance(sampled) -> list:
                "drafts match than in the greedy table above.", ""])
 
 
-def _evaluation(ev, gpu, val_loss=None, corpus_bpt=None, sampled=None) -> list:
+def _sampled_speed(sampled_gpu) -> list:
+    """The GPU tokens/s of a sampled eval (``SAMPLED_GPU_EVAL``: eval_humaneval.py --temperature), or nothing."""
+    sp = (sampled_gpu or {}).get("speed")
+    if not sp:
+        return []
+    bad = sum(v.get("mismatches_vs_autoregressive", 0) for v in sp["methods"].values())
+    return ([f"Sampled at T = {sp['temperature']:g} (`{SAMPLED_GPU_EVAL}`: `{sampled_gpu.get('command')}`, "
+             f"{sampled_gpu.get('date')}, {sp['device']}): prompts {_subset(sp)}, {sp['max_new_tokens']} tokens "
+             f"each, prompt i with seed {sp.get('seed', 0)} + i; {sp['definition']}. Outputs differing from plain "
+             f"sampling's: {bad}.", ""]
+            + _speed_table(sp)
+            + ["At this temperature the drafter, trained on the target's greedy text, accepts so little (see the "
+               "sampled acceptance above) that a round no longer pays for itself against plain decoding steps."
+               if any(v["speedup_vs_autoregressive"] < 1 for k, v in sp["methods"].items()
+                      if not k.startswith("autoregressive")) else "", ""])
+
+
+def _evaluation(ev, gpu, val_loss=None, corpus_bpt=None, sampled=None, sampled_gpu=None) -> list:
     lines = ["## Evaluation (held-out HumanEval prompts)", ""]
     if not ev:
         return lines + ["_Not yet measured: run `KDTREE_BACKEND=numpy python benchmarks/eval_humaneval.py --out "
                         f"kdtree_numba/default_model/{EVAL}` and regenerate this card._", ""] \
-            + _sampled_acceptance(sampled) + [GPU_HEADING, "", "_Not yet measured._", ""]
+            + _sampled_acceptance(sampled) + [GPU_HEADING, "", "_Not yet measured._", ""] + _sampled_speed(sampled_gpu)
     st = ev.get("settings") or {}
     lines += [f"`{EVAL}` (written by `benchmarks/eval_humaneval.py`, every number measured): {ev.get('prompts')} "
               f"prompts ({' .. '.join(ev.get('task_ids') or [])}), greedy, {st.get('max_new_tokens')} new tokens, no "
@@ -618,7 +636,7 @@ def _evaluation(ev, gpu, val_loss=None, corpus_bpt=None, sampled=None) -> list:
                   "--skip-tau --skip-bpb --speed-subset 164 --replay-only --repeats 3 --speed-budget 32,64 "
                   f"--out {GPU_EVAL}`; copy it into the model directory and run `python -m kdtree_numba.train.card` "
                   "again._", ""]
-    return lines
+    return lines + _sampled_speed(sampled_gpu)
 
 
 def _overfit(dlog) -> str:
@@ -688,7 +706,7 @@ def _samples(stats, model_dir) -> list:
             stats["sample"].rstrip("\n"), "```", ""]
 
 
-def _limitations(ev, dlog=None, stats=None, sampled=None) -> list:
+def _limitations(ev, dlog=None, stats=None, sampled=None, sampled_gpu=None) -> list:
     t = (ev or {}).get("tau")
     tau = ""
     if t:
@@ -708,8 +726,10 @@ def _limitations(ev, dlog=None, stats=None, sampled=None) -> list:
             *([_overfit(dlog)] if dlog and _overfit(dlog) else []),
             "- Trained on 15 libraries' Python source only: prose, other languages and HumanEval-style docstrings "
             "are out of domain. The context was 512 tokens in training (2048 positions are allowed).",
-            ("- Sampled decoding was evaluated for acceptance only (T = "
-             f"{sampled['tau']['temperature']:g}, Evaluation); its tokens/s were not measured."
+            ("- Sampled decoding was evaluated at T = "
+             f"{sampled['tau']['temperature']:g} (Evaluation): acceptance"
+             + (" and GPU tokens/s; at that temperature speculation with this drafter is slower than plain decoding."
+                if (sampled_gpu or {}).get("speed") else " only; its tokens/s were not measured.")
              if (sampled or {}).get("tau") else
              "- Greedy decoding only was evaluated; sampled DDTree emits plain sampling's tokens exactly (the same "
              "seed: draws keyed by position) but was not measured here."),
@@ -766,9 +786,10 @@ def _hashes(model_dir) -> list:
 
 # ------------------------------------------------------------------------------------------------ card
 def build_card(model_dir=DEFAULT_DIR, eval_data: dict | None = None, gpu_eval: dict | None = None,
-               sampled_eval: dict | None = None) -> str:
-    """The card's markdown text (reads ``model_dir``; ``eval_data`` / ``gpu_eval`` / ``sampled_eval``:
-    eval_humaneval.py JSON - greedy on the CPU, speed on the GPU, acceptance at T > 0)."""
+               sampled_eval: dict | None = None, sampled_gpu_eval: dict | None = None) -> str:
+    """The card's markdown text (reads ``model_dir``; ``eval_data`` / ``gpu_eval`` / ``sampled_eval`` /
+    ``sampled_gpu_eval``: eval_humaneval.py JSON - greedy on the CPU, speed on the GPU, acceptance and GPU speed
+    at T > 0)."""
     tdir, ddir = os.path.join(model_dir, "target"), os.path.join(model_dir, "drafter")
     tcfg, dcfg = _load(os.path.join(tdir, "config.json")), _load(os.path.join(ddir, "config.json"))
     tlog = _load(os.path.join(model_dir, "target_train_log.json"))
@@ -824,16 +845,18 @@ def build_card(model_dir=DEFAULT_DIR, eval_data: dict | None = None, gpu_eval: d
     lines += _training(tlog, dlog)
     corpus_bpt = (manifest["bytes"] / manifest["tokens"]) if manifest.get("tokens") and manifest.get("bytes") else None
     stats = continuation_stats(ev, model_dir)
-    lines += _evaluation(ev, gpu_eval, (tlog.get("val") or [{}])[-1].get("loss"), corpus_bpt, sampled_eval)
+    lines += _evaluation(ev, gpu_eval, (tlog.get("val") or [{}])[-1].get("loss"), corpus_bpt, sampled_eval,
+                         sampled_gpu_eval)
     lines += _samples(stats, model_dir)
-    lines += _limitations(ev, dlog, stats, sampled_eval)
+    lines += _limitations(ev, dlog, stats, sampled_eval, sampled_gpu_eval)
     lines += _license()
     lines += _reproduce(tlog, dlog)
     lines += _hashes(model_dir)
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
-def write_card(model_dir=DEFAULT_DIR, eval_path=None, gpu_eval_path=None, out=None, sampled_eval_path=None) -> str:
+def write_card(model_dir=DEFAULT_DIR, eval_path=None, gpu_eval_path=None, out=None, sampled_eval_path=None,
+               sampled_gpu_eval_path=None) -> str:
     """Write the card (default ``model_dir/MODEL_CARD.md``) and return its path."""
     if eval_path is None and os.path.exists(os.path.join(model_dir, EVAL)):
         eval_path = os.path.join(model_dir, EVAL)
@@ -843,18 +866,25 @@ def write_card(model_dir=DEFAULT_DIR, eval_path=None, gpu_eval_path=None, out=No
         sampled_eval_path = os.path.join(model_dir, SAMPLED_EVAL)
     ev = _load(eval_path) if eval_path else None
     gpu = _load(gpu_eval_path) if gpu_eval_path else None
+    if sampled_gpu_eval_path is None and os.path.exists(os.path.join(model_dir, SAMPLED_GPU_EVAL)):
+        sampled_gpu_eval_path = os.path.join(model_dir, SAMPLED_GPU_EVAL)
     sampled = _load(sampled_eval_path) if sampled_eval_path else None
-    for path, data, want_sampled in ((eval_path, ev, False), (sampled_eval_path, sampled, True)):
+    sampled_gpu = _load(sampled_gpu_eval_path) if sampled_gpu_eval_path else None
+    for path, data, want_sampled, part in ((eval_path, ev, False, None), (gpu_eval_path, gpu, False, None),
+                                           (sampled_eval_path, sampled, True, "tau"),
+                                           (sampled_gpu_eval_path, sampled_gpu, True, "speed")):
         temperature = ((data or {}).get("settings") or {}).get("temperature", 0.0) or 0.0
         if data is not None and (temperature > 0) != want_sampled:
             raise ValueError(f"{path}: an eval at temperature {temperature:g}, expected "
                              + ("a sampled one (eval_humaneval.py --temperature T > 0)" if want_sampled else
-                                f"a greedy one (a sampled eval goes in {SAMPLED_EVAL})"))
-        if want_sampled and data is not None and not data.get("tau"):
-            raise ValueError(f"{path}: holds no acceptance part ('tau'), expected eval_humaneval.py --temperature T "
-                             f"--skip-bpb --skip-speed")
+                                f"a greedy one (sampled evals go in {SAMPLED_EVAL} / {SAMPLED_GPU_EVAL})"))
+        if part and data is not None and not data.get(part):
+            raise ValueError(f"{path}: holds no {'acceptance' if part == 'tau' else 'speed'} part ('{part}'), "
+                             f"expected eval_humaneval.py --temperature T --skip-bpb "
+                             + ("--skip-speed" if part == "tau" else "--skip-tau"))
     shipped = None
-    for path, data in ((eval_path, ev), (gpu_eval_path, gpu), (sampled_eval_path, sampled)):
+    for path, data in ((eval_path, ev), (gpu_eval_path, gpu), (sampled_eval_path, sampled),
+                       (sampled_gpu_eval_path, sampled_gpu)):
         settings = (data or {}).get("settings") or {}
         drafter = settings.get("drafter", "shipped")
         if drafter == "shipped":
@@ -869,7 +899,7 @@ def write_card(model_dir=DEFAULT_DIR, eval_path=None, gpu_eval_path=None, out=No
     if not os.path.exists(os.path.join(model_dir, FIGURE)):
         print(f"[card] warning: {os.path.join(model_dir, FIGURE)} does not exist yet (the card links it)",
               file=sys.stderr)
-    text = build_card(model_dir, ev, gpu, sampled)
+    text = build_card(model_dir, ev, gpu, sampled, sampled_gpu)
     out = out or os.path.join(model_dir, CARD)
     write_text_atomic(out, text)                         # the old card or the whole new one
     return out
@@ -882,12 +912,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    f"(default MODEL_DIR/{GPU_EVAL} if present)")
     p.add_argument("--sampled-eval", default=None, help=f"eval_humaneval.py --temperature JSON: the sampled "
                    f"acceptance (default MODEL_DIR/{SAMPLED_EVAL} if present)")
+    p.add_argument("--sampled-gpu-eval", default=None, help=f"eval_humaneval.py --temperature JSON from the GPU: "
+                   f"the sampled tokens/s (default MODEL_DIR/{SAMPLED_GPU_EVAL} if present)")
     p.add_argument("--out", default=None, help=f"output path (default MODEL_DIR/{CARD})")
 
 
 def run(a) -> int:
     """Entry point for parsed arguments (``add_arguments``); also the ``train card`` subcommand's."""
-    for flag, path in (("--eval", a.eval), ("--gpu-eval", a.gpu_eval), ("--sampled-eval", a.sampled_eval)):
+    for flag, path in (("--eval", a.eval), ("--gpu-eval", a.gpu_eval), ("--sampled-eval", a.sampled_eval),
+                       ("--sampled-gpu-eval", a.sampled_gpu_eval)):
         if path is not None and not os.path.isfile(path):
             print(f"card: error: {flag} {path}: no such file", file=sys.stderr)
             return 2
@@ -895,7 +928,7 @@ def run(a) -> int:
         print(f"card: error: --model-dir {a.model_dir}: no target_train_log.json", file=sys.stderr)
         return 2
     try:
-        path = write_card(a.model_dir, a.eval, a.gpu_eval, a.out, a.sampled_eval)
+        path = write_card(a.model_dir, a.eval, a.gpu_eval, a.out, a.sampled_eval, a.sampled_gpu_eval)
     except ValueError as e:
         print(f"card: error: {e}", file=sys.stderr)
         return 2

@@ -244,7 +244,7 @@ def test_card_sampled_acceptance_from_a_sampled_eval(tmp_path, capsys):
     section = text.split("### Acceptance when sampling (T = 1)")[1].split("\n## ")[0]
     assert "**1.438**" in section and "seed 5 + i" in section and "**0 mismatches** in 4 runs" in section
     assert "| acceptance (sampled, T = 1) | chain tau 1.44; DDTree tau 2.12 (budget 8)" in text
-    assert "Sampled decoding was evaluated for acceptance only (T = 1" in text
+    assert "Sampled decoding was evaluated at T = 1 (Evaluation): acceptance only" in text
     s_path, out = tmp_path / "sampled.json", tmp_path / "CARD.md"
     s_path.write_text(json.dumps(_sampled()))
     assert card.main(["--model-dir", d, "--sampled-eval", str(s_path), "--out", str(out)]) == 0
@@ -255,7 +255,30 @@ def test_card_sampled_acceptance_from_a_sampled_eval(tmp_path, capsys):
     assert "an eval at temperature 0, expected a sampled one" in capsys.readouterr().err
     s_path.write_text(json.dumps(_sampled()))                    # and a sampled one in the greedy slot
     assert card.main(["--model-dir", d, "--eval", str(s_path), "--out", str(out)]) == 2
-    assert f"expected a greedy one (a sampled eval goes in {card.SAMPLED_EVAL})" in capsys.readouterr().err
+    assert f"expected a greedy one (sampled evals go in {card.SAMPLED_EVAL} / {card.SAMPLED_GPU_EVAL})" in \
+        capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_card_sampled_gpu_speed(tmp_path, capsys):
+    """A sampled GPU eval (eval_humaneval.py --temperature .. --skip-tau) adds its tokens/s under the GPU heading
+    and, where speculation loses to plain decoding, says so; one without a speed part is refused."""
+    d = _fake_dir(tmp_path)
+    gpu = _eval(backend="cuda", device="NVIDIA H200", tps=(500.0, 300.0, 400.0))
+    del gpu["tau"], gpu["bpb"]
+    gpu["settings"]["temperature"] = 1.0
+    gpu["speed"].update(temperature=1.0, seed=0)
+    text = card.build_card(d, _eval(), None, _sampled(), gpu)
+    section = text.split(card.GPU_HEADING)[1].split("\n## ")[0]
+    assert "Sampled at T = 1 (`eval_humaneval_gpu_sampled.json`" in section and "| 0.80x |" in section
+    assert "no longer pays for itself" in section
+    assert "acceptance and GPU tokens/s; at that temperature speculation with this drafter is slower" in text
+    path, out = tmp_path / "gpu_sampled.json", tmp_path / "CARD.md"
+    del gpu["speed"]
+    path.write_text(json.dumps(gpu))
+    assert card.main(["--model-dir", d, "--sampled-gpu-eval", str(path), "--out", str(out)]) == 2
+    assert "holds no speed part ('speed'), expected eval_humaneval.py --temperature T --skip-bpb --skip-tau" in \
+        capsys.readouterr().err
     assert not out.exists()
 
 
@@ -291,9 +314,9 @@ def test_shipped_card_is_what_its_files_render():
     if not (os.path.exists(ev_path) and os.path.exists(card_path)):
         pytest.skip("the shipped eval JSON or card is missing")
     gpu = json.load(open(gpu_path)) if os.path.exists(gpu_path) else None     # the GPU eval is optional
-    sampled_path = os.path.join(d, card.SAMPLED_EVAL)                          # and the sampled one
-    sampled = json.load(open(sampled_path)) if os.path.exists(sampled_path) else None
-    assert card.build_card(d, json.load(open(ev_path)), gpu, sampled) == open(card_path, encoding="utf-8").read()
+    sampled = [json.load(open(p)) if os.path.exists(p) else None                  # and the sampled ones
+               for p in (os.path.join(d, card.SAMPLED_EVAL), os.path.join(d, card.SAMPLED_GPU_EVAL))]
+    assert card.build_card(d, json.load(open(ev_path)), gpu, *sampled) == open(card_path, encoding="utf-8").read()
 
 
 def test_card_says_when_prompts_end_at_docstrings(tmp_path):
