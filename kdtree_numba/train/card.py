@@ -547,8 +547,8 @@ def _sampled_speed(sampled_gpu) -> list:
              f"each, prompt i with seed {sp.get('seed', 0)} + i; {sp['definition']}. Outputs differing from plain "
              f"sampling's: {bad}.", ""]
             + _speed_table(sp)
-            + ["At this temperature the drafter, trained on the target's greedy text, accepts so little (see the "
-               "sampled acceptance above) that a round no longer pays for itself against plain decoding steps."
+            + ["At this temperature the drafter, trained on the target's greedy text, gets so few drafts accepted "
+               "that a round no longer pays for itself against plain decoding steps."
                if any(v["speedup_vs_autoregressive"] < 1 for k, v in sp["methods"].items()
                       if not k.startswith("autoregressive")) else "", ""])
 
