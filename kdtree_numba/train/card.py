@@ -515,23 +515,40 @@ def _subset(sp) -> str:
     return ", ".join(ids) if len(ids) <= 10 else f"{ids[0]} .. {ids[-1]}"
 
 
+ACCEPTANCE_COLUMNS = ["method", "tau (total tokens / total rounds)", "tau (mean over prompts)",
+                      "target forwards / token", "rounds"]
+
+
+def _acceptance_rows(t) -> list:
+    """An eval's acceptance part (``tau``) as table rows: the chain, then DDTree at each budget, with their
+    mismatches (the last column: against plain decoding, greedy or sampled)."""
+    rows = []
+    for name in ["chain"] + [f"ddtree@{x}" for x in t["budgets"]]:
+        m = t["methods"][name]
+        label = "DFlash chain (depth 15)" if name == "chain" else f"DDTree, budget {name.split('@')[1]}"
+        rows.append([label, f"**{m['tau']:.3f}**", f"{m['tau_prompt_mean']:.3f}", _f(m["forwards_per_token"]),
+                     _int(m["rounds"]), m["mismatches"]])
+    return rows
+
+
+def _tau_summary(t) -> str:
+    """The glance table's acceptance cell, e.g. chain tau 4.44; DDTree tau 5.79 (budget 32), 6.14 (budget 64)."""
+    return (f"chain tau {t['methods']['chain']['tau']:.2f}; DDTree tau "
+            + ", ".join(f"{t['methods'][f'ddtree@{x}']['tau']:.2f} (budget {x})" for x in t["budgets"]))
+
+
 def _sampled_acceptance(sampled) -> list:
     """The acceptance table of a sampled eval (``SAMPLED_EVAL``: eval_humaneval.py --temperature), or nothing."""
     t = (sampled or {}).get("tau")
     if not t:
         return []
-    rows = [[("DFlash chain (depth 15)" if name == "chain" else f"DDTree, budget {name.split('@')[1]}"),
-             f"**{m['tau']:.3f}**", f"{m['tau_prompt_mean']:.3f}", _f(m["forwards_per_token"]), _int(m["rounds"]),
-             m["mismatches"]]
-            for name, m in ((n, t["methods"][n]) for n in ["chain"] + [f"ddtree@{x}" for x in t["budgets"]])]
     return ([f"### Acceptance when sampling (T = {t['temperature']:g})", "",
              f"`{SAMPLED_EVAL}` (`{sampled.get('command', '')}`, {sampled.get('date')}): the same {t['prompts']} "
              f"prompts, {t['max_new_tokens']} tokens sampled at temperature {t['temperature']:g}, prompt i with seed "
              f"{t.get('seed', 0)} + i. Every draw is keyed by the position it follows, so each chain and DDTree output "
              f"must equal plain sampling's with the same seed, token for token: **{t['mismatches_total']} "
              f"mismatches** in {t['prompts'] * (len(t['budgets']) + 1)} runs.", ""]
-            + _table(["method", "tau (total tokens / total rounds)", "tau (mean over prompts)",
-                      "target forwards / token", "rounds", "mismatches vs plain sampling"], rows)
+            + _table(ACCEPTANCE_COLUMNS + ["mismatches vs plain sampling"], _acceptance_rows(t))
             + ["Sampled text is harder to predict than the greedy text the drafter was trained on, so fewer "
                "drafts match than in the greedy table above.", ""])
 
@@ -588,13 +605,7 @@ def _evaluation(ev, gpu, val_loss=None, corpus_bpt=None, sampled=None, sampled_g
                   f"compared with the autoregressive output token by token: **{t['mismatches_total']} mismatches** "
                   f"in {t['prompts'] * (len(t['budgets']) + 1)} runs.", ""]
         rows = [["autoregressive", "1", "1", _f(t["methods"]["autoregressive"]["forwards_per_token"]), "-", "-"]]
-        for name in ["chain"] + [f"ddtree@{x}" for x in t["budgets"]]:
-            m = t["methods"][name]
-            label = "DFlash chain (depth 15)" if name == "chain" else f"DDTree, budget {name.split('@')[1]}"
-            rows.append([label, f"**{m['tau']:.3f}**", f"{m['tau_prompt_mean']:.3f}", _f(m["forwards_per_token"]),
-                         _int(m["rounds"]), m["mismatches"]])
-        lines += _table(["method", "tau (total tokens / total rounds)", "tau (mean over prompts)",
-                         "target forwards / token", "rounds", "mismatches vs AR"], rows)
+        lines += _table(ACCEPTANCE_COLUMNS + ["mismatches vs AR"], rows + _acceptance_rows(t))
         lines += ["The mean over prompts is higher than the aggregate because prompts the drafter predicts well "
                   "finish in fewer rounds and so weigh less in the total. How much wall-clock time fewer target "
                   "forwards save depends on what a tree verify costs relative to a one-token step on the hardware "
@@ -818,14 +829,11 @@ def build_card(model_dir=DEFAULT_DIR, eval_data: dict | None = None, gpu_eval: d
     if b:
         glance.append(["held-out HumanEval", f"{b['bits_per_byte']:.4f} bits/byte ({b['prompts']} prompts)"])
     if t:
-        glance.append(["acceptance (greedy)", f"chain tau {t['methods']['chain']['tau']:.2f}; DDTree tau "
-                       + ", ".join(f"{t['methods'][f'ddtree@{x}']['tau']:.2f} (budget {x})" for x in t["budgets"])])
+        glance.append(["acceptance (greedy)", _tau_summary(t)])
     st = (sampled_eval or {}).get("tau")
     if st:
-        glance.append([f"acceptance (sampled, T = {st['temperature']:g})", f"chain tau "
-                       f"{st['methods']['chain']['tau']:.2f}; DDTree tau "
-                       + ", ".join(f"{st['methods'][f'ddtree@{x}']['tau']:.2f} (budget {x})" for x in st["budgets"])
-                       + "; outputs equal plain sampling's"])
+        glance.append([f"acceptance (sampled, T = {st['temperature']:g})",
+                       _tau_summary(st) + "; outputs equal plain sampling's"])
     lines = ["# kdtree-numba default model: a small DeepSeek-V3 code model and its DFlash drafter", "",
              "_Generated by `python -m kdtree_numba.train.card` from the files in this directory; do not edit by "
              "hand._", "",
