@@ -308,7 +308,7 @@ def choose_tokens(logits, temperature: float = 0.0, seed: int = 0, stream: int =
                                      _checks.host_int(stream), row_streams)
         return out
     if not keyed:
-        row_streams = _checks.device_int(0, "row_streams")[1]             # unread: a [1] zero of the backend
+        row_streams = backend.placeholder((1,), np.int32)                  # unread (keyed False): a cached stand-in
     M, V = x.shape
     if M == 0:
         return out
