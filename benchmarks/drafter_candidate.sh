@@ -14,6 +14,9 @@
 # times one budget, SKIP_SPEED=1 leaves the timing out): tau_candidate.json records the weights' sha256, so once
 # the candidate is shipped it serves the model card as its GPU eval (`python -m kdtree_numba.train card --gpu-eval
 # tau_candidate.json`, or copied to eval_humaneval_gpu.json).
+# SAMPLED_T=T adds sampled acceptance at temperature T (prompt i with seed i, budgets 32 and 64, not timed):
+# tau_candidate_sampled.json, and tau_shipped_sampled.json unless SKIP_SHIPPED=1 (a drafter trained with
+# --regen-sampled against the shipped one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -23,9 +26,14 @@ W=$(mktemp -d)
 trap 'tar -cf "$OUT/candidate.tar" -C "$W" .' EXIT                  # whatever exists, even after a failure
 python3 -m kdtree_numba.train drafter --data "$CORPUS" --target kdtree_numba/default_model/target \
     --out "$W/drafter" "$@" 2>&1 | tee "$W/train.log"
-tau() { python3 benchmarks/eval_humaneval.py --skip-bpb --replay-tau --budgets 64 \
+tau() { python3 benchmarks/eval_humaneval.py --skip-bpb --replay-tau --budgets 32,64 \
         ${PROMPTS:+--prompts "$PROMPTS"} --out "$W/$1.json" "${@:2}" 2>&1 | tee "$W/$1.log" | tail -n 24; }
 speed=(--replay-only --speed-subset ${PROMPTS:-164} --repeats 3 --speed-budget ${SPEED_BUDGETS:-32,64})
 [ "${SKIP_SPEED:-0}" = 1 ] && speed=(--skip-speed)
 tau tau_candidate --drafter "$W/drafter" "${speed[@]}"
 [ "${SKIP_SHIPPED:-0}" = 1 ] || tau tau_shipped --skip-speed
+if [ -n "${SAMPLED_T:-}" ]; then
+    sampled=(--temperature "$SAMPLED_T" --budgets 32,64 --skip-speed)
+    tau tau_candidate_sampled --drafter "$W/drafter" "${sampled[@]}"
+    [ "${SKIP_SHIPPED:-0}" = 1 ] || tau tau_shipped_sampled "${sampled[@]}"
+fi

@@ -31,7 +31,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 TARGET = dict(steps=4000, batch=32, seq=512, lr=2e-3, seed=0, val_every=500)
 DRAFTER = dict(seq=512, seed=0, steps=3000, batch=32, anchors=64, block=16, layers=2, target_layers="1,2,3", lr=6e-4,
                regen=2048, regen_prompt=64, regen_batch=1024, regen_max_seconds=90.0, regen_docstring=0.0,
-               regen_mix=0.5, regen_anchors="all", val_every=1000)
+               regen_mix=0.5, regen_anchors="all", regen_sampled=0.0, val_every=1000)
 TARGET_LAYERS = 5        # DEFAULT_TARGET_CONFIG["num_hidden_layers"]
 
 
@@ -125,6 +125,10 @@ def _drafter_flags(p, prefix=""):
                    help="where a regenerated sequence's blocks may start: all positions, its prompt included "
                         "(default), or the generated part only (every label the target's own greedy text, as at "
                         "decode time)")
+    p.add_argument("--regen-sampled", type=_fraction, default=DRAFTER["regen_sampled"], metavar="F",
+                   help="fraction of the regeneration prompts (train and held-out alike) continued by sampling from "
+                        "the target (temperature 1) instead of greedily: text like decoding at T > 0 writes "
+                        "(default 0: all greedy)")
 
 
 def build_parser() -> OneLineParser:
@@ -189,7 +193,7 @@ def _drafter_kw(a, prefix="") -> dict:
                 regen_prompt=a.regen_prompt, regen_batch=a.regen_batch, regen_max_seconds=a.regen_max_seconds,
                 regen_docstring=a.regen_docstring,
                 regen_mix=DRAFTER["regen_mix"] if a.regen_mix is None else a.regen_mix,
-                regen_anchors=a.regen_anchors or DRAFTER["regen_anchors"],
+                regen_anchors=a.regen_anchors or DRAFTER["regen_anchors"], regen_sampled=a.regen_sampled,
                 init=getattr(a, "init", None), **_common_kw(a))
 
 
@@ -204,6 +208,8 @@ def _check_drafter(ap, a):
         ap.error(f"--regen-mix {a.regen_mix:g}: there is no regenerated text to mix in (--regen 0)")
     if a.regen_anchors is not None and not a.regen:
         ap.error(f"--regen-anchors {a.regen_anchors}: there is no regenerated text (--regen 0)")
+    if a.regen_sampled and not a.regen:
+        ap.error(f"--regen-sampled {a.regen_sampled:g}: there is no regenerated text to sample (--regen 0)")
     if a.regen_mix is not None or a.regen_anchors is not None:
         from .drafter_train import check_regen_anchors, check_regen_mix
 

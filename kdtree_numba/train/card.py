@@ -269,7 +269,8 @@ def _tokenizer(tcfg, tok_sha, bpb) -> list:
 
 
 VAL_LABELS = {"corpus": "corpus windows", "regen": "target-regenerated",
-              "regen_docstring": "target-regenerated, docstring-ended prompts only"}
+              "regen_docstring": "target-regenerated, docstring-ended prompts only",
+              "regen_sampled": "target-regenerated, sampled rows only"}
 
 
 def _docstring_regen(da: dict, rg: dict) -> str:
@@ -286,6 +287,24 @@ def _docstring_regen(da: dict, rg: dict) -> str:
             f"sampled uniformly among the positions of their split where a `def` signature is followed directly "
             f"by its docstring{found}, each cut right after the docstring's closing quotes token and given one "
             f"bare newline token; the rest are random windows")
+
+
+def _regeneration(da: dict, rg: dict, n_val_regen) -> str:
+    """The regeneration row: how the training text was continued - greedily, or with ``--regen-sampled F`` that
+    share of the prompts sampled from the target at temperature 1."""
+    frac = da.get("regen_sampled") or 0
+    how = (f"GREEDILY by the target for {rg.get('new_tokens')} tokens (HF `generate`, do_sample=False, no EOS stop)"
+           if not frac else
+           f"by the target for {rg.get('new_tokens')} tokens (HF `generate`, no EOS stop): `--regen-sampled "
+           f"{frac:g}`, so {_int(rg.get('sampled_sequences'))} of the sequences (train and held-out alike) SAMPLED "
+           f"from its distribution at temperature 1 (no top-k / top-p), the rest greedily")
+    learns = ("greedy behaviour, the text it must predict at decode time" if not frac else
+              "behaviour at temperature 0 and 1, the text it must predict when decoding greedily or sampling")
+    return (f"{_int(rg.get('train_sequences'))} prompts of {rg.get('prompt_tokens')} tokens from the train split "
+            f"(+ {n_val_regen} from the validation split, held out), each continued {how}, in batches of "
+            f"{rg.get('batch')}: {_f(rg.get('seconds'), 1)} s, {_f(rg.get('new_tokens_per_s'), 0)} new tokens/s"
+            f"{' (capped)' if rg.get('capped') else ''}. The drafter so learns the target's own {learns}"
+            f"{_docstring_regen(da, rg)}")
 
 
 def regen_rows(da: dict) -> int:
@@ -452,13 +471,7 @@ def _training(tlog, dlog) -> list:
     n_blocks = (da.get("steps") or 0) * (da.get("batch") or 0) * (da.get("anchors") or 0)
     lines += _table(["setting", "value"], [
         ["training text", _training_text(da, rg)],
-        ["regeneration", f"{_int(rg.get('train_sequences'))} prompts of {rg.get('prompt_tokens')} tokens from the "
-                         f"train split (+ {n_val_regen} from the validation split, held out), each continued "
-                         f"GREEDILY by the target for {rg.get('new_tokens')} tokens (HF `generate`, do_sample=False, "
-                         f"no EOS stop), in batches of {rg.get('batch')}: {_f(rg.get('seconds'), 1)} s, "
-                         f"{_f(rg.get('new_tokens_per_s'), 0)} new tokens/s"
-                         f"{' (capped)' if rg.get('capped') else ''}. The drafter so learns the target's own "
-                         f"greedy behaviour, the text it must predict at decode time{_docstring_regen(da, rg)}"],
+        ["regeneration", _regeneration(da, rg, n_val_regen)],
         ["features", f"frozen target (no grad), residual stream after layers {da.get('target_layers')} "
                      f"concatenated per position"],
         ["anchors", f"{da.get('anchors')} per sequence, distinct, uniform in [1, S - {bs}]; block a = "
@@ -478,7 +491,7 @@ def _training(tlog, dlog) -> list:
     ])
     vrows = []
     for v in dlog.get("val") or []:
-        for split in ("corpus", "regen", "regen_docstring"):
+        for split in VAL_LABELS:
             r = v.get(split)
             if r:
                 vrows.append([v["step"], VAL_LABELS[split],

@@ -10,6 +10,13 @@ text from the target's hidden features, SpecForge's "anchored block" recipe:
               do_sample=False, use_cache=True, eos_token_id=None, min_new_tokens = max_new_tokens, in equal
               batches of at most ``--regen-batch`` = 1024), so the drafter learns the target's own greedy
               behaviour (what DFlash does).
+              ``--regen-sampled F`` (default 0) continues round(F N) of the train prompts and round(F Nv) of the
+              held-out ones by SAMPLING from the target's distribution (temperature 1, no top-k / top-p) instead:
+              text like what decoding at T > 0 writes, whose labels teach the drafter the target's probabilities,
+              not only its argmax. One ``generate`` call serves both kinds (``RowSampler``: a greedy row's logits
+              become one-hot at their argmax, so its sample is the greedy token); the rows are drawn at random
+              (train) and the held-out sampled ones are also evaluated on their own ("regen_sampled"). torch's
+              generator is seeded with --seed: reproducible on the same device and software.
               A further max(4, min(64, N/32)) prompts from the VALIDATION split are continued the same way and held
               out. ``--regen-max-seconds`` (90) stops starting new batches once the projected time would pass it
               (logged; 0 = never).
@@ -64,7 +71,7 @@ from .hashes import sha256_file
 DEFAULTS = dict(steps=3000, batch=32, seq=512, anchors=64, block=16, layers=2, target_layers=(1, 2, 3), lr=6e-4,
                 seed=0, weight_decay=0.01, warmup_frac=0.04, final_lr_frac=0.1, grad_clip=1.0, regen=2048,
                 regen_prompt=64, regen_batch=1024, regen_max_seconds=90.0, regen_docstring=0.0, regen_mix=0.5,
-                regen_anchors="all", log_every=50, val_every=1000, print_every=200, val_windows=64, heads=8,
+                regen_anchors="all", regen_sampled=0.0, log_every=50, val_every=1000, print_every=200, val_windows=64, heads=8,
                 kv_heads=4, head_dim=32, intermediate=768)
 REGEN_ANCHORS = ("all", "generated")     # --regen-anchors: where a regenerated sequence's blocks may start
 log = tt.log
@@ -123,22 +130,44 @@ class TargetFeatures:
         self._hooks = []
 
 
-def regenerate(model, prompts: np.ndarray, new_tokens: int, batch: int, device: torch.device,
-               max_seconds: float = 0.0, keep_first: int = 0) -> tuple[np.ndarray, dict]:
-    """Greedy target continuations of ``prompts [N, P]``: returns ([N', P + new_tokens] int64, info).
+class RowSampler:
+    """A ``generate`` logits processor for a batch of greedy and sampled rows: row i keeps its logits where
+    ``sampled[i]``, else every logit but the row's argmax (torch.argmax: the first maximum, as greedy search takes)
+    becomes -inf, so sampling that row returns its greedy token. ``sampled`` [b] bool on the scores' device.
+    Example: scores [[1, 3, 2], [1, 3, 2]], sampled [False, True] -> [[-inf, 3, -inf], [1, 3, 2]]."""
 
-    Equal batches of at most ``batch`` prompts through HF ``generate`` (do_sample=False, use_cache=True,
-    eos_token_id=None, min_new_tokens = max_new_tokens, so every row has the same length and EOS is never
-    suppressed) under bf16 autocast on CUDA. With
+    def __init__(self, sampled: torch.Tensor):
+        self.sampled = sampled
+
+    def __call__(self, input_ids, scores):
+        top = scores.argmax(-1, keepdim=True)                                           # [b, 1]
+        one_hot = torch.full_like(scores, -math.inf).scatter(-1, top, scores.gather(-1, top))
+        return torch.where(self.sampled[:, None], scores, one_hot)                      # [b, V]
+
+
+def regenerate(model, prompts: np.ndarray, new_tokens: int, batch: int, device: torch.device,
+               max_seconds: float = 0.0, keep_first: int = 0, sampled: np.ndarray | None = None,
+               seed: int = 0) -> tuple[np.ndarray, dict]:
+    """Target continuations of ``prompts [N, P]``: returns ([N', P + new_tokens] int64, info).
+
+    Greedy, or - for the rows where ``sampled [N]`` (bool) is set - sampled from the target's distribution
+    (temperature 1, no top-k / top-p; ``RowSampler``; torch seeded with ``seed`` first). Equal batches of at most
+    ``batch`` prompts through HF ``generate`` (use_cache=True, eos_token_id=None, min_new_tokens =
+    max_new_tokens, so every row has the same length and EOS is never suppressed) under bf16 autocast on CUDA;
+    without sampled rows, do_sample=False (the runs before ``sampled`` existed, exactly). With
     ``max_seconds`` > 0 no new batch starts once the projected end would pass it; the first ``keep_first`` rows
     (the validation prompts) are always generated.
     """
     import transformers
 
     N, P = prompts.shape
+    any_sampled = sampled is not None and bool(np.any(sampled))
+    extra = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0) if any_sampled else dict(do_sample=False)
     gen_cfg = transformers.GenerationConfig(
-        max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, use_cache=True,
-        eos_token_id=None, pad_token_id=model.config.pad_token_id, bos_token_id=model.config.bos_token_id)
+        max_new_tokens=new_tokens, min_new_tokens=new_tokens, use_cache=True,
+        eos_token_id=None, pad_token_id=model.config.pad_token_id, bos_token_id=model.config.bos_token_id, **extra)
+    if any_sampled:
+        torch.manual_seed(seed)
     saved_eos = getattr(model.generation_config, "eos_token_id", None)
     model.generation_config.eos_token_id = None
     out, t0, capped = [], time.perf_counter(), False
@@ -154,8 +183,12 @@ def regenerate(model, prompts: np.ndarray, new_tokens: int, batch: int, device: 
                 break
             tb = time.perf_counter()
             x = torch.from_numpy(np.ascontiguousarray(prompts[i:i + batch])).to(device)  # [b, P]
+            kw = {}
+            if any_sampled:
+                rows = torch.from_numpy(np.ascontiguousarray(sampled[i:i + batch], bool)).to(device)   # [b]
+                kw["logits_processor"] = transformers.LogitsProcessorList([RowSampler(rows)])
             with torch.no_grad(), tt.autocast(device):
-                y = model.generate(x, attention_mask=torch.ones_like(x), generation_config=gen_cfg)
+                y = model.generate(x, attention_mask=torch.ones_like(x), generation_config=gen_cfg, **kw)
             if y.shape[1] != P + new_tokens:
                 raise RuntimeError(f"generate returned {y.shape[1]} tokens per row, expected {P + new_tokens}")
             out.append(y.cpu().numpy().astype(np.int64))                                # [b, P+new]
@@ -169,6 +202,8 @@ def regenerate(model, prompts: np.ndarray, new_tokens: int, batch: int, device: 
     info = {"sequences": int(len(seqs)), "requested": int(N), "prompt_tokens": int(P), "new_tokens": int(new_tokens),
             "batch": int(batch), "seconds": secs, "capped": capped,
             "new_tokens_per_s": float(len(seqs) * new_tokens / max(secs, 1e-9))}
+    if sampled is not None:
+        info["sampled_sequences"] = int(np.count_nonzero(sampled[:len(seqs)]))
     return seqs, info
 
 
@@ -231,6 +266,15 @@ def check_regen_mix(regen: int, mix) -> float:
         raise ValueError(f"--regen-mix 0 with --regen {regen}: the regenerated text would never be trained on "
                          f"(pass --regen 0 instead)")
     return mix
+
+
+def check_regen_sampled(regen: int, sampled) -> float:
+    """``--regen-sampled`` as a fraction in [0, 1]; above 0 without regenerated text (``regen`` 0) it would sample
+    nothing, so it is refused. ValueError naming the flag otherwise."""
+    sampled = dsp.check_fraction(sampled, "--regen-sampled")
+    if sampled and not regen:
+        raise ValueError(f"--regen-sampled {sampled:g}: there is no regenerated text to sample (--regen 0)")
+    return sampled
 
 
 def check_regen_anchors(regen_anchors: str, regen: int, regen_prompt: int, seq: int, block: int,
@@ -365,7 +409,8 @@ def train_drafter(data_dir: str, target_dir: str, out_dir: str, *, steps: int = 
                   regen: int = DEFAULTS["regen"], regen_prompt: int = DEFAULTS["regen_prompt"],
                   regen_batch: int = DEFAULTS["regen_batch"], regen_max_seconds: float = DEFAULTS["regen_max_seconds"],
                   regen_docstring: float = DEFAULTS["regen_docstring"], regen_mix: float = DEFAULTS["regen_mix"],
-                  regen_anchors: str = DEFAULTS["regen_anchors"], init: str | None = None,
+                  regen_anchors: str = DEFAULTS["regen_anchors"], regen_sampled: float = DEFAULTS["regen_sampled"],
+                  init: str | None = None,
                   log_every: int = DEFAULTS["log_every"],
                   val_every: int = DEFAULTS["val_every"],
                   print_every: int = DEFAULTS["print_every"], val_windows: int = DEFAULTS["val_windows"],
@@ -381,6 +426,7 @@ def train_drafter(data_dir: str, target_dir: str, out_dir: str, *, steps: int = 
     regen_docstring = args["regen_docstring"] = dsp.check_fraction(regen_docstring)
     regen_mix = args["regen_mix"] = check_regen_mix(regen, regen_mix)
     regen_from = check_regen_anchors(regen_anchors, regen, regen_prompt, seq, block, anchors)
+    regen_sampled = args["regen_sampled"] = check_regen_sampled(regen, regen_sampled)
     data = tt.TokenData(data_dir)                                                       # vocab checked below
     rng = np.random.default_rng(seed)
     n_val_regen = val_regen_count(regen)
@@ -415,16 +461,24 @@ def train_drafter(data_dir: str, target_dir: str, out_dir: str, *, steps: int = 
 
     # ---- regenerate text with the target (val prompts from the validation split first)
     regen_info, regen_train, regen_val, sample = {"sequences": 0}, np.zeros((0, seq), np.int64), None, None
+    smp = None
     if regen > 0:
         vp = data.sample(rng, n_val_regen - n_doc_val, regen_prompt, split="val")       # [Nv - Dv, P]
         tp = data.sample(rng, regen - n_doc, regen_prompt)                              # [N - D, P]
         if doc_info is not None:
             vp = np.concatenate([vp, doc_val])                                          # [Nv, P] docstring last
             tp = np.concatenate([tp, doc_train])[rng.permutation(regen)]                # [N, P] mixed (the cap)
+        n_smp, n_smp_val = dsp.count_for(regen_sampled, regen), dsp.count_for(regen_sampled, n_val_regen)
+        smp = None
+        if n_smp or n_smp_val:                                                          # F = 0: rng untouched
+            smp = np.zeros(n_val_regen + regen, bool)                                   # [Nv + N] sampled rows
+            smp[rng.permutation(n_val_regen)[:n_smp_val]] = True
+            smp[n_val_regen + rng.permutation(regen)[:n_smp]] = True
         log(f"[regen] {regen} + {n_val_regen} (val) prompts of {regen_prompt} tokens -> {seq} tokens, "
-            f"batch {regen_batch}" + (f"; {n_doc} + {n_doc_val} of them docstring-ended" if doc_info else ""))
+            f"batch {regen_batch}" + (f"; {n_doc} + {n_doc_val} of them docstring-ended" if doc_info else "")
+            + (f"; {n_smp} + {n_smp_val} of them sampled (T 1)" if smp is not None else ""))
         seqs, regen_info = regenerate(target, np.concatenate([vp, tp]), seq - regen_prompt, regen_batch, dev,
-                                      regen_max_seconds, keep_first=n_val_regen)
+                                      regen_max_seconds, keep_first=n_val_regen, sampled=smp, seed=seed)
         regen_val, regen_train = seqs[:n_val_regen], seqs[n_val_regen:]                 # [Nv, S], [N', S]
         regen_info["train_sequences"], regen_info["val_sequences"] = int(len(regen_train)), int(len(regen_val))
         log(f"[regen] {len(seqs)} sequences in {regen_info['seconds']:.1f}s "
@@ -445,6 +499,8 @@ def train_drafter(data_dir: str, target_dir: str, out_dir: str, *, steps: int = 
         val_sets["regen"] = regen_val
         if n_doc_val and len(regen_val) == n_val_regen:
             val_sets["regen_docstring"] = regen_val[n_val_regen - n_doc_val:]           # [Dv, S]
+        if smp is not None and smp[:n_val_regen].any():
+            val_sets["regen_sampled"] = regen_val[smp[:n_val_regen]]                    # [Sv, S]
     val_anchors = {k: sample_anchors(vrng, len(v), anchors, seq, block) for k, v in val_sets.items()}
 
     # ---- model, optimiser

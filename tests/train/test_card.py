@@ -415,3 +415,22 @@ def test_card_gives_the_whole_chain_of_a_drafter_trained_from_another(tmp_path):
     recipe = card.build_card(d, _eval()).split("## How to reproduce")[1].split("```")[1]
     assert f"# starting weights: model.safetensors sha256 {'ef' * 32} (no training log)" in recipe
     assert "--init DIR" in recipe
+
+
+def test_card_says_which_share_of_the_drafters_text_was_sampled(tmp_path):
+    """A drafter log with --regen-sampled: the command carries the flag, the regeneration row says how many sequences
+    were sampled at temperature 1 and the rest greedily, and the held-out sampled rows get their own metrics row;
+    without the flag the row says GREEDILY (the shipped card's wording)."""
+    d = _fake_dir(tmp_path)
+    plain = card.build_card(d, _eval())
+    assert "continued GREEDILY by the target" in plain and "--regen-sampled" not in plain
+    log = json.load(open(os.path.join(d, "drafter_train_log.json")))
+    log["args"] = dict(log["args"], regen_sampled=0.5)
+    log["regen"] = dict(log.get("regen") or {}, sampled_sequences=6)
+    row = {"loss": 3.0, "acc": [0.4, 0.2, 0.1], "mean_acc": 0.25, "chain_accept": 1.4}
+    log["val"] = [dict(log["val"][0], regen_sampled=row)]
+    _write(os.path.join(d, "drafter_train_log.json"), log)
+    text = card.build_card(d, _eval())
+    assert "--regen-sampled 0.5" in text and "GREEDILY" not in text
+    assert "so 6 of the sequences (train and held-out alike) SAMPLED from its distribution at temperature 1" in text
+    assert "| 10 | target-regenerated, sampled rows only | 3.0000 | 0.400 |" in text

@@ -228,6 +228,53 @@ def test_regenerated_text_is_the_targets_greedy_continuation(trained_target):
     assert ids[0].tolist() == seqs[0].tolist()
 
 
+def test_row_sampler_keeps_sampled_rows_and_makes_greedy_rows_one_hot():
+    scores = torch.tensor([[1.0, 3.0, 2.0], [1.0, 3.0, 2.0], [5.0, 5.0, 0.0]])
+    got = dt.RowSampler(torch.tensor([False, True, False]))(None, scores)
+    inf = float("-inf")
+    assert got.tolist() == [[inf, 3.0, inf], [1.0, 3.0, 2.0], [5.0, inf, inf]]   # a tie: the first maximum
+
+
+def test_regenerate_samples_the_rows_it_is_told_and_keeps_the_others_greedy(trained_target):
+    """``sampled``: row 0 greedy (the plain greedy run's row), rows 1-3 sampled at T 1 - the same again for the
+    same seed, other text for another seed, and not the greedy continuation (the tiny target's distribution is
+    wide: 10 sampled tokens in a row all equal to the argmax would be a bug)."""
+    tdir, _ = trained_target
+    model = dt.load_frozen_target(tdir, torch.device("cpu"))
+    prompts = np.random.default_rng(5).integers(3, V, (4, 6))
+    cpu = torch.device("cpu")
+    greedy, _ = dt.regenerate(model, prompts, 10, 4, cpu)
+    mask = np.array([False, True, True, True])
+    a, info = dt.regenerate(model, prompts, 10, 4, cpu, sampled=mask, seed=3)
+    b, _ = dt.regenerate(model, prompts, 10, 4, cpu, sampled=mask, seed=3)
+    c, _ = dt.regenerate(model, prompts, 10, 4, cpu, sampled=mask, seed=4)
+    assert a.shape == greedy.shape == (4, 16) and (a[:, :6] == prompts).all()
+    assert np.array_equal(a[0], greedy[0]) and np.array_equal(a, b) and info["sampled_sequences"] == 3
+    assert not np.array_equal(a[1:, 6:], c[1:, 6:])
+    assert all(not np.array_equal(a[i, 6:], greedy[i, 6:]) for i in (1, 2, 3))
+
+
+def test_regen_sampled_rows_are_drawn_after_todays_prompts_and_validated_alone(trained_target, data_dir, tmp_path,
+                                                                           monkeypatch):
+    """--regen-sampled 0.5 of 8 train + 4 val prompts: the same prompts as without it (the rows are drawn from the
+    Generator afterwards), 2 val and 4 train rows sampled; the log records the flag and the count, and the
+    held-out sampled rows are validated on their own ("regen_sampled")."""
+    tdir, _ = trained_target
+    seen = _capture_prompts(monkeypatch, stop=False)
+    rec = dt.train_drafter(data_dir, tdir, str(tmp_path), regen=8, seed=5, regen_sampled=0.5, **_REGEN_RUN)
+    data, rng = tt.TokenData(data_dir), np.random.default_rng(5)
+    want = np.concatenate([data.sample(rng, 4, 8, split="val"), data.sample(rng, 8, 8)])
+    assert np.array_equal(seen["prompts"], want) and seen["seed"] == 5
+    smp = seen["sampled"]
+    assert smp.shape == (12,) and smp[:4].sum() == 2 and smp[4:].sum() == 4
+    assert rec["args"]["regen_sampled"] == 0.5 and rec["regen"]["sampled_sequences"] == 6
+    assert "regen_sampled" in rec["val"][-1] and "regen" in rec["val"][-1]
+    with pytest.raises(ValueError, match=r"--regen-sampled 0.5: there is no regenerated text to sample"):
+        dt.check_regen_sampled(0, 0.5)
+    with pytest.raises(ValueError, match=r"--regen-sampled 2: expected a fraction"):
+        dt.check_regen_sampled(8, 2)
+
+
 class _Stop(Exception):
     """Raised by the fake regenerate once it has seen the prompts (the rest of a run is not needed)."""
 
@@ -236,11 +283,11 @@ def _capture_prompts(monkeypatch, stop=True) -> dict:
     """Record the prompts train_drafter regenerates from; then stop the run (``stop``) or regenerate for real."""
     seen, real = {}, dt.regenerate
 
-    def spy(model, prompts, new_tokens, batch, device, max_seconds=0.0, keep_first=0):
-        seen.update(prompts=np.array(prompts), keep_first=keep_first)
+    def spy(model, prompts, new_tokens, batch, device, max_seconds=0.0, keep_first=0, **kw):
+        seen.update(prompts=np.array(prompts), keep_first=keep_first, **kw)
         if stop:
             raise _Stop
-        return real(model, prompts, new_tokens, batch, device, max_seconds, keep_first)
+        return real(model, prompts, new_tokens, batch, device, max_seconds, keep_first, **kw)
 
     monkeypatch.setattr(dt, "regenerate", spy)
     return seen
@@ -435,6 +482,7 @@ def test_cli_bad_flag_exits_2_with_one_line(tmp_path):
                                   ["all", "--data", "D", "--out", "O", "--regen-docstring", "-0.1"],
                                   ["all", "--data", "D", "--out", "O", "--regen-docstring", "1.5"],
                                   ["all", "--data", "D", "--out", "O", "--regen-mix", "1.5"],
+                                  ["all", "--data", "D", "--out", "O", "--regen-sampled", "-1"],
                                   ["all", "--data", "D", "--out", "O", "--init", "X"]])
 def test_cli_errors_in_process(argv, capsys):
     from kdtree_numba.train.__main__ import main
@@ -538,7 +586,9 @@ def test_cli_refuses_a_bad_init_mix_or_anchors_before_training(data_dir, trained
                                                                            "regenerated text"),
                        (["--regen-anchors", "generated", "--seq", "64", "--regen-prompt", "40", "--anchors", "30"],
                         "--anchors 30 > the 21 anchors of the generated part"),
-                       (["--regen-anchors", "middle"], "invalid choice: 'middle'")):
+                       (["--regen-anchors", "middle"], "invalid choice: 'middle'"),
+                       (["--regen", "0", "--regen-sampled", "0.5"], "--regen-sampled 0.5: there is no regenerated "
+                                                                     "text to sample")):
         with pytest.raises(SystemExit) as e:
             main(base + extra)
         err = capsys.readouterr().err.strip().splitlines()
