@@ -71,8 +71,8 @@ from .hashes import sha256_file
 DEFAULTS = dict(steps=3000, batch=32, seq=512, anchors=64, block=16, layers=2, target_layers=(1, 2, 3), lr=6e-4,
                 seed=0, weight_decay=0.01, warmup_frac=0.04, final_lr_frac=0.1, grad_clip=1.0, regen=2048,
                 regen_prompt=64, regen_batch=1024, regen_max_seconds=90.0, regen_docstring=0.0, regen_mix=0.5,
-                regen_anchors="all", regen_sampled=0.0, log_every=50, val_every=1000, print_every=200, val_windows=64, heads=8,
-                kv_heads=4, head_dim=32, intermediate=768)
+                regen_anchors="all", regen_sampled=0.0, log_every=50, val_every=1000, print_every=200, val_windows=64,
+                heads=8, kv_heads=4, head_dim=32, intermediate=768)
 REGEN_ANCHORS = ("all", "generated")     # --regen-anchors: where a regenerated sequence's blocks may start
 log = tt.log
 
@@ -469,7 +469,6 @@ def train_drafter(data_dir: str, target_dir: str, out_dir: str, *, steps: int = 
             vp = np.concatenate([vp, doc_val])                                          # [Nv, P] docstring last
             tp = np.concatenate([tp, doc_train])[rng.permutation(regen)]                # [N, P] mixed (the cap)
         n_smp, n_smp_val = dsp.count_for(regen_sampled, regen), dsp.count_for(regen_sampled, n_val_regen)
-        smp = None
         if n_smp or n_smp_val:                                                          # F = 0: rng untouched
             smp = np.zeros(n_val_regen + regen, bool)                                   # [Nv + N] sampled rows
             smp[rng.permutation(n_val_regen)[:n_smp_val]] = True
