@@ -374,7 +374,7 @@ _optin: dict = {}                    # device id -> bytes
 
 def shared_optin() -> int:
     """Bytes of shared memory (static + dynamic) one block may opt into on this thread's device: 227 KB on sm_90
-    (H100 / H200) and sm_80, 99 KB on sm_86 / sm_89 (RTX 30xx / 40xx, A10, L4), 64 KB on sm_75. Kernels that
+    (H100 / H200), 163 KB on sm_80 (A100), 99 KB on sm_86 / sm_89 (RTX 30xx / 40xx, A10, L4), 64 KB on sm_75. Kernels that
     stage operands in large dynamic shared memory ask this first and take a path that fits where it is smaller.
     Simulator: SIM_SHARED_OPTIN (it enforces no limit). Example: on an H200, shared_optin() == 232448."""
     if _name() != "cuda":

@@ -163,7 +163,7 @@ def _prompt_ids(target, text: str | None, ids: list[int] | None, task: str | Non
 
 
 def _check_drafter_args(args) -> None:
-    """Refuse drafter options that the chosen --drafter would ignore (before anything is loaded)."""
+    """Refuse drafter options (and a --seed) that the run would ignore, before anything is loaded."""
     kind = args.drafter
     if args.noise is not None and kind != "oracle":
         raise CliError(f"--noise {args.noise:g}: applies to --drafter oracle only, not --drafter {kind}")
@@ -172,6 +172,11 @@ def _check_drafter_args(args) -> None:
                        f"(a DFlash drafter's depth is its block size - 1)")
     if args.drafter_dir is not None and kind != "dflash":
         raise CliError(f"--drafter-dir {args.drafter_dir}: applies to --drafter dflash only, not --drafter {kind}")
+    sampled = getattr(args, "temperature", 0.0) > 0
+    if args.seed is not None and not sampled and kind not in ("oracle", "random"):
+        raise CliError(f"--seed {args.seed}: nothing draws random numbers here (it seeds "
+                       + ("sampling at --temperature > 0 and " if hasattr(args, "temperature") else "")
+                       + f"the oracle and random drafters, not --drafter {kind})")
     if args.noise is not None and not args.noise >= 0:
         raise CliError(f"--noise {args.noise:g}: expected a number >= 0")
     if args.drafter_dir is not None and not os.path.isdir(args.drafter_dir):
@@ -180,6 +185,11 @@ def _check_drafter_args(args) -> None:
             and not os.path.isdir(os.path.join(args.model, "drafter")):
         raise CliError(f"--drafter dflash: {args.model} has no drafter/ folder; pass --drafter-dir DIR "
                        f"(or --drafter oracle, random or none)")
+
+
+def _seed(args) -> int:
+    """--seed, 0 when not given."""
+    return 0 if args.seed is None else args.seed
 
 
 def _drafter(target, args):
@@ -191,9 +201,9 @@ def _drafter(target, args):
     if kind == "none":
         return None
     if kind == "random":
-        return RandomDrafter(target.config.vocab_size, depth, args.seed)
+        return RandomDrafter(target.config.vocab_size, depth, _seed(args))
     if kind == "oracle":
-        return OracleDrafter(target, noise=0.3 if args.noise is None else args.noise, seed=args.seed, depth=depth)
+        return OracleDrafter(target, noise=0.3 if args.noise is None else args.noise, seed=_seed(args), depth=depth)
     from . import load_drafter
 
     folder, flag = args.drafter_dir, "--drafter-dir"
@@ -332,7 +342,7 @@ def cmd_generate(args) -> int:
         stop = (eos,)
     res = kd.generate(target, prompt, args.max_new_tokens, drafter=drafter,
                       budget=args.budget, temperature=args.temperature,
-                      seed=args.seed, stop_tokens=stop, chain=args.chain, replay=args.replay,
+                      seed=_seed(args), stop_tokens=stop, chain=args.chain, replay=args.replay,
                       progress=_progress("generate") if drafter is not None else None)
     shown = res.tokens[:-1] if stop and res.tokens and res.tokens[-1] in stop else res.tokens
     if args.ids is None and (tok is not None or target.config.vocab_size == 256):
@@ -428,7 +438,7 @@ def cmd_sweep(args) -> int:
     target = _load(args.model)
     prompt = _prompt_ids(target, args.prompt, args.ids, args.task)
     drafter = _drafter(target, args)
-    rows = sweep_rows(target, lambda: drafter, prompt, args.budgets, args.max_new_tokens, seed=args.seed,
+    rows = sweep_rows(target, lambda: drafter, prompt, args.budgets, args.max_new_tokens, seed=_seed(args),
                           progress=_progress("sweep"))
     name = {"dflash": "DFlash chain"}.get(args.drafter, f"{args.drafter} chain")
     viz.budget_sweep(rows, path=args.out, chain_label=f"{name} (top-1 per depth, depth {drafter.depth})")
@@ -489,7 +499,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {self.prog.split()[-1]}: {message}\n")
 
 
-def _source_args(p, max_new_tokens: int, none_ok: bool = True) -> None:
+def _source_args(p, max_new_tokens: int, none_ok: bool = True, sampled: bool = True) -> None:
     """Options shared by the commands that generate: model, prompt, length, drafter, seed."""
     p.add_argument("--model", metavar="DIR",
                    help="HF checkpoint directory (default: the embedded trained code model)")
@@ -511,7 +521,9 @@ def _source_args(p, max_new_tokens: int, none_ok: bool = True) -> None:
     p.add_argument("--noise", type=float, help="oracle drafter noise (--drafter oracle only; default 0.3)")
     p.add_argument("--depth", type=_positive_int,
                    help="draft depth (--drafter oracle or random only; default 8)")
-    p.add_argument("--seed", type=whole(0, 2 ** 64 - 1), default=0, help="sampling seed (default 0)")
+    p.add_argument("--seed", type=whole(0, 2 ** 64 - 1), default=None,
+                   help=("the seed of sampling (--temperature > 0) and " if sampled else "the seed of ")
+                   + "the oracle and random drafters (default 0)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -558,7 +570,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_trees)
 
     s = sub.add_parser("sweep", help="budget sweep figure: DDTree vs the chain of the same drafter")
-    _source_args(s, max_new_tokens=96, none_ok=False)
+    _source_args(s, max_new_tokens=96, none_ok=False, sampled=False)
     s.add_argument("--budgets", type=_sweep_budgets, default=[1, 2, 4, 8, 16, 32, 64, 128, 256],
                    help="comma-separated (default 1,2,4,8,16,32,64,128,256)")
     s.add_argument("--out", default="budget_sweep.png", help="figure file, .png or .svg (default budget_sweep.png)")

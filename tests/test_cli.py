@@ -218,6 +218,13 @@ def test_sweep(tmp_path):
     (["generate", "--drafter-dir", "/tmp", "--max-new-tokens", "2"], "--drafter-dir: /tmp has no config.json"),
     (["sweep", "--budgets", "0"], "argument --budgets: expected whole numbers in [1, 1024], got 0 in '0'"),  # log axis
     (["generate", "--prompt", "a", "--seed", "-5"], "argument --seed: expected a whole number in [0, "),
+    # a seed nothing would draw from: greedy with the DFlash drafter (or none), and every sweep (greedy) with it
+    (["generate", "--prompt", "a", "--seed", "3"], "--seed 3: nothing draws random numbers here (it seeds sampling "
+                                                   "at --temperature > 0 and the oracle and random drafters, not "
+                                                   "--drafter dflash)"),
+    (["generate", "--drafter", "none", "--seed", "0"], "--seed 0: nothing draws random numbers here"),
+    (["sweep", "--seed", "3"], "--seed 3: nothing draws random numbers here (it seeds the oracle and random "
+                               "drafters, not --drafter dflash)"),
     (["sweep", "--out", "sweep.pdf"], "--out: expected a file path ending in .png or .svg, got 'sweep.pdf'"),
     (["sweep", "--out", "/no/such/dir/s.png"], "--out: cannot write /no/such/dir/s.png"),
     (["sweep", "--drafter", "none"], "argument --drafter: invalid choice: 'none'"),

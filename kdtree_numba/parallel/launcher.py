@@ -31,6 +31,7 @@ from ..argtypes import real, whole
 from ..atomic_file import write_text_atomic
 
 PROMPT_TEXT = "def fibonacci(n):"
+ORACLE_NOISE, ORACLE_DEPTH = 0.5, 6      # --drafter oracle's defaults
 
 
 class LaunchError(Exception):
@@ -62,15 +63,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--comm", choices=("nccl", "fake"), default="nccl",
                    help="nccl: one process per GPU; fake: ranks as threads in this process (no GPU needed)")
     p.add_argument("--model", default="tiny", help="tiny | default | an HF checkpoint directory (default tiny)")
-    p.add_argument("--seed", type=whole(0), default=0, help="seed of --model tiny (default 0)")
+    p.add_argument("--seed", type=whole(0), default=None,
+                   help="seed of --model tiny's weights and of the oracle drafter (default 0)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--ids", type=_ids, metavar="1,2,3", help="prompt token ids")
     src.add_argument("--prompt", metavar="TEXT", help=f"prompt text (default {PROMPT_TEXT!r})")
     p.add_argument("--max-new-tokens", type=whole(1), default=32)
     p.add_argument("--budget", type=_budget, default=16, help="DDTree tree budget, 0..1024 (default 16)")
     p.add_argument("--drafter", default="oracle", help="oracle | default | a DFlash directory (default oracle)")
-    p.add_argument("--noise", type=_noise, default=0.5, help="oracle drafter noise (default 0.5)")
-    p.add_argument("--depth", type=whole(1), default=6, help="oracle drafter depth (default 6)")
+    p.add_argument("--noise", type=_noise, default=None,
+                   help=f"oracle drafter noise (--drafter oracle only; default {ORACLE_NOISE})")
+    p.add_argument("--depth", type=whole(1), default=None,
+                   help=f"oracle drafter depth (--drafter oracle only; default {ORACLE_DEPTH})")
     p.add_argument("--reduce", choices=("tokens", "assignments"), default="tokens",
                    help="what the all-reduce sums: per-token outputs (k times less data) or per-assignment rows "
                         "(bitwise equal to one rank)")
@@ -111,6 +115,12 @@ def check_args(args) -> None:
         raise LaunchError(f"--world {args.world}: does not divide the model's {E} routed experts")
     if args.drafter not in ("oracle", "default") and not os.path.isdir(args.drafter):
         raise LaunchError(f"--drafter: {args.drafter} is not oracle, default or a DFlash directory")
+    for flag, value in (("--noise", args.noise), ("--depth", args.depth)):
+        if value is not None and args.drafter != "oracle":
+            raise LaunchError(f"{flag} {value:g}: applies to --drafter oracle only, not --drafter {args.drafter}")
+    if args.seed is not None and args.model != "tiny" and args.drafter != "oracle":
+        raise LaunchError(f"--seed {args.seed}: seeds --model tiny's weights and the oracle drafter, neither of "
+                          f"which runs here")
     if args.comm == "nccl" and args.worker_result is None:
         n = _visible_gpus()
         if n < args.world:
@@ -124,7 +134,7 @@ def _target(args):
     from ..model import presets
 
     if args.model == "tiny":
-        return kd.tiny_target(args.seed)
+        return kd.tiny_target(args.seed or 0)
     if args.model == "default":
         return kd.load_target(os.path.join(presets.DEFAULT_DIR, "target"))
     return kd.load_target(args.model)
@@ -148,7 +158,8 @@ def _generate(target, prompt, args) -> tuple[list[int], float]:
     from ..model import presets
 
     if args.drafter == "oracle":
-        drafter = kd.OracleDrafter(target, noise=args.noise, seed=args.seed, depth=args.depth)
+        drafter = kd.OracleDrafter(target, noise=ORACLE_NOISE if args.noise is None else args.noise,
+                                   seed=args.seed or 0, depth=ORACLE_DEPTH if args.depth is None else args.depth)
     else:
         path = os.path.join(presets.DEFAULT_DIR, "drafter") if args.drafter == "default" else args.drafter
         drafter = kd.load_drafter(path, target)

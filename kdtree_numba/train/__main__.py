@@ -1,11 +1,13 @@
 """``python -m kdtree_numba.train {corpus,target,drafter,all,card}``: build the corpus, train the target and the drafter.
 
     corpus  --out DIR [--cache DIR] [--vocab 4096]                 kdtree_numba.train.corpus.build
-    target  --data DIR --out DIR [--steps --batch --seq --lr --seed --config-json '{...}' --device cuda|cpu]
+    target  --data DIR --out DIR [--steps --batch --seq --lr --seed --config-json '{...}' --device auto|cuda|cpu]
     drafter --data DIR --target DIR --out DIR [--steps --batch --anchors --block --layers --target-layers 1,2,3
-            --regen N --regen-docstring F --seed ...]
+            --regen N --regen-docstring F --regen-mix M --regen-anchors all|generated --regen-sampled F
+            --init DIR --seed ...]
     all     --data DIR --out DIR [...]                             target -> OUT/target, then drafter -> OUT/drafter
-    card    [--model-dir DIR --eval FILE --gpu-eval FILE --out FILE]  the model card (kdtree_numba.train.card)
+    card    [--model-dir DIR --eval FILE --gpu-eval FILE --sampled-eval FILE --sampled-gpu-eval FILE --out FILE]
+                                                                   the model card (kdtree_numba.train.card)
 
 Defaults are sized for one H200 inside one 9-minute command (target ~4 min, regeneration <= 1.5 min, drafter
 ~2.5 min); every run logs its ms/step so the step counts can be adjusted. Runs offline (HF_HUB_OFFLINE=1) and
@@ -110,10 +112,13 @@ def _drafter_flags(p, prefix=""):
     p.add_argument("--intermediate", type=_positive_int, default=768)
     p.add_argument("--regen", type=_nonneg_int, default=DRAFTER["regen"],
                    help=f"prompts the target continues greedily for training text (default {DRAFTER['regen']})")
-    p.add_argument("--regen-prompt", type=_positive_int, default=DRAFTER["regen_prompt"])
-    p.add_argument("--regen-batch", type=_positive_int, default=DRAFTER["regen_batch"])
-    p.add_argument("--regen-max-seconds", type=_nonneg_float, default=DRAFTER["regen_max_seconds"],
-                   help="start no regeneration batch past this projected time (0: no cap)")
+    p.add_argument("--regen-prompt", type=_positive_int, default=None,
+                   help=f"tokens of each regeneration prompt (default {DRAFTER['regen_prompt']})")
+    p.add_argument("--regen-batch", type=_positive_int, default=None,
+                   help=f"prompts per generate call (default {DRAFTER['regen_batch']})")
+    p.add_argument("--regen-max-seconds", type=_nonneg_float, default=None,
+                   help=f"start no regeneration batch past this projected time (0: no cap; default "
+                        f"{DRAFTER['regen_max_seconds']:g})")
     p.add_argument("--regen-docstring", type=_fraction, default=DRAFTER["regen_docstring"], metavar="F",
                    help="fraction of the regeneration prompts (train and held-out alike) that end like a HumanEval "
                         "prompt: right after a def's docstring, closing quotes + one '\\n' token (default 0: all "
@@ -198,6 +203,14 @@ def _drafter_kw(a, prefix="") -> dict:
 
 
 def _check_drafter(ap, a):
+    shaping = [(k, getattr(a, k)) for k in ("regen_prompt", "regen_batch", "regen_max_seconds")
+               if getattr(a, k) is not None] + ([("regen_docstring", a.regen_docstring)] if a.regen_docstring else [])
+    if shaping and not a.regen:                          # flags that shape regenerated text, without any
+        key, value = shaping[0]
+        ap.error(f"--{key.replace('_', '-')} {value:g}: there is no regenerated text (--regen 0)")
+    for key in ("regen_prompt", "regen_batch", "regen_max_seconds"):
+        if getattr(a, key) is None:
+            setattr(a, key, DRAFTER[key])
     if a.block < 2:
         ap.error(f"--block {a.block}: must be at least 2")
     if a.anchors > a.seq - a.block:

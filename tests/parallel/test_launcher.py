@@ -33,6 +33,13 @@ def test_fake_ranks_generate_the_one_rank_tokens(capsys, numpy_backend):
     (["--world", "2", "--comm", "fake", "--drafter", "/no/such/dir"], "--drafter: /no/such/dir is not oracle"),
     (["--world", "2", "--comm", "fake", "--budget", "2000"], "expected a whole number in [0, 1024], got 2000"),
     (["--world", "2", "--comm", "fake", "--ids", "1,x"], "expected comma-separated token ids"),
+    # options the run would ignore
+    (["--world", "2", "--comm", "fake", "--drafter", "default", "--noise", "0.2"],
+     "--noise 0.2: applies to --drafter oracle only, not --drafter default"),
+    (["--world", "2", "--comm", "fake", "--drafter", "default", "--depth", "4"],
+     "--depth 4: applies to --drafter oracle only"),
+    (["--world", "2", "--comm", "fake", "--model", "default", "--drafter", "default", "--seed", "1"],
+     "--seed 1: seeds --model tiny's weights and the oracle drafter, neither of which runs here"),
 ])
 def test_bad_arguments_are_one_line_and_status_2(args, msg, capsys):
     code, out, err = run(capsys, *args)

@@ -588,7 +588,12 @@ def test_cli_refuses_a_bad_init_mix_or_anchors_before_training(data_dir, trained
                         "--anchors 30 > the 21 anchors of the generated part"),
                        (["--regen-anchors", "middle"], "invalid choice: 'middle'"),
                        (["--regen", "0", "--regen-sampled", "0.5"], "--regen-sampled 0.5: there is no regenerated "
-                                                                     "text to sample")):
+                                                                     "text to sample"),
+                       (["--regen", "0", "--regen-prompt", "32"], "--regen-prompt 32: there is no regenerated text"),
+                       (["--regen", "0", "--regen-max-seconds", "0"], "--regen-max-seconds 0: there is no "
+                                                                       "regenerated text"),
+                       (["--regen", "0", "--regen-docstring", "0.4"], "--regen-docstring 0.4: there is no "
+                                                                       "regenerated text")):
         with pytest.raises(SystemExit) as e:
             main(base + extra)
         err = capsys.readouterr().err.strip().splitlines()
