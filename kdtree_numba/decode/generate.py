@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from .. import backend
 from ..kernels import _checks
@@ -61,7 +61,8 @@ def _generate(target, prompt_ids, max_new_tokens, drafter, budget, temperature, 
         raise ValueError(f"temperature: expected a number >= 0, got {temperature!r}")
     temperature = _checks.real(temperature, "temperature", lo=0.0)
     seed = _checks.integer(seed, "seed", lo=0, hi=2 ** 64 - 1)
-    if isinstance(stop_tokens, (str, bytes)) or not isinstance(stop_tokens, Iterable):
+    if isinstance(stop_tokens, (str, bytes, Mapping)) or not isinstance(stop_tokens, Iterable) \
+            or getattr(stop_tokens, "ndim", 1) != 1:
         raise ValueError(f"stop_tokens: expected a collection of token ids (e.g. [0] for one), got {stop_tokens!r}")
     stop = {_checks.integer(t, "stop_tokens", lo=0, hi=target.config.vocab_size - 1) for t in stop_tokens}
     if progress is not None and not callable(progress):
@@ -87,10 +88,14 @@ def _generate(target, prompt_ids, max_new_tokens, drafter, budget, temperature, 
     depth = getattr(drafter, "depth", None)
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
         raise ValueError(f"drafter: depth {depth!r} is not a positive integer")
+    which = "max_position_embeddings"
+    own = getattr(getattr(drafter, "config", None), "max_position_embeddings", None)   # a DFlash drafter's own
+    if isinstance(own, int) and own < limit:
+        limit, which = own, "the drafter's max_position_embeddings"
     if len(prompt) + max_new_tokens + depth > limit:       # the last round's tree reaches depth positions further
         raise ValueError(f"drafter: prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) + draft depth "
                          f"({depth}) = {len(prompt) + max_new_tokens + depth} exceeds the context limit of {limit} "
-                         f"(max_position_embeddings)")
+                         f"({which})")
     if replay:
         require_device_drafter(drafter)
     run = ddtree_replay if replay else ddtree

@@ -85,7 +85,8 @@ def choose_tokens_ref(logits, temperature: float, seed: int = 0, stream: int = 0
             s, row = (stream, r) if row_streams is None else (stream + int(row_streams[r]), 0)
             g = -np.log(-np.log(uniforms_ref(seed, s, row, x.shape[1])))
             xr = x[r].astype(np.float64)
-            out[r] = int(np.argmax((xr - xr.max()) / temperature + g))
+            with np.errstate(over="ignore"):             # tiny T: the non-maximal entries go to -inf, rightly
+                out[r] = int(np.argmax((xr - xr.max()) / temperature + g))
     return out
 
 

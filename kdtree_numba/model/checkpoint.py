@@ -336,9 +336,19 @@ def save_dir(path, write) -> None:
     """Write a checkpoint directory atomically: ``write(staging)`` writes plain files into a fresh directory beside
     ``path``; only when it returned are they flushed and moved in (``_commit``). A new ``path`` appears whole
     (one rename). On any failure nothing of ``path`` has changed and the staging directory is gone."""
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise CheckpointError(f"path: expected a checkpoint directory path, got {path!r}")
     path = os.path.abspath(os.fspath(path))
     if os.path.exists(path) and not os.path.isdir(path):
         raise CheckpointError(f"path: {path} exists and is not a directory, expected a checkpoint directory")
+    try:
+        _save_into(path, write)
+    except OSError as e:           # a read-only parent, a full disk, a long name: the same error, naming ``path``
+        raise type(e)(e.errno, f"path: cannot save to {path}: {e.strerror or e}") from e
+
+
+def _save_into(path: str, write) -> None:
+    """save_dir's work for an absolute ``path`` (its OSErrors become CheckpointErrors there)."""
     staging = _staging_dir(path)
     try:
         write(staging)

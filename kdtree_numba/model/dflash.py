@@ -143,6 +143,13 @@ class DFlashConfig:
             except ConfigError as e:
                 raise ConfigError(f"{source}: {e}") from None
         d["max_position_embeddings"] = need_int("max_position_embeddings", raw.get("max_position_embeddings", 40960))
+        if d["max_position_embeddings"] > 2 ** 31 - 1:
+            raise ConfigError(f"{source}: max_position_embeddings: got {d['max_position_embeddings']}, expected at "
+                              f"most 2**31 - 1 (positions are 32-bit)")
+        for field, only in (("hidden_act", "silu"), ("attention_bias", False)):    # what this drafter computes
+            if field in raw and raw[field] != only:                                # (tie_word_embeddings: moot,
+                raise ConfigError(f"{source}: {field}: got {raw[field]!r}, expected {only!r} (the Qwen3-style "
+                                  f"layers here implement only that)")              # it has no embedding of its own)
         return cls(**d)
 
     def check_target(self, tc) -> None:
@@ -285,7 +292,7 @@ class DFlashDrafter(Drafter):
             checkpoint.save_safetensors(os.path.join(staging, checkpoint.WEIGHTS_NAME), state)
             checkpoint.write_json(os.path.join(staging, checkpoint.CONFIG_NAME), cfg)
 
-        checkpoint.save_dir(os.fspath(path), write)
+        checkpoint.save_dir(path, write)
 
     # ------------------------------------------------------------------------------------------ the draft cache
     def reset(self) -> None:

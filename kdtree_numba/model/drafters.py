@@ -63,8 +63,16 @@ class Drafter:
         if self.target is not None:
             context = self.target.check_ids(context_ids, "context_ids")
             root = int(self.target.check_ids([root], "root")[0])
+            limit = self.target.config.max_position_embeddings
+            if len(context) + 1 + self.depth > limit:       # the root at len(context), depth positions after it
+                raise ValueError(f"context_ids: {len(context)} tokens + the root + draft depth {self.depth} = "
+                                 f"{len(context) + 1 + self.depth} positions exceed the context limit of {limit} "
+                                 f"(max_position_embeddings)")
         else:
-            context = np.asarray(context_ids, np.int32)
+            from .target import token_ids_host
+
+            context = token_ids_host(context_ids, self.vocab_size, "context_ids")
+            root = _checks.integer(root, "root", lo=0, hi=self.vocab_size - 1)
         self.reset()
         if self.feature_layers:
             with backend.use(self.target.backend):
@@ -103,6 +111,11 @@ class OracleDrafter(Drafter):
     name = "oracle"
 
     def __init__(self, target, noise: float = 0.5, seed: int = 0, depth: int = 8):
+        from .target import Target
+
+        if not isinstance(target, Target):
+            raise ValueError(f"target: expected a kdtree_numba Target (it drafts from the target's own logits), got "
+                             f"{type(target).__name__}")
         self.target = target
         self.noise = _checks.real(noise, "noise", lo=0.0)
         self.seed = _checks.integer(seed, "seed", lo=0)

@@ -83,6 +83,30 @@ class Hiddens(dict):
         self.layers, self.stacked = layers, stacked
 
 
+def token_ids_host(token_ids, vocab_size: int, arg: str = "prompt_ids") -> np.ndarray:
+    """Host int32 copy of a 1-d sequence of ids in [0, vocab_size), or ValueError naming ``arg`` and the offending
+    value (text, a 2-d array, an empty sequence, non-integer floats, an id outside the vocabulary).
+    Example: token_ids_host([3, 4.0], 10) -> array([3, 4], dtype=int32); token_ids_host([12], 10) -> ValueError."""
+    if isinstance(token_ids, (str, bytes)):
+        raise ValueError(f"{arg}: expected token ids, got a {type(token_ids).__name__} (encode text first: "
+                         f"target.tokenizer.encode(text))")
+    try:
+        ids = np.asarray(backend.to_host(token_ids) if backend.is_device(token_ids) else token_ids)
+    except Exception:
+        raise ValueError(f"{arg}: expected a sequence of token ids, got {type(token_ids).__name__}") from None
+    if ids.ndim != 1:
+        raise ValueError(f"{arg}: expected a 1-d sequence of token ids, got shape {ids.shape}")
+    if ids.size == 0:
+        raise ValueError(f"{arg}: expected at least one token, got an empty sequence")
+    if ids.dtype.kind not in "iu":
+        if ids.dtype.kind == "f" and np.all(np.isfinite(ids)) and np.all(ids == np.round(ids)):
+            ids = ids.astype(np.int64)
+        else:
+            raise ValueError(f"{arg}: expected integer token ids, got dtype {ids.dtype}")
+    embedding.check_ids(ids, vocab_size, arg)
+    return ids.astype(np.int32)
+
+
 class Target:
     """A DeepSeek-V3-family model ready to run. Build with ``load_target``, ``tiny_target`` or ``from_state_dict``."""
 
@@ -163,7 +187,7 @@ class Target:
         kept."""
         tok = self.tokenizer
         extra = None if tok is None else (lambda staging: tok.save(os.path.join(staging, "tokenizer.json")))
-        checkpoint.save_state_dict(os.fspath(path), self.config, self.state_dict(), extra=extra)
+        checkpoint.save_state_dict(path, self.config, self.state_dict(), extra=extra)
 
     def with_backend(self, name: str) -> "Target":
         """The same model on another host backend ("sim" <-> "numpy"), sharing the weight arrays (no copy).
@@ -383,22 +407,5 @@ class Target:
         return layers
 
     def check_ids(self, token_ids, arg: str = "prompt_ids") -> np.ndarray:
-        """Host int32 copy of a 1-d id sequence, or ValueError naming the offending id."""
-        if isinstance(token_ids, (str, bytes)):
-            raise ValueError(f"{arg}: expected token ids, got a {type(token_ids).__name__} (encode text first: "
-                             f"target.tokenizer.encode(text))")
-        try:
-            ids = np.asarray(backend.to_host(token_ids) if backend.is_device(token_ids) else token_ids)
-        except Exception:
-            raise ValueError(f"{arg}: expected a sequence of token ids, got {type(token_ids).__name__}") from None
-        if ids.ndim != 1:
-            raise ValueError(f"{arg}: expected a 1-d sequence of token ids, got shape {ids.shape}")
-        if ids.size == 0:
-            raise ValueError(f"{arg}: expected at least one token, got an empty sequence")
-        if ids.dtype.kind not in "iu":
-            if ids.dtype.kind == "f" and np.all(np.isfinite(ids)) and np.all(ids == np.round(ids)):
-                ids = ids.astype(np.int64)
-            else:
-                raise ValueError(f"{arg}: expected integer token ids, got dtype {ids.dtype}")
-        embedding.check_ids(ids, self.config.vocab_size, arg)
-        return ids.astype(np.int32)
+        """Host int32 copy of a 1-d id sequence, or ValueError naming the offending id (``token_ids``)."""
+        return token_ids_host(token_ids, self.config.vocab_size, arg)

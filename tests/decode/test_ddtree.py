@@ -230,6 +230,9 @@ class BadDrafter(kd.Drafter):
     (dict(max_new_tokens=0), "max_new_tokens: expected an integer >= 1"),
     (dict(stop_tokens=5), r"stop_tokens: expected a collection of token ids \(e.g. \[0\] for one\), got 5"),
     (dict(stop_tokens="0"), "stop_tokens: expected a collection of token ids"),
+    (dict(stop_tokens=np.array(1)), r"stop_tokens: expected a collection of token ids \(e.g. \[0\] for one\), "
+                                    r"got array\(1\)"),
+    (dict(stop_tokens={1: 2}), "stop_tokens: expected a collection of token ids"),
     (dict(progress=5, drafter=kd.RandomDrafter(256, 4)), r"progress: expected a function progress\(done, total\)"),
     (dict(prompt_ids=[]), "prompt_ids: expected at least one token"),
     (dict(prompt_ids=[1, 256]), "prompt_ids: token id 256 at index 1 is outside the vocabulary"),
@@ -317,6 +320,37 @@ def test_stop_token_on_the_kernel_backend(kernel_backend):
                       stop_tokens=[stop])
     assert res.tokens == ref[:ref.index(stop) + 1]
     assert len(res.rounds) == 1 and stop in res.rounds[0].accepted_tokens[:-1]     # inside the path, not its end
+
+
+def test_draft_logits_and_the_drafters_checks(targets, numpy_backend):
+    """draft_logits refuses a draft past the target's positions (generate did, the standalone form did not), a
+    drafter without a target checks its own ids, and an oracle needs a Target."""
+    t = targets["default"]
+    orc = kd.OracleDrafter(t, depth=3)
+    limit = t.config.max_position_embeddings
+    with pytest.raises(ValueError, match=rf"context_ids: {limit - 3} tokens \+ the root \+ draft depth 3 = "
+                                         rf"{limit + 1} positions exceed the context limit of {limit}"):
+        orc.draft_logits([1] * (limit - 3), 2)
+    rd = kd.RandomDrafter(256, 4)
+    assert rd.draft_logits([1, 2], 3).shape == (4, 256)
+    for args, msg in ((([1, 2], -1), "root: expected an integer >= 0, got -1"),
+                      (([1, 2], 256), "root: expected an integer <= 255, got 256"),
+                      (([[1, 2]], 3), r"context_ids: expected a 1-d sequence of token ids, got shape \(1, 2\)"),
+                      (([1, 300], 3), "context_ids: token id 300 at index 1 is outside the vocabulary"),
+                      (("abc", 3), "context_ids: expected token ids, got a str")):
+        with pytest.raises(ValueError, match=msg):
+            rd.draft_logits(*args)
+    with pytest.raises(ValueError, match="target: expected a kdtree_numba Target .* got RandomDrafter"):
+        kd.OracleDrafter(rd)
+
+
+def test_a_tiny_temperature_samples_the_argmax_without_warnings(targets, numpy_backend):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        res = kd.generate(targets["default"], PROMPT, 4, temperature=1e-308, seed=3)
+    assert res.tokens == kd.generate(targets["default"], PROMPT, 4).tokens
 
 
 @pytest.mark.parametrize("depth", [5000, 100000])

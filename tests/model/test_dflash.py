@@ -162,6 +162,10 @@ def _edit(path, tmp_path, change):
     (lambda r: r.update(intermediate_size=97), r"layers.0.mlp.gate_proj.weight: expected shape \(97, 64\), got \(96, 64\)"),
     (lambda r: r.update(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 0.0,
                                          "original_max_position_embeddings": 64}), "rope_scaling: factor 0.0"),
+    (lambda r: r.update(hidden_act="gelu"), "hidden_act: got 'gelu', expected 'silu'"),
+    (lambda r: r.update(attention_bias=True), "attention_bias: got True, expected False"),
+    (lambda r: r.update(max_position_embeddings=10 ** 12), r"max_position_embeddings: got 1000000000000, expected at "
+                                                           r"most 2\*\*31 - 1"),
 ])
 def test_a_drafter_that_does_not_fit_is_refused(pair, tmp_path, change, msg, numpy_backend):
     target, _, path = pair
@@ -255,3 +259,12 @@ def test_load_drafter_needs_the_target_it_reads(numpy_backend):
     with pytest.raises(ValueError, match="target: expected the kdtree_numba Target the drafter reads its features "
                                          "from, got NoneType"):
         kd.load_drafter(path, None)
+
+
+def test_generate_refuses_positions_past_the_drafters_own_limit(pair, tmp_path, numpy_backend):
+    """A drafter whose config allows fewer positions than the target's: generate names the drafter's limit."""
+    target, _, path = pair
+    d = kd.load_drafter(_edit(path, tmp_path, lambda r: r.update(max_position_embeddings=16)), target)
+    assert target.config.max_position_embeddings > 16
+    with pytest.raises(ValueError, match=r"exceeds the context limit of 16 \(the drafter's max_position_embeddings\)"):
+        kd.generate(target, PROMPT[:4], 12, drafter=d, budget=4)

@@ -120,6 +120,20 @@ def test_a_failed_first_save_leaves_nothing(tmp_path, monkeypatch):
     assert os.listdir(tmp_path / "a") == []
 
 
+def test_save_refuses_an_empty_or_missing_path_and_names_the_path_it_could_not_write(tmp_path, monkeypatch):
+    """save("") would have resolved to the working directory and replaced its checkpoint files; a failure of the
+    file system names the path asked for, not the staging folder beside it, and keeps its OSError class."""
+    monkeypatch.chdir(tmp_path)
+    for bad in ("", None, 123):
+        with pytest.raises(ck.CheckpointError, match=f"path: expected a checkpoint directory path, got {bad!r}"):
+            tiny(1).save(bad)
+    assert os.listdir(tmp_path) == []
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(FileExistsError, match=f"path: cannot save to {tmp_path / 'f' / 'ck'}: "):
+        tiny(1).save(tmp_path / "f" / "ck")
+    assert os.listdir(tmp_path) == ["f"]
+
+
 def test_save_refuses_a_file_path(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(ck.CheckpointError, match="exists and is not a directory"):
