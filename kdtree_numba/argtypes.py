@@ -44,16 +44,16 @@ def whole(lo: int | None = None, hi: int | None = None):
     return parse
 
 
-def real(lo: float = 0.0, strict: bool = False):
-    """An argparse type: a finite float >= lo (> lo when ``strict``); NaN and inf are refused."""
-    want = f"a finite number {'>' if strict else '>='} {lo:g}"
+def real(lo: float = 0.0, strict: bool = False, hi: float | None = None):
+    """An argparse type: a finite float >= lo (> lo when ``strict``) and <= hi; NaN and inf are refused."""
+    want = f"a finite number {'>' if strict else '>='} {lo:g}" + (f" and <= {hi:g}" if hi is not None else "")
 
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {want}, got {text!r}") from None
-        if not math.isfinite(value) or value < lo or (strict and value == lo):
+        if not math.isfinite(value) or value < lo or (strict and value == lo) or (hi is not None and value > hi):
             raise argparse.ArgumentTypeError(f"expected {want}, got {text!r}")
         return value
     return parse
@@ -62,7 +62,7 @@ def real(lo: float = 0.0, strict: bool = False):
 def whole_list(lo: int | None = None, hi: int | None = None):
     """An argparse type: comma-separated ints, at least one, each within [lo, hi]."""
     def parse(text: str) -> list[int]:
-        items = text.replace(" ", "").split(",")
+        items = [x.strip() for x in text.split(",")]   # "1, 2" is fine; "1 2" is not 12 (int() refuses it below)
         if items != [""] and "" in items:          # "1,,2" or "4," is a typo, not the list [1, 2] / [4]
             raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got an empty item in {text!r}")
         try:

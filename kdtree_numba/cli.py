@@ -67,7 +67,9 @@ def _writable_dir(folder: str, flag: str, path: str) -> None:
 
 def _check_out_file(path: str, flag: str, exts=None) -> None:
     """Refuse an output file we could not write, before any work is done."""
-    if exts and not path.lower().endswith(exts):
+    if not path:
+        raise CliError(f"{flag}: expected a file path, got ''")
+    if exts and (not path.lower().endswith(exts) or os.path.basename(path).lower() in exts):
         raise CliError(f"{flag}: expected a file path ending in {' or '.join(exts)}, got {path!r}")
     if os.path.isdir(path):
         raise CliError(f"{flag}: {path} is a folder, expected a file path")
@@ -177,8 +179,6 @@ def _check_drafter_args(args) -> None:
         raise CliError(f"--seed {args.seed}: nothing draws random numbers here (it seeds "
                        + ("sampling at --temperature > 0 and " if hasattr(args, "temperature") else "")
                        + f"the oracle and random drafters, not --drafter {kind})")
-    if args.noise is not None and not args.noise >= 0:
-        raise CliError(f"--noise {args.noise:g}: expected a number >= 0")
     if args.drafter_dir is not None and not os.path.isdir(args.drafter_dir):
         raise CliError(f"--drafter-dir {args.drafter_dir}: not a directory (expected a DFlash drafter directory)")
     if kind == "dflash" and args.drafter_dir is None and args.model is not None and os.path.isdir(args.model) \
@@ -318,7 +318,7 @@ def cmd_demo(args) -> int:
 def cmd_generate(args) -> int:
     import kdtree_numba as kd
 
-    if args.trace:
+    if args.trace is not None:
         _check_out_file(args.trace, "--trace")
     if args.chain and args.drafter == "none":
         raise CliError("--chain: needs a drafter, not --drafter none")
@@ -518,7 +518,8 @@ def _source_args(p, max_new_tokens: int, none_ok: bool = True, sampled: bool = T
                         "stand-in), random" + (", or none (plain decoding)" if none_ok else ""))
     p.add_argument("--drafter-dir", metavar="DIR",
                    help="DFlash drafter directory (default: the embedded drafter; with --model DIR: DIR/drafter)")
-    p.add_argument("--noise", type=float, help="oracle drafter noise (--drafter oracle only; default 0.3)")
+    p.add_argument("--noise", type=real(0.0, hi=1e6),
+                   help="oracle drafter noise, 0 .. 1e6 (--drafter oracle only; default 0.3)")
     p.add_argument("--depth", type=_positive_int,
                    help="draft depth (--drafter oracle or random only; default 8)")
     p.add_argument("--seed", type=whole(0, 2 ** 64 - 1), default=None,

@@ -190,7 +190,8 @@ def test_sweep(tmp_path):
     (["generate", "--noise", "0.5"], "--noise 0.5: applies to --drafter oracle only, not --drafter dflash"),
     (["generate", "--drafter", "random", "--noise", "1"], "--noise 1: applies to --drafter oracle only, not "
                                                           "--drafter random"),
-    (["generate", "--drafter", "oracle", "--noise", "-1"], "--noise -1: expected a number >= 0"),
+    (["generate", "--drafter", "oracle", "--noise", "-1"], "argument --noise: expected a finite number >= 0 and "
+                                                           "<= 1e+06, got '-1'"),
     (["generate", "--depth", "3"], "--depth 3: applies to --drafter oracle or random only, not --drafter dflash"),
     (["generate", "--drafter", "none", "--depth", "3"], "--depth 3: applies to --drafter oracle or random only, "
                                                         "not --drafter none"),
@@ -217,6 +218,12 @@ def test_sweep(tmp_path):
                                     "'1,,2'"),
     (["generate", "--drafter-dir", "/tmp", "--max-new-tokens", "2"], "--drafter-dir: /tmp has no config.json"),
     (["sweep", "--budgets", "0"], "argument --budgets: expected whole numbers in [1, 1024], got 0 in '0'"),  # log axis
+    (["sweep", "--budgets", "4 16"], "argument --budgets: expected comma-separated whole numbers, got '4 16'"),
+    (["generate", "--ids", "1 2"], "argument --ids: expected comma-separated whole numbers, got '1 2'"),
+    (["generate", "--trace", ""], "--trace: expected a file path, got ''"),
+    (["sweep", "--out", ".png"], "--out: expected a file path ending in .png or .svg, got '.png'"),
+    (["generate", "--drafter", "oracle", "--noise", "1e308"], "argument --noise: expected a finite number >= 0 and "
+                                                               "<= 1e+06, got '1e308'"),
     (["generate", "--prompt", "a", "--seed", "-5"], "argument --seed: expected a whole number in [0, "),
     # a seed nothing would draw from: greedy with the DFlash drafter (or none), and every sweep (greedy) with it
     (["generate", "--prompt", "a", "--seed", "3"], "--seed 3: nothing draws random numbers here (it seeds sampling "

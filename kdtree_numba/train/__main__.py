@@ -144,7 +144,8 @@ def build_parser() -> OneLineParser:
     p = sub.add_parser("corpus", help="build the corpus (tokens.npy, tokenizer.json, heldout.jsonl, manifest)")
     p.add_argument("--out", required=True)
     p.add_argument("--cache", default=None, help="wheel cache directory")
-    p.add_argument("--vocab", type=_positive_int, default=4096)
+    p.add_argument("--vocab", type=whole(259, 65536), default=4096,
+                   help="BPE vocabulary: 256 bytes + 3 special tokens at least, 65536 at most (default 4096)")
 
     p = sub.add_parser("target", help="train the target (DeepseekV3ForCausalLM)")
     p.add_argument("--data", required=True, help="corpus directory (tokens.npy)")

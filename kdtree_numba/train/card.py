@@ -110,6 +110,16 @@ def _load(path):
             raise ValueError(f"{path}: not a JSON file ({e})") from None
 
 
+def _load_eval(path):
+    """An eval_humaneval.py JSON, or a ValueError naming the file when it holds none of an eval's parts (a file
+    named on purpose is never read as "not yet measured")."""
+    data = _load(path)
+    if not isinstance(data, dict) or not any(k in data for k in ("tau", "speed", "bpb", "settings")):
+        raise ValueError(f"{path}: not an eval_humaneval.py JSON (expected an object with its 'settings' and a "
+                         f"'tau', 'speed' or 'bpb' part)")
+    return data
+
+
 # ------------------------------------------------------------------------------------------------ formatting
 def _f(x, nd=4):
     if x is None:
@@ -885,12 +895,12 @@ def write_card(model_dir=DEFAULT_DIR, eval_path=None, gpu_eval_path=None, out=No
         gpu_eval_path = os.path.join(model_dir, GPU_EVAL)
     if sampled_eval_path is None and os.path.exists(os.path.join(model_dir, SAMPLED_EVAL)):
         sampled_eval_path = os.path.join(model_dir, SAMPLED_EVAL)
-    ev = _load(eval_path) if eval_path else None
-    gpu = _load(gpu_eval_path) if gpu_eval_path else None
+    ev = _load_eval(eval_path) if eval_path else None
+    gpu = _load_eval(gpu_eval_path) if gpu_eval_path else None
     if sampled_gpu_eval_path is None and os.path.exists(os.path.join(model_dir, SAMPLED_GPU_EVAL)):
         sampled_gpu_eval_path = os.path.join(model_dir, SAMPLED_GPU_EVAL)
-    sampled = _load(sampled_eval_path) if sampled_eval_path else None
-    sampled_gpu = _load(sampled_gpu_eval_path) if sampled_gpu_eval_path else None
+    sampled = _load_eval(sampled_eval_path) if sampled_eval_path else None
+    sampled_gpu = _load_eval(sampled_gpu_eval_path) if sampled_gpu_eval_path else None
     for path, data, want_sampled, part in ((eval_path, ev, False, None), (gpu_eval_path, gpu, False, None),
                                            (sampled_eval_path, sampled, True, "tau"),
                                            (sampled_gpu_eval_path, sampled_gpu, True, "speed")):
@@ -938,6 +948,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help=f"output path (default MODEL_DIR/{CARD})")
 
 
+def _out_problem(out) -> str | None:
+    """Why the card cannot be written at ``out`` (None: the default path, or a writable file path)."""
+    from ..argtypes import out_dir_problem
+
+    if out is None:
+        return None
+    if not out:
+        return "expected a file path (leave --out out for MODEL_DIR/MODEL_CARD.md)"
+    if os.path.isdir(out):
+        return "a folder, expected a file path"
+    parent = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(parent):
+        return f"the folder {parent} does not exist"
+    return out_dir_problem(parent)
+
+
 def run(a) -> int:
     """Entry point for parsed arguments (``add_arguments``); also the ``train card`` subcommand's."""
     for flag, path in (("--eval", a.eval), ("--gpu-eval", a.gpu_eval), ("--sampled-eval", a.sampled_eval),
@@ -945,6 +971,10 @@ def run(a) -> int:
         if path is not None and not os.path.isfile(path):
             print(f"card: error: {flag} {path}: no such file", file=sys.stderr)
             return 2
+    problem = _out_problem(a.out)
+    if problem:
+        print(f"card: error: --out {a.out!r}: {problem}", file=sys.stderr)
+        return 2
     if not os.path.isfile(os.path.join(a.model_dir, "target_train_log.json")):
         print(f"card: error: --model-dir {a.model_dir}: no target_train_log.json", file=sys.stderr)
         return 2

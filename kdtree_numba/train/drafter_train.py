@@ -421,7 +421,7 @@ def train_drafter(data_dir: str, target_dir: str, out_dir: str, *, steps: int = 
     dev = tt.pick_device(device)
     if dev.type == "cuda":
         torch.set_float32_matmul_precision("high")                                      # TF32 for fp32 matmuls
-    if not 0 < regen_prompt < seq:
+    if regen and not 0 < regen_prompt < seq:
         raise ValueError(f"--regen-prompt {regen_prompt} must be in [1, --seq {seq})")
     regen_docstring = args["regen_docstring"] = dsp.check_fraction(regen_docstring)
     regen_mix = args["regen_mix"] = check_regen_mix(regen, regen_mix)

@@ -197,6 +197,18 @@ def test_card_cli(tmp_path, capsys):
     assert f"card: error: {not_json}: not a JSON file (Expecting value" in capsys.readouterr().err
     assert card.parse_hash_table(out.read_text())                      # the card written before is intact
     assert card.main(["--model-dir", str(tmp_path)]) == 2
+    before = out.read_text()
+    empty = tmp_path / "empty.json"
+    empty.write_text("{}")
+    for argv, msg in ((["--out", ""], "--out '': expected a file path"),                    # was: the default card
+                      (["--out", str(tmp_path)], "a folder, expected a file path"),
+                      (["--out", str(tmp_path / "no" / "c.md")], "does not exist"),
+                      (["--eval", str(empty), "--out", str(out)], "not an eval_humaneval.py JSON")):
+        capsys.readouterr()
+        assert card.main(["--model-dir", d] + argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and msg in err[0], (argv, err)
+    assert out.read_text() == before
 
 
 def test_card_refuses_an_eval_of_another_drafter(tmp_path, capsys):

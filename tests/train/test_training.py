@@ -483,6 +483,7 @@ def test_cli_bad_flag_exits_2_with_one_line(tmp_path):
                                   ["all", "--data", "D", "--out", "O", "--regen-docstring", "1.5"],
                                   ["all", "--data", "D", "--out", "O", "--regen-mix", "1.5"],
                                   ["all", "--data", "D", "--out", "O", "--regen-sampled", "-1"],
+                                  ["corpus", "--out", "O", "--vocab", "10"],
                                   ["all", "--data", "D", "--out", "O", "--init", "X"]])
 def test_cli_errors_in_process(argv, capsys):
     from kdtree_numba.train.__main__ import main
