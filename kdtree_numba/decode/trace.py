@@ -95,8 +95,8 @@ class RoundTrace:
             if depths[i - 1] != (depths[p - 1] if p else 0) + 1:
                 raise bad(f"depths[{i - 1}]", depths[i - 1], f"{(depths[p - 1] if p else 0) + 1} (its parent's + 1)")
         logw = d["logw"]
-        if not (isinstance(logw, list) and len(logw) == n and all(is_num(x) for x in logw)):
-            raise bad("logw", logw, f"a list of {n} numbers")
+        if not (isinstance(logw, list) and len(logw) == n and all(is_num(x) and -math.inf < x <= 0 for x in logw)):
+            raise bad("logw", logw, f"a list of {n} finite log-probabilities (<= 0)")
         acc = d["accepted"]
         if not (isinstance(acc, list) and acc and all(is_int(x) for x in acc)):
             raise bad("accepted", acc, "a non-empty list of node indices")
@@ -110,12 +110,12 @@ class RoundTrace:
                                                     f"path from the root)")
         probs = d["draft_probs"]
         if not (isinstance(probs, list) and len(acc) - 1 <= len(probs) <= len(acc)
-                and all(p is None or is_num(p) for p in probs)):
-            raise bad("draft_probs", probs, f"a list of {len(acc) - 1} or {len(acc)} numbers or nulls (one per "
-                                            f"committed depth; none past the draft's depth)")
+                and all(p is None or (is_num(p) and 0 <= p <= 1) for p in probs)):
+            raise bad("draft_probs", probs, f"a list of {len(acc) - 1} or {len(acc)} probabilities or nulls (one "
+                                            f"per committed depth; none past the draft's depth)")
         times = d["times"]
-        if not (isinstance(times, dict) and all(is_num(v) for v in times.values())):
-            raise bad("times", times, "an object of milliseconds per stage")
+        if not (isinstance(times, dict) and all(is_num(v) and 0 <= v < math.inf for v in times.values())):
+            raise bad("times", times, "an object of milliseconds per stage (finite, >= 0)")
         tree = Tree(np.array(tokens, np.int32), np.array(depths, np.int32), np.array(parents, np.int32),
                     np.array(logw, np.float64))
         return cls(start, root, tree, list(acc), bonus, [float("nan") if p is None else float(p) for p in probs],
@@ -173,8 +173,22 @@ class Generation:
 
     @property
     def acceptance_length(self) -> float:
-        """tau: mean tokens committed per round (NaN for autoregressive decoding)."""
-        return float(np.mean([r.accept_length for r in self.rounds])) if self.rounds else float("nan")
+        """tau: mean tokens the rounds added to the output per round, (len(tokens) - 1) / rounds - the first token
+        comes from the prefill. The last round counts only what it emitted: its path may run past max_new_tokens
+        or a stop token, verified but cut (until 2026-12-05 the whole path counted: 4-5 % more at 128 tokens, and
+        tau 7 for a 2-token generation). NaN for autoregressive decoding. Example: 1 + 5 + 4 tokens in 2 rounds,
+        the second round's path 6 long but cut at max_new_tokens 10 -> tau (10 - 1) / 2 = 4.5 (``round_tokens``
+        [5, 4])."""
+        return (len(self.tokens) - 1) / len(self.rounds) if self.rounds else float("nan")
+
+    @property
+    def round_tokens(self) -> list[int]:
+        """Tokens each round added to the output: its ``accept_length``, the last round's cut to what it emitted
+        (``acceptance_length`` is their mean). Example: paths of 6 and 6 tokens, 10 tokens in all -> [6, 3]."""
+        lens = [r.accept_length for r in self.rounds]
+        if lens:
+            lens[-1] = len(self.tokens) - 1 - sum(lens[:-1])
+        return lens
 
     @property
     def forwards_per_token(self) -> float:
@@ -235,11 +249,14 @@ class Generation:
                 raise bad(field, d[field], "a list of token ids")
         if not (is_int(d["target_forwards"]) and d["target_forwards"] >= 0):
             raise bad("target_forwards", d["target_forwards"], "an integer >= 0")
-        if not is_num(d["seconds"]):
-            raise bad("seconds", d["seconds"], "a number")
+        if not (is_num(d["seconds"]) and 0 <= d["seconds"] < math.inf):
+            raise bad("seconds", d["seconds"], "a number of seconds (finite, >= 0)")
         settings = d.get("settings", {})
         if not isinstance(settings, dict):
             raise bad("settings", settings, "an object")
+        for key in ("model", "method", "drafter"):
+            if key in settings and not isinstance(settings[key], str):
+                raise bad(f"settings.{key}", settings[key], "a string")
         if not isinstance(d["rounds"], list):
             raise bad("rounds", d["rounds"], "a list of rounds")
         rounds = [RoundTrace.from_dict(r, f"{where}: rounds[{i}]") for i, r in enumerate(d["rounds"])]

@@ -56,6 +56,13 @@ def _round(d, **change):
     (lambda d: d.update(tokens=[1, "x"]), ["tokens: got [1, 'x']", "list of token ids"]),
     (lambda d: d.update(target_forwards=-1), ["target_forwards: got -1"]),
     (lambda d: d.pop("prompt"), ["no prompt field"]),
+    # numbers the figures cannot draw (they raised inside matplotlib, or drew nonsense, leaving half the files)
+    (lambda d: d["rounds"][1]["times"].update(draft=float("inf")), ["rounds[1].times", "finite, >= 0"]),
+    (lambda d: d["rounds"][1]["logw"].__setitem__(0, float("nan")), ["rounds[1].logw", "finite log-probabilities"]),
+    (lambda d: d["rounds"][1]["logw"].__setitem__(0, 0.5), ["rounds[1].logw", "(<= 0)"]),
+    (lambda d: d["rounds"][1]["draft_probs"].__setitem__(0, 5.0), ["rounds[1].draft_probs", "probabilities"]),
+    (lambda d: d.update(seconds=-1.0), ["seconds: got -1.0", "finite, >= 0"]),
+    (lambda d: d["settings"].update(model=5), ["settings.model: got 5", "a string"]),
 ])
 def test_a_corrupted_trace_is_named(trace, tmp_path, corrupt, needles):
     d = json.loads(json.dumps(trace))
