@@ -13,10 +13,11 @@ never runs while the worker processes of the acceptance part are alive):
 2. **acceptance length tau and target forwards per token** (numpy worker processes, or the main process with
    ``--workers 0``). Per prompt: greedy autoregressive decoding of ``--max-new-tokens`` (128) tokens, the DFlash
    chain (``chain=True``: the drafter's top-1 token per depth, 15 deep) and DDTree at each ``--budgets`` value,
-   no stop tokens (every run generates exactly 128 tokens). tau of a run = mean over its rounds of the tokens
-   committed in the round (accepted draft tokens + the target's bonus token; the first token, which comes from the
-   prefill, belongs to no round). Aggregates: ``tau = sum of committed tokens over all rounds of all prompts /
-   total rounds`` and ``forwards/token = total target forwards (prefill included) / total generated tokens``;
+   no stop tokens (every run generates exactly 128 tokens). tau of a run = the tokens its rounds added to the
+   output / its rounds (accepted draft tokens + the target's bonus token per round; the first token, which comes
+   from the prefill, belongs to no round; the last round counts only the tokens up to the 128th - the rest of its
+   path was verified, not emitted: ``Generation.acceptance_length``). Aggregates: ``tau = committed tokens of all
+   prompts / total rounds`` and ``forwards/token = total target forwards (prefill included) / total generated tokens``;
    the per-prompt means of both are given too. Every chain / DDTree output is compared with the autoregressive
    output token by token; the number of mismatching runs is reported (must be 0). ``--temperature T`` samples
    instead, here and in the speed part (prompt i with seed ``--seed`` + i, every method alike): the outputs must
@@ -267,7 +268,7 @@ def _run_method(name: str, ids, ar_tokens: list, index: int = 0) -> dict:
     else:
         g = kd.generate(target, ids, n, drafter=drafter, budget=int(name.split("@")[1]), replay=replay,
                         **_sampling(index))
-    lens = [r.accept_length for r in g.rounds]
+    lens = g.round_tokens                                   # tokens per round, the last round's cut to its output
     first_diff = next((i for i, (a, b) in enumerate(zip(g.tokens, ar_tokens)) if a != b),
                       None if len(g.tokens) == len(ar_tokens) else min(len(g.tokens), len(ar_tokens)))
     return {"tokens": len(g.tokens), "rounds": len(lens), "committed": int(sum(lens)),
@@ -374,8 +375,9 @@ def run_tau(prompts: list, budgets, max_new_tokens: int, workers: int, blas_thre
     records.sort(key=lambda r: r["index"])
     agg = _aggregate(records, budgets)
     return {
-        "definition": "tau = sum over all rounds of all prompts of the tokens committed per round (accepted draft "
-                      "tokens + 1 bonus; the prefill's first token is in no round) / total rounds; "
+        "definition": "tau = the tokens the rounds of all prompts added to the output (accepted draft tokens + 1 "
+                      "bonus a round; the prefill's first token is in no round; the last round's only up to "
+                      "max_new_tokens) / total rounds; "
                       "forwards_per_token = total target forwards (prefill included) / total generated tokens; "
                       "*_prompt_mean: the mean over prompts of the per-prompt ratio",
         "backend": backend, "workers": workers, "replay": replay, "max_new_tokens": max_new_tokens,

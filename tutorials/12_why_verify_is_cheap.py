@@ -364,7 +364,7 @@ print(f"gemm.linear takes it on the GPU for M >= {skinny_gemm.MIN_ROWS}, M x N <
 #   chain) on HumanEval/0-7, and over all 164 held-out prompts at 5699 (budget 32) vs 2455 tokens/s: 2.32x, 1.22x
 #   the chain (docs/PERFORMANCE.md, 2026-12-04, nineteenth and twentieth sessions). With today's shipped drafter
 #   (tau 5.62 at budget 32) and a faster plain step: 6723 vs 2849 tokens/s, 2.35x, 1.16x the chain (2026-12-05,
-#   twenty-seventh session); with the drafter shipped after it (tau 5.79) on an H100: 7253 vs 2876, 2.52x, 1.21x.
+#   twenty-seventh session); with the drafter shipped after it (tau 5.55; 5.79 as counted then) on an H100: 7253 vs 2876, 2.52x, 1.21x.
 #   A tiny model never leaves that regime. For a model large enough to be bandwidth-bound (section 1: a Kimi-K2
 #   dense layer) the roofline says the same on bf16 tensor cores: 65 tokens cost ~1.0x one token (~2.7x in fp32
 #   on CUDA cores, where T = 65 is past the ridge at T ~ 24; 16 tokens ~1.0x).

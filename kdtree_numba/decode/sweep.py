@@ -22,8 +22,8 @@ def rows_from_runs(tree_runs: dict, chain_runs) -> list[dict]:
     prompts). Pooled over the runs: tau = tokens committed / rounds, fpt = target forwards / generated tokens
     (prefills included). Each row also says how many prompts it pools (``"prompts"``)."""
     def stats(gens):
-        rounds = [r for g in gens for r in g.rounds]
-        tau = sum(len(r.accepted) for r in rounds) / len(rounds) if rounds else math.nan
+        per_round = [n for g in gens for n in g.round_tokens]                  # the last round's cut to its output
+        tau = sum(per_round) / len(per_round) if per_round else math.nan
         fpt = sum(g.target_forwards for g in gens) / max(sum(len(g.tokens) for g in gens), 1)
         return float(tau), float(fpt)
 

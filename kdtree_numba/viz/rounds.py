@@ -78,15 +78,16 @@ def _new(ncols: int, size, axes, ratios=None):
 
 
 # ---------------------------------------------------------------------------------------------- acceptance
-def _rounds_of(item) -> list:
-    """The rounds of one histogram series: a Generation, or a list of Generations pooled together."""
-    if hasattr(item, "rounds"):
-        return list(item.rounds)
-    return [r for g in item for r in g.rounds]
+def _round_tokens_of(item) -> list[int]:
+    """Tokens per round (``Generation.round_tokens``) of one histogram series: a Generation, or a list of
+    Generations pooled together."""
+    gens = [item] if hasattr(item, "rounds") else list(item)
+    return [n for g in gens for n in g.round_tokens]
 
 
 def acceptance_histogram(gen_or_gens, labels=None, path=None, ax=None, title: str | None = None) -> Figure:
-    """Histogram of tokens committed per round (``len(accepted)``: accepted drafts + bonus), tau marked.
+    """Histogram of tokens committed per round (``Generation.round_tokens``: accepted drafts + bonus, the last
+    round's cut to what it emitted), tau marked.
 
     gen_or_gens: one ``Generation`` (bars count rounds) or a list of series, each a ``Generation`` or a list of
     Generations whose rounds are pooled (e.g. one run per prompt); several series are drawn as grouped bars,
@@ -107,7 +108,7 @@ def acceptance_histogram(gen_or_gens, labels=None, path=None, ax=None, title: st
         ax = fig.add_subplot()
     fig = ax.figure
     _style(ax)
-    lengths = [np.array([len(r.accepted) for r in _rounds_of(g)], int) for g in series]
+    lengths = [np.array(_round_tokens_of(g), int) for g in series]
     top = max([int(x.max()) for x in lengths if x.size] + [1])
     xs = np.arange(1, top + 1)
     k = len(series)

@@ -360,3 +360,16 @@ def test_a_draft_deeper_than_the_context_is_refused_up_front(targets, depth, num
     t = targets["default"]
     with pytest.raises(ValueError, match=r"draft depth \(\d+\) = \d+ exceeds the context limit of 4096"):
         kd.generate(t, PROMPT, 8, drafter=kd.RandomDrafter(t.config.vocab_size, depth=depth), budget=4)
+
+
+def test_tau_counts_what_the_rounds_emitted(targets, numpy_backend):
+    """A round's path may run past max_new_tokens (or a stop token): verified, but cut from the output. tau counts
+    the tokens the rounds added - (len(tokens) - 1) / rounds - so a 2-token generation is never 'tau 7'."""
+    t = targets["default"]
+    drafter = kd.OracleDrafter(t, noise=0.0, depth=8)
+    g = kd.generate(t, PROMPT, 2, drafter=drafter, chain=True)
+    assert len(g.tokens) == 2 and len(g.rounds) == 1 and g.rounds[0].accept_length > 2
+    assert g.acceptance_length == 1.0
+    g = kd.generate(t, PROMPT, 40, drafter=drafter, budget=16)
+    assert g.acceptance_length == (len(g.tokens) - 1) / len(g.rounds)
+    assert sum(r.accept_length for r in g.rounds[:-1]) < len(g.tokens) - 1 <= sum(r.accept_length for r in g.rounds)

@@ -26,11 +26,11 @@ def test_sweep_rows_numpy():
 
 
 def test_rows_from_runs_pools_prompts():
-    a, b = _gen([1, 3]), _gen([2, 2, 2, 2])                               # 2 + 4 rounds, 4 + 8 tokens
+    a, b = _gen([1, 3]), _gen([2, 2, 2, 2])                      # 2 + 4 rounds, 1 + 4 and 1 + 8 tokens
     c = _gen([1, 1, 1, 1], settings={"method": "chain", "depth": 4})
     rows = rows_from_runs({16: [a, b], 4: [b]}, [c, c])
     assert [r["budget"] for r in rows] == [4, 16]
     r16 = rows[1]
     assert r16["tree_tau"] == pytest.approx((1 + 3 + 2 * 4) / 6)         # tokens committed / rounds, pooled
-    assert r16["tree_fpt"] == pytest.approx((3 + 5) / 12)                 # forwards / tokens, pooled
+    assert r16["tree_fpt"] == pytest.approx((3 + 5) / 14)                 # forwards / tokens, pooled
     assert r16["chain_tau"] == pytest.approx(1.0) and r16["prompts"] == 2 and rows[0]["prompts"] == 1

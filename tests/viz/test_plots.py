@@ -378,10 +378,10 @@ def test_budget_sweep_without_a_positive_budget_is_an_empty_figure(tmp_path):
 
 
 def _gen(accepts, prompt=(1, 2), forwards=None, settings=None):
-    """A Generation whose rounds commit ``accepts`` tokens each (hand-made trees)."""
+    """A Generation whose rounds commit ``accepts`` tokens each (hand-made trees), after the prefill's token."""
     rounds = [make_round(16, seed=i, accept=a - 1) for i, a in enumerate(accepts)]
-    tokens = [t for r in rounds for t in [r.root] + r.accepted_tokens][:sum(accepts)]
-    tokens += [0] * (sum(accepts) - len(tokens))
+    tokens = [t for r in rounds for t in [r.root] + r.accepted_tokens][:sum(accepts) + 1]
+    tokens += [0] * (sum(accepts) + 1 - len(tokens))
     return kd.Generation(list(prompt), tokens, rounds, forwards or len(rounds) + 1, 0.1,
                          settings or {"method": "ddtree", "budget": 16})
 
