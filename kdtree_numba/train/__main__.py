@@ -180,6 +180,36 @@ def _check_data(ap, path):
         ap.error(f"--data {path}: no tokens.npy there (build it with the corpus subcommand)")
 
 
+def _check_target_config(ap, a):
+    """The target the run would train, before any training: --config-json's fields known to DeepseekV3Config,
+    its values as the engine reads them (TargetConfig), positions for --seq tokens and a vocabulary that holds the
+    corpus's ids. One line and exit 2 for each - they used to train (a -1-layer model, a typo'd field written into
+    config.json) or raise tracebacks minutes in."""
+    import inspect
+
+    import transformers
+
+    from ..config import TargetConfig
+    from .target_train import DEFAULT_TARGET_CONFIG, TokenData, target_config_dict
+
+    over = a.config_json or {}
+    known = set(inspect.signature(transformers.DeepseekV3Config.__init__).parameters) | set(DEFAULT_TARGET_CONFIG)
+    unknown = sorted(set(over) - known - {"self", "kwargs"})
+    if unknown:
+        ap.error(f"--config-json: unknown field {unknown[0]!r} (not a DeepseekV3Config field)")
+    try:
+        cfg = TargetConfig.from_dict({"model_type": "deepseek_v3", **target_config_dict(over)}, source="--config-json")
+        if cfg.max_position_embeddings < a.seq:
+            raise ValueError(f"--config-json: max_position_embeddings {cfg.max_position_embeddings} < --seq {a.seq} "
+                             f"(a training window needs a position per token)")
+    except ValueError as e:
+        ap.error(str(e))
+    try:
+        TokenData(a.data).check_vocab(cfg.vocab_size)
+    except ValueError as e:
+        ap.error(f"--config-json: vocab_size {cfg.vocab_size} does not hold the corpus ({e})")
+
+
 def _common_kw(a) -> dict:
     return dict(seed=a.seed, device=a.device, attn=a.attn, experts=a.experts, log_every=a.log_every,
                 print_every=a.print_every, val_windows=a.val_windows, seq=a.seq)
@@ -312,6 +342,8 @@ def main(argv=None) -> int:
               flush=True)
         return 0
     _check_data(ap, a.data)
+    if a.cmd in ("target", "all"):
+        _check_target_config(ap, a)
     if a.cmd in ("drafter", "all"):
         _check_drafter(ap, a)
     if a.cmd == "target":

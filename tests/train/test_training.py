@@ -601,6 +601,23 @@ def test_cli_refuses_a_bad_init_mix_or_anchors_before_training(data_dir, trained
         assert e.value.code == 2 and len(err) == 1 and msg in err[0], (extra, err)
 
 
+def test_cli_refuses_a_target_config_before_training(data_dir, capsys, monkeypatch):
+    """--config-json is read as the engine reads a checkpoint's config, before anything trains: a -1-layer model,
+    a misspelt field, too few positions for --seq, a vocabulary below the corpus's ids - one line, exit 2."""
+    from kdtree_numba.train.__main__ import main
+
+    monkeypatch.setattr(tt, "train_target", lambda *a, **k: pytest.fail("the target was trained"))
+    for cfg, msg in (({"num_hidden_layers": -1}, "--config-json: num_hidden_layers: got -1, expected a positive"),
+                     ({"hiden_size": 64}, "--config-json: unknown field 'hiden_size'"),
+                     ({"max_position_embeddings": 4}, f"max_position_embeddings 4 < --seq {SEQ}"),
+                     ({"vocab_size": 3}, "--config-json: vocab_size 3 does not hold the corpus")):
+        for cmd in ("target", "all"):
+            with pytest.raises(SystemExit) as e:
+                main([cmd, "--data", data_dir, "--out", "O", "--seq", str(SEQ), "--config-json", json.dumps(cfg)])
+            err = capsys.readouterr().err.strip().splitlines()
+            assert e.value.code == 2 and len(err) == 1 and msg in err[0], (cfg, err)
+
+
 def test_cli_refuses_too_few_docstring_sites_before_training(data_dir, trained_target, capsys, monkeypatch):
     """The fake corpus has no docstrings: --regen-docstring exits 2 with one line, before anything trains."""
     from kdtree_numba.train.__main__ import main
