@@ -46,6 +46,7 @@ from .. import backend
 from ..config import ConfigError, check_yarn, parse_rope, rope_tables
 from ..kernels import _checks, block_attention, draft_kv, embedding, gemm, rmsnorm, swiglu
 from . import checkpoint
+from .checkpoint import CheckpointError
 from .drafters import Drafter
 
 FOLD_NORMS = True  # the drafter's RMSNorms folded into the projections after them (module docstring); False: the
@@ -448,11 +449,19 @@ def load_drafter(path, target) -> DFlashDrafter:
     if not isinstance(target, Target):
         raise ValueError(f"target: expected the kdtree_numba Target the drafter reads its features from, got "
                          f"{type(target).__name__}")
+    if not isinstance(path, (str, os.PathLike)):
+        raise CheckpointError(f"path: expected a DFlash drafter directory, got {path!r}")
     path = os.fspath(path)
     cfg = read_config(path)
-    cfg.check_target(target.config)
+    try:
+        cfg.check_target(target.config)
+    except ConfigError as e:                             # every loader error names the file it read
+        raise ConfigError(f"{os.path.join(path, checkpoint.CONFIG_NAME)}: {e}") from None
     state = checkpoint.read_tensors(path)
-    return DFlashDrafter.from_state_dict(cfg, target, state)
+    try:
+        return DFlashDrafter.from_state_dict(cfg, target, state)
+    except CheckpointError as e:
+        raise CheckpointError(f"{path}: {e}") from None
 
 
 def random_drafter(target, seed: int = 0, std: float = 0.1, **overrides) -> DFlashDrafter:

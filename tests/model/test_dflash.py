@@ -169,8 +169,10 @@ def _edit(path, tmp_path, change):
 ])
 def test_a_drafter_that_does_not_fit_is_refused(pair, tmp_path, change, msg, numpy_backend):
     target, _, path = pair
-    with pytest.raises(ValueError, match=msg):
-        kd.load_drafter(_edit(path, tmp_path, change), target)
+    bad = _edit(path, tmp_path, change)
+    with pytest.raises(ValueError, match=msg) as e:
+        kd.load_drafter(bad, target)
+    assert str(bad) in str(e.value)                                      # every message names where it read
 
 
 def test_yarn_rope_parses(pair, tmp_path, numpy_backend):
