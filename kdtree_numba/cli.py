@@ -403,7 +403,7 @@ def cmd_trees(args) -> int:
         raise CliError(str(e)) from None
     if not gen.rounds:
         raise CliError(f"trace: {args.trace} has no DDTree rounds (an autoregressive run?)")
-    rounds = args.rounds if args.rounds is not None else list(range(min(3, len(gen.rounds))))
+    rounds = list(dict.fromkeys(args.rounds)) if args.rounds is not None else list(range(min(3, len(gen.rounds))))
     if not rounds:
         raise CliError("--rounds: expected at least one round index")
     bad = [r for r in rounds if not 0 <= r < len(gen.rounds)]
@@ -422,7 +422,8 @@ def cmd_trees(args) -> int:
     viz.stage_times(gen, path=os.path.join(args.out, "stage_times.png"))
     viz.write_html(gen, os.path.join(args.out, "viewer.html"), vocab_size=V, tokenizer=tok)
     labels = "decoded tokens" if tok is not None else ("bytes" if V == 256 else "token ids")
-    print(f"wrote {len(rounds)} round figures, rounds/acceptance/tree_shape/stage_times.png and viewer.html "
+    plural = "s" if len(rounds) != 1 else ""
+    print(f"wrote {len(rounds)} round figure{plural}, rounds/acceptance/tree_shape/stage_times.png and viewer.html "
           f"to {args.out} (labels: {labels})")
     return 0
 

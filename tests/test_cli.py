@@ -145,8 +145,9 @@ def test_trees_labels(default_trace, byte_model, tmp_path, capsys):
     for f in ("round000.png", "round001.png", "rounds.png", "acceptance.png", "tree_shape.png", "stage_times.png",
               "viewer.html"):
         assert (tmp_path / "t" / f).stat().st_size > 0, f
-    r = inproc(capsys, "trees", trace, "--out", tmp_path / "ids", "--vocab-size", "4096", "--rounds", "0")
+    r = inproc(capsys, "trees", trace, "--out", tmp_path / "ids", "--vocab-size", "4096", "--rounds", "0,0")
     assert r.returncode == 0 and "labels: token ids" in r.stdout, r.stderr
+    assert "wrote 1 round figure" in r.stdout, r.stdout                 # a repeated index draws (and counts) once
     r = inproc(capsys, "trees", trace, "--out", tmp_path / "m", "--rounds", "0",
                "--model", os.path.join(os.path.dirname(__import__("kdtree_numba").__file__), "default_model", "target"))
     assert r.returncode == 0 and "labels: decoded tokens" in r.stdout, r.stderr
