@@ -327,10 +327,28 @@ def read_json(path, what: str = "config"):
         raise ConfigError(f"{what}: {path} is not a usable JSON document (nested too deeply)") from None
 
 
-def parse_rope(d: dict) -> tuple[float, dict | None]:
-    """(rope_theta, normalised YaRN dict or None) from an HF config dict, in either form (module docstring).
-    ConfigError naming the field when a rope field has the wrong type or is not finite; ``check_yarn`` checks the
-    YaRN values' ranges."""
+def parse_rope(d: dict, default_theta: float = 10000.0) -> tuple[float, dict | None]:
+    """(rope_theta, normalised YaRN dict or None) from an HF config dict, in either form (module docstring);
+    ``default_theta`` where the dict names none. ConfigError naming the field when a rope field has the wrong type
+    or is not finite, or when ``rope_parameters`` and the older ``rope_scaling`` / top-level ``rope_theta`` are both
+    present and describe different RoPE (the first used to win silently); ``check_yarn`` checks the YaRN values'
+    ranges."""
+    rp = d.get("rope_parameters")
+    if isinstance(rp, dict) and rp and (d.get("rope_scaling") or "rope_theta" in d):
+        new = _parse_rope({k: v for k, v in d.items() if k != "rope_scaling"}, default_theta)
+        old = _parse_rope({k: v for k, v in d.items() if k != "rope_parameters"}, default_theta)
+        if "rope_theta" in rp and "rope_theta" in d and rp["rope_theta"] != d["rope_theta"]:
+            raise ConfigError(f"rope_theta: got {short_repr(d['rope_theta'])} beside rope_parameters.rope_theta "
+                              f"{short_repr(rp['rope_theta'])}, expected one value")
+        if d.get("rope_scaling") and new != old:
+            raise ConfigError(f"rope_parameters and rope_scaling describe different RoPE ({short_repr(rp)} / "
+                              f"{short_repr(d['rope_scaling'])}), expected one of them or the same")
+        return new
+    return _parse_rope(d, default_theta)
+
+
+def _parse_rope(d: dict, default_theta: float) -> tuple[float, dict | None]:
+    """parse_rope for a dict whose rope forms do not conflict."""
     def number(field, v, positive=True):
         if not is_num(v) or not math.isfinite(v) or (positive and v <= 0):
             raise ConfigError(f"{field}: got {short_repr(v)}, expected a finite {'positive ' if positive else ''}number")
@@ -343,12 +361,12 @@ def parse_rope(d: dict) -> tuple[float, dict | None]:
             raise ConfigError(f"{field}: got {short_repr(v)}, expected an object or null")
     if rp:
         params, field = dict(rp), "rope_parameters"
-        theta = params.get("rope_theta", d.get("rope_theta", 10000.0))
+        theta = params.get("rope_theta", d.get("rope_theta", default_theta))
     elif rs:
         params, field = dict(rs), "rope_scaling"
-        theta = d.get("rope_theta", 10000.0)
+        theta = d.get("rope_theta", default_theta)
     else:
-        return number("rope_theta", d.get("rope_theta", 10000.0)), None
+        return number("rope_theta", d.get("rope_theta", default_theta)), None
     theta = number("rope_theta", theta)
     kind = params.get("rope_type", params.get("type", "default"))
     if kind == "default":

@@ -131,7 +131,7 @@ class DFlashConfig:
             raise ConfigError(f"{source}: rms_norm_eps: got {eps!r}, expected a number in (0, 1)")
         d["rms_norm_eps"] = float(eps)
         try:
-            d["rope_theta"], d["rope_scaling"] = parse_rope({"rope_theta": 1e6, **raw})
+            d["rope_theta"], d["rope_scaling"] = parse_rope(raw, default_theta=1e6)
         except ConfigError as e:
             raise ConfigError(f"{source}: {e}") from None
         ys = d["rope_scaling"]

@@ -200,6 +200,14 @@ NAN, INF = float("nan"), float("inf")
                                          "original_max_position_embeddings": 64}), "beta_fast", "-1"),
     (lambda c: c.update(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "mscale": "1",
                                          "original_max_position_embeddings": 64}), "mscale", "'1'"),
+    # the newer rope_parameters beside the older rope_scaling / rope_theta that say otherwise (the first won silently)
+    (lambda c: c.update(rope_parameters={"rope_type": "default", "rope_theta": 1e4}, rope_theta=0),
+     "rope_theta", "0"),
+    (lambda c: c.update(rope_parameters={"rope_type": "default", "rope_theta": 1e4}, rope_theta=5e5),
+     "rope_theta", "500000"),
+    (lambda c: c.update(rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+                        rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}),
+     "rope_parameters and rope_scaling describe different RoPE", "yarn"),
     (lambda c: c.update(quantization_config="fp8"), "quantization_config", "'fp8'"),
     (lambda c: c.update(quantization_config={"quant_method": "fp8", "weight_block_size": [0, 128]}),
      "weight_block_size", "[0, 128]"),
@@ -216,6 +224,17 @@ def test_bad_config_values_are_named_at_load(ckpt, change, field, value):
     edit_config(path, change)
     msg = refused(path, path / "config.json", field, value)
     assert "expected" in msg
+
+
+def test_rope_in_both_forms_loads_when_they_agree(ckpt):
+    """rope_parameters beside the same RoPE as rope_scaling + rope_theta (a config converted between transformers
+    versions) is not a conflict."""
+    path, _ = ckpt
+    yarn = {"factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 32.0, "beta_slow": 1.0}
+    edit_config(path, lambda c: c.update(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, **yarn},
+                                         rope_scaling={"type": "yarn", **yarn}, rope_theta=1e4))
+    cfg = kd.load_target(path).config
+    assert cfg.rope_theta == 1e4 and cfg.rope_scaling["factor"] == 4.0
 
 
 @pytest.mark.parametrize("change, needle", [
