@@ -15,10 +15,16 @@ Example: ``token_label(72, 256) -> 'H'``, ``token_label(32, 256) -> '␣'``, ``t
 """
 from __future__ import annotations
 
+import numbers
+
+from . import _args
+
 BYTE_VOCAB = 256
 
 
 def _check(tok, vocab_size: int) -> int:
+    if isinstance(tok, bool) or not isinstance(tok, numbers.Integral):
+        raise ValueError(f"token: expected an integer token id, got {tok!r}")
     tok = int(tok)
     if tok < 0 or (vocab_size > 0 and tok >= vocab_size):
         hint = (" (the pictures label bytes by default, vocab_size 256: pass tokenizer=target.tokenizer or "
@@ -38,6 +44,7 @@ def token_label(tok: int, vocab_size: int, tokenizer=None) -> str:
     tok: the token id; vocab_size: the vocabulary size (256 = byte-level text); tokenizer: an object with
     ``token_text(id)`` (``target.tokenizer``): labels are its decoded text and vocab_size is not consulted.
     Raises ValueError for an id outside the vocabulary (a negative id with a tokenizer)."""
+    _args.tokenizer(tokenizer)
     if tokenizer is not None:
         tok = _check(tok, 0)
         return tokenizer.token_text(tok) if _covered(tok, tokenizer) else f"#{tok}"
@@ -58,6 +65,7 @@ def token_label(tok: int, vocab_size: int, tokenizer=None) -> str:
 def token_piece(tok: int, vocab_size: int, tokenizer=None) -> str:
     """The token as it reads inside running text: like ``token_label`` but a space stays a space and a newline
     is ``⏎`` followed by a real line break (ids of non-byte vocabularies get a trailing space)."""
+    _args.tokenizer(tokenizer)
     if tokenizer is not None:
         tok = _check(tok, 0)
         if not _covered(tok, tokenizer):
@@ -76,6 +84,7 @@ def token_piece(tok: int, vocab_size: int, tokenizer=None) -> str:
 def text_of(tokens, vocab_size: int, tokenizer=None) -> str:
     """The text of a token sequence: ``tokenizer.decode`` when a tokenizer is given; else UTF-8 decoded bytes
     (invalid sequences replaced by U+FFFD) for a byte-level vocabulary, else the ids joined by single spaces."""
+    _args.tokenizer(tokenizer)
     if tokenizer is not None:
         return tokenizer.decode([_check(t, 0) for t in tokens])
     toks = [_check(t, vocab_size) for t in tokens]

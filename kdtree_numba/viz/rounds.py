@@ -18,6 +18,8 @@ here decodes.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import math
 
 import numpy as np
@@ -25,6 +27,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullLocator, PercentFormatter
 
 from ..decode.trace import STAGES
+from . import _args
 from .trees import ACCENT, GRID, MUTED_TEXT, save
 
 TREE_COLOUR = "#2767b0"     # DDTree (the blue of the tree pictures)
@@ -95,8 +98,15 @@ def acceptance_histogram(gen_or_gens, labels=None, path=None, ax=None, title: st
     compare. labels: legend names (default from each series' settings, e.g. ``ddtree B=64``); title: the axes
     title (default: what is counted, and for one run its name and rounds); ax: draw into this Axes; path: save
     there."""
-    single = hasattr(gen_or_gens, "rounds")
+    from ..decode.trace import Generation
+
+    single = isinstance(gen_or_gens, Generation)
+    if not single and (not isinstance(gen_or_gens, Sequence) or isinstance(gen_or_gens, (str, bytes))):
+        raise ValueError(f"gen_or_gens: expected a Generation or a list of them, got {type(gen_or_gens).__name__}")
     series = [gen_or_gens] if single else list(gen_or_gens)
+    for i, g in enumerate(series):
+        for x in ([g] if isinstance(g, Generation) else g if isinstance(g, Sequence) else [g]):
+            _args.generation(x, f"gen_or_gens[{i}]")
     if not series:
         raise ValueError("gen_or_gens: expected a Generation or a non-empty list of them, got an empty list")
     if labels is None:
@@ -180,6 +190,7 @@ def tree_shape(gen, path=None, axes=None) -> Figure:
 
     The branching factor at depth d is the mean number of children of a node at depth d (depth 0 = the root),
     leaves included. axes: two Axes to draw into; path: save there."""
+    _args.generation(gen)
     fig, (a1, a2) = _new(2, (9.0, 3.6), axes)
     for a in (a1, a2):
         _style(a)
@@ -228,6 +239,11 @@ def budget_sweep(rows, path=None, axes=None, chain_label: str = "single draft ch
     with filled circles; the chain a dashed line with hollow squares at the same budgets, so neither hides the
     other where they meet. chain_label: the chain's legend name; title: a figure title (the fpt panel says
     what was averaged when rows carry ``"prompts"``). axes: two Axes to draw into; path: save there."""
+    need = ("budget", "tree_tau", "tree_fpt", "chain_tau", "chain_fpt")
+    if not isinstance(rows, (list, tuple)) or not all(isinstance(r, dict) and all(k in r for k in need)
+                                                      for r in rows):
+        raise ValueError(f"rows: expected a list of dicts with {', '.join(need)} (as sweep_rows returns), got "
+                         f"{str(rows)[:80]}")
     rows = sorted(rows, key=lambda r: r["budget"])
     fig, (a1, a2) = _new(2, (9.6, 3.9), axes)
     if not any(r["budget"] > 0 for r in rows):           # the budget axis is logarithmic: budget 0 has no place
@@ -295,7 +311,7 @@ def stage_times(gen, path=None, axes=None, note: str | None = None) -> Figure:
     on a GPU, kernels/stamp.py; the host clock on the NumPy backend). note: appended to the
     left panel's title in parentheses (e.g. the backend the times were taken on); axes: two Axes to draw into;
     path: save there."""
-    R = len(gen.rounds)
+    R = len(_args.generation(gen).rounds)
     fig, (a1, a2) = _new(2, (10.5, 3.8), axes, ratios=[2.6, 1])
     for a in (a1, a2):
         _style(a)

@@ -29,7 +29,11 @@ VAL_STYLE = {"regen": dict(color="#2b9348", marker="s"), "corpus": dict(color="#
 
 def _read(log) -> dict:
     if isinstance(log, dict):
+        if not isinstance(log.get("steps"), list) or not log["steps"]:
+            raise ValueError("log: not a training log (expected a 'steps' list)")
         return log
+    if not isinstance(log, (str, os.PathLike)):
+        raise ValueError(f"log: expected a training log (a dict or a JSON file path), got {type(log).__name__}")
     path = os.fspath(log)
     try:
         with open(path) as f:

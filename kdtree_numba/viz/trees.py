@@ -35,6 +35,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from ..atomic_file import write_atomic
+from . import _args
 from .labels import shorten, token_label, visible
 
 # ---------------------------------------------------------------------------------------------- conventions
@@ -404,6 +405,8 @@ def plot_tree(round_trace, vocab_size: int = 256, ax=None, path=None, max_nodes:
                          f"{type(round_trace).__name__}")
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
         raise ValueError(f"vocab_size: expected a positive integer (256: byte labels), got {vocab_size!r}")
+    _args.axes(ax)
+    _args.tokenizer(tokenizer)
     max_nodes = DEFAULT_MAX_NODES if max_nodes is None else max_nodes
     if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 0:
         raise ValueError(f"max_nodes: expected an integer >= 0 or None, got {max_nodes!r}")
@@ -431,7 +434,7 @@ def showcase_rounds(rounds) -> list[int]:
     """Indices of two rounds worth drawing: a typical one (its accepted length is the median, the one nearest the
     middle of the generation) and the best (the most tokens accepted; the earliest such), in generation order.
     One index when they coincide, none for no rounds. rounds: a Generation or a list of RoundTrace."""
-    rounds = list(getattr(rounds, "rounds", rounds))
+    rounds = _args.rounds(rounds)
     if not rounds:
         return []
     m = np.array([len(r.accepted) for r in rounds])
@@ -455,7 +458,14 @@ def plot_rounds(rounds, vocab_size: int = 256, n: int = 4, path=None, max_nodes:
     vocab_size / tokenizer / max_nodes: as in ``plot_tree`` (max_nodes None: 32 per panel). Panels sit side by
     side while they fit in 12 inches (1800 px as saved) and wrap onto more rows when they do not. Titles count
     rounds from 1. path: save there. ``fig.kd_drawn_nodes`` is the list of drawn node counts, one per panel."""
-    rounds = list(getattr(rounds, "rounds", rounds))
+    rounds = _args.rounds(rounds)
+    _args.whole(vocab_size, "vocab_size")
+    _args.tokenizer(tokenizer)
+    if picks is None:
+        n = _args.whole(n, "n")
+    elif not (isinstance(picks, (list, tuple)) and all(isinstance(i, int) and not isinstance(i, bool)
+                                                       for i in picks)):
+        raise ValueError(f"picks: expected a list of round indices, got {picks!r}")
     if not rounds:
         fig = Figure(figsize=(6, 2.5))
         ax = fig.add_subplot()
@@ -466,7 +476,7 @@ def plot_rounds(rounds, vocab_size: int = 256, n: int = 4, path=None, max_nodes:
         save(fig, path)
         return fig
     if picks is None:
-        n = max(1, min(int(n), len(rounds)))
+        n = min(n, len(rounds))
         picks = sorted({int(round(x)) for x in np.linspace(0, len(rounds) - 1, n)})
     else:
         picks = [int(i) for i in picks]

@@ -489,3 +489,30 @@ def test_bad_picture_arguments_are_named(runs, tmp_path):
     assert os.listdir(tmp_path) == []                                   # nothing written, no temporary left
     viz.plot_tree(rt, max_nodes=0, path=tmp_path / "only_path.svg")     # 0: the accepted path alone
     assert os.listdir(tmp_path) == ["only_path.svg"]
+
+
+@pytest.mark.parametrize("call, msg", [
+    (lambda r, rt: viz.plot_tree(rt, tokenizer="x"), r"tokenizer: expected target.tokenizer .* got str"),
+    (lambda r, rt: viz.plot_tree(rt, ax="x"), "ax: expected a matplotlib Axes or None, got str"),
+    (lambda r, rt: viz.token_label(5, 256, tokenizer=r), r"tokenizer: expected .* got Generation"),
+    (lambda r, rt: viz.text_of([1.5], 256), "token: expected an integer token id, got 1.5"),
+    (lambda r, rt: viz.plot_rounds([1, 2]), "rounds: expected a Generation or a list of its RoundTraces, got list"),
+    (lambda r, rt: viz.plot_rounds(None), "rounds: expected a Generation .* got NoneType"),
+    (lambda r, rt: viz.plot_rounds(r, picks=5), "picks: expected a list of round indices, got 5"),
+    (lambda r, rt: viz.plot_rounds(r, n=0), "n: expected an integer >= 1, got 0"),
+    (lambda r, rt: viz.plot_rounds(r, n=2.7), "n: expected an integer >= 1, got 2.7"),
+    (lambda r, rt: viz.showcase_rounds(None), "rounds: expected a Generation"),
+    (lambda r, rt: viz.tree_shape(None), "gen: expected a Generation"),
+    (lambda r, rt: viz.stage_times([1]), "gen: expected a Generation .* got list"),
+    (lambda r, rt: viz.acceptance_histogram(None), "gen_or_gens: expected a Generation or a list of them"),
+    (lambda r, rt: viz.acceptance_histogram([r, 3]), r"gen_or_gens\[1\]: expected a Generation"),
+    (lambda r, rt: viz.budget_sweep([{}]), "rows: expected a list of dicts with budget, tree_tau"),
+    (lambda r, rt: viz.training_curves({}, {}), "log: not a training log"),
+    (lambda r, rt: viz.write_html(r, "v.html", vocab_size=0), "vocab_size: expected an integer >= 1, got 0"),
+])
+def test_wrong_kinds_of_arguments_are_named(runs, call, msg):
+    """A wrong kind of argument - a string for the tokenizer or the axes, a list of numbers for the rounds, a
+    fractional count, a dict without a sweep's fields - is a ValueError naming it, not an AttributeError or
+    KeyError from inside the plot; nothing is written."""
+    with pytest.raises(ValueError, match=msg):
+        call(runs["tree"], runs["tree"].rounds[0])
