@@ -270,3 +270,13 @@ def test_generate_refuses_positions_past_the_drafters_own_limit(pair, tmp_path, 
     assert target.config.max_position_embeddings > 16
     with pytest.raises(ValueError, match=r"exceeds the context limit of 16 \(the drafter's max_position_embeddings\)"):
         kd.generate(target, PROMPT[:4], 12, drafter=d, budget=4)
+
+
+def test_tokenizer_decode_names_an_id_that_is_not_one(numpy_backend):
+    """decode refuses a negative or fractional id by name (a raw OverflowError, or 1.5 read as 1); an id past the
+    tokenizer's vocabulary (a padded model row) decodes to nothing, as the library does."""
+    tok = kd.load_default()[0].tokenizer
+    assert tok.decode(np.array([3, 4], np.int32)) == tok.decode([3, 4]) and tok.decode([10 ** 6]) == ""
+    for bad, shown in (([5, -1], "-1 at index 1"), ([1.5], "1.5 at index 0"), ([True], "True at index 0")):
+        with pytest.raises(ValueError, match=f"ids: expected token ids >= 0, got {shown}"):
+            tok.decode(bad)
