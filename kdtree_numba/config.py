@@ -340,7 +340,7 @@ def parse_rope(d: dict, default_theta: float = 10000.0) -> tuple[float, dict | N
         if "rope_theta" in rp and "rope_theta" in d and rp["rope_theta"] != d["rope_theta"]:
             raise ConfigError(f"rope_theta: got {short_repr(d['rope_theta'])} beside rope_parameters.rope_theta "
                               f"{short_repr(rp['rope_theta'])}, expected one value")
-        if d.get("rope_scaling") and new != old:
+        if d.get("rope_scaling") and new[1] != old[1]:      # the scaling; theta is compared above when both say it
             raise ConfigError(f"rope_parameters and rope_scaling describe different RoPE ({short_repr(rp)} / "
                               f"{short_repr(d['rope_scaling'])}), expected one of them or the same")
         return new

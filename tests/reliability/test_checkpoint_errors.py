@@ -235,6 +235,8 @@ def test_rope_in_both_forms_loads_when_they_agree(ckpt):
                                          rope_scaling={"type": "yarn", **yarn}, rope_theta=1e4))
     cfg = kd.load_target(path).config
     assert cfg.rope_theta == 1e4 and cfg.rope_scaling["factor"] == 4.0
+    edit_config(path, lambda c: c.pop("rope_theta"))                # the older form without its own theta
+    assert kd.load_target(path).config.rope_theta == 1e4
 
 
 @pytest.mark.parametrize("change, needle", [
