@@ -79,6 +79,24 @@ def whole_list(lo: int | None = None, hi: int | None = None):
     return parse
 
 
+def out_file_problem(path: str, exts=None) -> str | None:
+    """Why an output file cannot be written at ``path`` (ending in one of ``exts`` when given), or None: an empty
+    path, another ending, a folder, a missing folder, or one the filesystem refuses (``out_dir_problem``'s probe).
+    Example: out_file_problem("/no/such/dir/t.json") -> "cannot write /no/such/dir/t.json (the folder /no/such/dir
+    does not exist)"."""
+    if not path:
+        return "expected a file path, got ''"
+    if exts and (not path.lower().endswith(exts) or os.path.basename(path).lower() in exts):
+        return f"expected a file path ending in {' or '.join(exts)}, got {path!r}"
+    if os.path.isdir(path):
+        return f"{path} is a folder, expected a file path"
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        return f"cannot write {path} (the folder {folder} does not exist)"
+    problem = out_dir_problem(folder)
+    return f"cannot write {path} ({problem})" if problem else None
+
+
 def out_dir_problem(path: str) -> str | None:
     """Why the output folder ``path`` cannot be written, or None. Checked by doing it - creating the missing
     folders and a file in it, then removing them again (nothing is left) - since the permission bits can say yes

@@ -18,7 +18,7 @@ import os
 import sys
 import time
 
-from .argtypes import out_dir_problem, real, whole, whole_list
+from .argtypes import out_dir_problem, out_file_problem, real, whole, whole_list
 from .decode.generate import DEFAULT_BUDGET
 
 DEMO_TASK = "HumanEval/18"          # its greedy completion reads as code (a small class), see cmd_demo
@@ -54,26 +54,11 @@ _int_list, _budget_list = whole_list(0), whole_list(0, 1024)
 _sweep_budgets = whole_list(1, 1024)       # a log-scale axis; budget 0 (plain decoding) is its dotted line
 
 
-def _writable_dir(folder: str, flag: str, path: str) -> None:
-    """``path``'s folder exists and takes a file: probed by writing one (``argtypes.out_dir_problem``), since the
-    permission bits can say yes where the filesystem says no (root on /proc, a read-only mount)."""
-    folder = folder or "."
-    if not os.path.isdir(folder):
-        raise CliError(f"{flag}: cannot write {path} (the folder {folder} does not exist)")
-    problem = out_dir_problem(folder)
-    if problem:
-        raise CliError(f"{flag}: cannot write {path} ({problem})")
-
-
 def _check_out_file(path: str, flag: str, exts=None) -> None:
-    """Refuse an output file we could not write, before any work is done."""
-    if not path:
-        raise CliError(f"{flag}: expected a file path, got ''")
-    if exts and (not path.lower().endswith(exts) or os.path.basename(path).lower() in exts):
-        raise CliError(f"{flag}: expected a file path ending in {' or '.join(exts)}, got {path!r}")
-    if os.path.isdir(path):
-        raise CliError(f"{flag}: {path} is a folder, expected a file path")
-    _writable_dir(os.path.dirname(os.path.abspath(path)), flag, path)
+    """Refuse an output file we could not write, before any work is done (``argtypes.out_file_problem``)."""
+    problem = out_file_problem(path, exts)
+    if problem:
+        raise CliError(f"{flag}: {problem}")
 
 
 def _check_out_dir(path: str, flag: str) -> None:

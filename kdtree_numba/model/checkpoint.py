@@ -348,7 +348,7 @@ def save_dir(path, write) -> None:
 
 
 def _save_into(path: str, write) -> None:
-    """save_dir's work for an absolute ``path`` (its OSErrors become CheckpointErrors there)."""
+    """save_dir's work for an absolute ``path`` (save_dir re-raises its OSErrors naming ``path``)."""
     staging = _staging_dir(path)
     try:
         write(staging)

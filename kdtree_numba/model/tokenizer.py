@@ -7,10 +7,10 @@ Example: the default model's tokenizer encodes "def f(x):" into 5 ids and decode
 """
 from __future__ import annotations
 
-import numbers
 import os
 
 from ..atomic_file import write_atomic
+from ..kernels import _checks
 
 
 class TokenizerError(ValueError):
@@ -40,11 +40,7 @@ class Tokenizer:
     def decode(self, ids) -> str:
         """The text of token ids (ids past this tokenizer's vocabulary - a model's padded rows - decode to
         nothing); a negative or non-integer id is a ValueError naming it (a raw OverflowError, or 1.5 read as 1)."""
-        out = []
-        for k, i in enumerate(ids):
-            if isinstance(i, bool) or not isinstance(i, numbers.Integral) or i < 0:
-                raise ValueError(f"ids: expected token ids >= 0, got {i!r} at index {k}")
-            out.append(int(i))
+        out = [_checks.integer(i, f"ids[{k}]", lo=0) for k, i in enumerate(ids)]
         return self._tok.decode(out, skip_special_tokens=False)
 
     def save(self, path: str) -> None:

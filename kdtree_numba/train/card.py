@@ -21,6 +21,7 @@ import re
 import struct
 import sys
 
+from ..argtypes import out_file_problem
 from ..atomic_file import write_text_atomic
 from .hashes import sha256_file
 
@@ -948,22 +949,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help=f"output path (default MODEL_DIR/{CARD})")
 
 
-def _out_problem(out) -> str | None:
-    """Why the card cannot be written at ``out`` (None: the default path, or a writable file path)."""
-    from ..argtypes import out_dir_problem
-
-    if out is None:
-        return None
-    if not out:
-        return "expected a file path (leave --out out for MODEL_DIR/MODEL_CARD.md)"
-    if os.path.isdir(out):
-        return "a folder, expected a file path"
-    parent = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(parent):
-        return f"the folder {parent} does not exist"
-    return out_dir_problem(parent)
-
-
 def run(a) -> int:
     """Entry point for parsed arguments (``add_arguments``); also the ``train card`` subcommand's."""
     for flag, path in (("--eval", a.eval), ("--gpu-eval", a.gpu_eval), ("--sampled-eval", a.sampled_eval),
@@ -971,7 +956,7 @@ def run(a) -> int:
         if path is not None and not os.path.isfile(path):
             print(f"card: error: {flag} {path}: no such file", file=sys.stderr)
             return 2
-    problem = _out_problem(a.out)
+    problem = None if a.out is None else out_file_problem(a.out)
     if problem:
         print(f"card: error: --out {a.out!r}: {problem}", file=sys.stderr)
         return 2

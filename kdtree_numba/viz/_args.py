@@ -4,7 +4,6 @@ Example: tokenizer("x") -> ValueError("tokenizer: expected target.tokenizer (tok
 got str")."""
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 
 
@@ -17,13 +16,6 @@ def tokenizer(tok):
     if tok is not None and not (callable(getattr(tok, "token_text", None)) and callable(getattr(tok, "decode", None))):
         raise ValueError(f"tokenizer: expected target.tokenizer (token_text and decode) or None, got {_kind(tok)}")
     return tok
-
-
-def whole(value, arg: str, lo: int = 1) -> int:
-    """``value`` as an int >= lo (a bool or a float is not one)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < lo:
-        raise ValueError(f"{arg}: expected an integer >= {lo}, got {value!r}")
-    return int(value)
 
 
 def generation(gen, arg: str = "gen"):

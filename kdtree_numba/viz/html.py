@@ -36,6 +36,7 @@ from matplotlib.colors import to_hex
 
 from ..atomic_file import write_text_atomic
 from ..decode.trace import STAGES
+from ..kernels import _checks
 from . import _args
 from .labels import token_label, token_piece
 from .rounds import STAGE_COLOURS
@@ -111,7 +112,7 @@ def write_html(result, path, vocab_size: int = 256, tokenizer=None) -> str:
 
     if not isinstance(result, Generation):
         raise ValueError(f"result: expected a Generation (what kd.generate returns), got {type(result).__name__}")
-    _args.whole(vocab_size, "vocab_size")
+    _checks.integer(vocab_size, "vocab_size", lo=1)
     _args.tokenizer(tokenizer)
     data = _data(result, vocab_size, tokenizer)
     s = data["settings"]

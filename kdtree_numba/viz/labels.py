@@ -15,17 +15,14 @@ Example: ``token_label(72, 256) -> 'H'``, ``token_label(32, 256) -> '␣'``, ``t
 """
 from __future__ import annotations
 
-import numbers
-
+from ..kernels import _checks
 from . import _args
 
 BYTE_VOCAB = 256
 
 
 def _check(tok, vocab_size: int) -> int:
-    if isinstance(tok, bool) or not isinstance(tok, numbers.Integral):
-        raise ValueError(f"token: expected an integer token id, got {tok!r}")
-    tok = int(tok)
+    tok = _checks.integer(tok, "token")
     if tok < 0 or (vocab_size > 0 and tok >= vocab_size):
         hint = (" (the pictures label bytes by default, vocab_size 256: pass tokenizer=target.tokenizer or "
                 "vocab_size=target.config.vocab_size)") if vocab_size == BYTE_VOCAB and tok >= vocab_size else ""

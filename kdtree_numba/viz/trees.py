@@ -35,6 +35,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from ..atomic_file import write_atomic
+from ..kernels import _checks
 from . import _args
 from .labels import shorten, token_label, visible
 
@@ -459,10 +460,10 @@ def plot_rounds(rounds, vocab_size: int = 256, n: int = 4, path=None, max_nodes:
     side while they fit in 12 inches (1800 px as saved) and wrap onto more rows when they do not. Titles count
     rounds from 1. path: save there. ``fig.kd_drawn_nodes`` is the list of drawn node counts, one per panel."""
     rounds = _args.rounds(rounds)
-    _args.whole(vocab_size, "vocab_size")
+    _checks.integer(vocab_size, "vocab_size", lo=1)
     _args.tokenizer(tokenizer)
     if picks is None:
-        n = _args.whole(n, "n")
+        n = _checks.integer(n, "n", lo=1)
     elif not (isinstance(picks, (list, tuple)) and all(isinstance(i, int) and not isinstance(i, bool)
                                                        for i in picks)):
         raise ValueError(f"picks: expected a list of round indices, got {picks!r}")
