@@ -556,7 +556,7 @@ def _acceptance_rows(t) -> list:
 
 
 def _tau_summary(t) -> str:
-    """The glance table's acceptance cell, e.g. chain tau 4.44; DDTree tau 5.79 (budget 32), 6.14 (budget 64)."""
+    """The glance table's acceptance cell, e.g. chain tau 4.25; DDTree tau 5.55 (budget 32), 5.86 (budget 64)."""
     return (f"chain tau {t['methods']['chain']['tau']:.2f}; DDTree tau "
             + ", ".join(f"{t['methods'][f'ddtree@{x}']['tau']:.2f} (budget {x})" for x in t["budgets"]))
 
