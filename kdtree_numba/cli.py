@@ -579,6 +579,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _as_flags(parser, args, message: str) -> str:
+    """A library error that opens with an argument's name (``max_new_tokens: ...``) opens with the command's flag
+    for it instead (``--max-new-tokens: ...``), when the command has one of that destination."""
+    name, sep, rest = message.partition(": ")
+    if not sep or not name.isidentifier():
+        return message
+    for action in parser._actions:                   # the subcommands' parsers
+        command = getattr(action, "choices", None)
+        if isinstance(command, dict) and args.command in command:
+            for option in command[args.command]._actions:
+                if option.dest == name and option.option_strings:
+                    return f"{max(option.option_strings, key=len)}: {rest}"
+    return message
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     try:
@@ -591,7 +606,7 @@ def main(argv=None) -> int:
     try:
         return args.func(args)
     except (CliError, ValueError, OSError) as e:
-        print("error: " + " ".join(str(e).split("\n")), file=sys.stderr)
+        print("error: " + _as_flags(parser, args, " ".join(str(e).split("\n"))), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -222,6 +222,9 @@ def test_sweep(tmp_path):
     (["sweep", "--budgets", "4 16"], "argument --budgets: expected comma-separated whole numbers, got '4 16'"),
     (["generate", "--ids", "1 2"], "argument --ids: expected comma-separated whole numbers, got '1 2'"),
     (["generate", "--trace", ""], "--trace: expected a file path, got ''"),
+    # a library error names its argument; the CLI names the flag (the positional 'trace' of trees stays as it is)
+    (["generate", "--prompt", "a", "--max-new-tokens", "3000"], "--max-new-tokens: prompt (1 tokens) + "
+                                                                "max_new_tokens (3000) = 3001 exceeds"),
     (["sweep", "--out", ".png"], "--out: expected a file path ending in .png or .svg, got '.png'"),
     (["generate", "--drafter", "oracle", "--noise", "1e308"], "argument --noise: expected a finite number >= 0 and "
                                                                "<= 1e+06, got '1e308'"),
