@@ -277,6 +277,13 @@ def test_errors_that_need_files(tmp_path, byte_model, wide_model, default_trace,
     one_line_error(cli("trees", str(trace), "--model", "/no/such"), "--model: /no/such is not a directory")
     one_line_error(cli("trees", str(trace), "--model", byte_model), f"--model: {byte_model} has no tokenizer.json")
     one_line_error(cli("trees", str(trace), "--vocab-size", "10"), "--vocab-size 10: too small for this trace")
+    # a trace whose own vocab_size is too small: the trace is named, not a --vocab-size nobody gave
+    raw = json.loads(open(trace).read())
+    raw["settings"].update(model="elsewhere", vocab_size=10)
+    small = tmp_path / "small.json"
+    small.write_text(json.dumps(raw))
+    one_line_error(cli("trees", str(small), "--out", str(tmp_path / "t")),
+                   f"trace: {small} holds token ")
     one_line_error(cli("trees", str(trace), "--rounds", "99"), "--rounds: round 99 outside")
     one_line_error(cli("trees", str(trace), "--out", str(afile)), f"--out: {afile} exists and is not a folder")
     # a loader's own error names the flag, not its parameter ("path: ... has no config.json" before)
