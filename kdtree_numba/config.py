@@ -21,6 +21,7 @@ from . import rope_frequencies as _rope
 
 SUPPORTED_MODEL_TYPES = ("deepseek_v3", "kimi_k2")
 SUPPORTED_ARCHITECTURES = ("DeepseekV3ForCausalLM",)
+FAMILY_CLASS_PREFIXES = ("deepseekv3", "kimi")   # an ``architectures`` list names one of these (lowercase prefix)
 
 
 class ConfigError(ValueError):
@@ -247,6 +248,9 @@ class TargetConfig:
         if model_type not in SUPPORTED_MODEL_TYPES and not any(a in SUPPORTED_ARCHITECTURES for a in archs):
             raise ConfigError(f"model_type: got {short_repr(model_type)} (architectures {short_repr(archs)}), expected one "
                               f"of {', '.join(SUPPORTED_MODEL_TYPES)} (the DeepSeek-V3 family)")
+        if archs and not any(isinstance(a, str) and a.lower().startswith(FAMILY_CLASS_PREFIXES) for a in archs):
+            raise ConfigError(f"architectures: got {short_repr(archs)} beside model_type {short_repr(model_type)}, "
+                              f"expected a DeepSeek-V3-family class (DeepseekV3ForCausalLM, or a Kimi wrapper)")
         if d.get("topk_method", "noaux_tc") not in ("noaux_tc", None):
             raise ConfigError(f"topk_method: got {short_repr(d['topk_method'])}, expected 'noaux_tc'")
         if d.get("scoring_func", "sigmoid") not in ("sigmoid", None):
@@ -260,7 +264,12 @@ class TargetConfig:
         cfg = cls(**kw, rope_theta=theta, rope_scaling=scaling, weight_prefix=prefix)
         if "max_position_embeddings" not in d:
             cfg.max_position_embeddings = TargetConfig.max_position_embeddings
-        return cfg.validate()
+        cfg.validate()
+        if d.get("head_dim") is not None and d["head_dim"] != cfg.qk_rope_head_dim:
+            raise ConfigError(f"head_dim: got {short_repr(d['head_dim'])}, expected qk_rope_head_dim "
+                              f"({cfg.qk_rope_head_dim}) or none: MLA's head sizes are qk_nope_head_dim / "
+                              f"qk_rope_head_dim / v_head_dim, and transformers writes head_dim = qk_rope_head_dim")
+        return cfg
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> "TargetConfig":

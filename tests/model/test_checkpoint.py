@@ -186,6 +186,9 @@ def test_bad_tensors_name_the_key(tiny_dir, tmp_path, transform, msg):
 
 @pytest.mark.parametrize("update, msg", [
     (lambda c: c.update(model_type="llama", architectures=["LlamaForCausalLM"]), "model_type: got 'llama'"),
+    # model_type says DeepSeek-V3 but the classes or the head size say otherwise: refused, not loaded as V3
+    (lambda c: c.update(architectures=["LlamaForCausalLM"]), "architectures: got \\['LlamaForCausalLM'\\]"),
+    (lambda c: c.update(head_dim=c["qk_rope_head_dim"] + 2), "head_dim: got"),
     (lambda c: c.update(quantization_config={"quant_method": "awq"}), "quant_method: got 'awq'"),
     (lambda c: c.update(num_experts_per_tok=9), "num_experts_per_tok: got 9"),
     (lambda c: c.update(n_group=3), "n_group: got 3"),
