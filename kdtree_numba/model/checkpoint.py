@@ -53,7 +53,8 @@ class CheckpointError(ValueError):
 
 class SkippedWeightsWarning(UserWarning):
     """A checkpoint holds weights the engine does not run (DeepSeek-V3's multi-token-prediction layers); they were
-    skipped."""
+    skipped - or its config.json names a quantization no tensor uses (weights converted to bf16 with the config's
+    quantization_config left in place); the tensors were loaded as they are."""
 
 
 # ------------------------------------------------------------------------------------------------ dtypes
@@ -646,6 +647,7 @@ def _load_state_dict(path: str):
                       SkippedWeightsWarning, stacklevel=4)
 
     state: dict[str, np.ndarray] = {}
+    quantized = 0                                         # tensors stored fp8 / int4
     for key, parts in sorted(bases.items()):
         full = prefix + key
         if key not in expected and ".shared_experts." in key and not cfg.n_shared_experts and set(parts) == {"value"} \
@@ -666,6 +668,7 @@ def _load_state_dict(path: str):
                     raise CheckpointError(f"{base}{need}: missing (needed to unpack weight_packed)")
             w = _dequant(base, dequant_int4, tensor(parts["weight_packed"]), tensor(parts["weight_scale"]),
                          tensor(parts["weight_shape"]), group_size)
+            quantized += 1
         elif "value" in parts:
             stray = sorted(set(parts) - {"value", "weight_scale_inv"})
             if stray:
@@ -678,6 +681,7 @@ def _load_state_dict(path: str):
                 if dtype != "F8_E4M3":
                     raise CheckpointError(f"{full}: dtype {dtype} with a weight_scale_inv, expected F8_E4M3")
                 w = _dequant(base, dequant_fp8, w, tensor(parts["weight_scale_inv"]), block)
+                quantized += 1
             elif dtype == "F8_E4M3":
                 raise CheckpointError(f"{base}weight_scale_inv: missing (needed for the FP8 weight)")
         else:
@@ -691,6 +695,10 @@ def _load_state_dict(path: str):
     missing = sorted(set(expected) - set(state))
     if missing:
         raise CheckpointError(f"{prefix}{missing[0]}: missing from the checkpoint ({len(missing)} tensors missing)")
+    if method != "none" and not quantized:
+        warnings.warn(f"{path}: config.json's quantization_config says {method}, but no tensor is stored {method} "
+                      f"(no weight_scale_inv / weight_packed): loaded the weights as they are",
+                      SkippedWeightsWarning, stacklevel=4)
     return cfg, state
 
 

@@ -228,3 +228,13 @@ def test_truncated_safetensors(tiny_dir, tmp_path):
     (d / "model.safetensors").write_bytes(data[:len(data) - 100])
     with pytest.raises(ck.CheckpointError, match="truncated file"):
         kd.load_target(d)
+
+
+def test_a_quantization_config_no_tensor_uses_warns_and_loads(tiny_dir, tmp_path):
+    """bf16 / fp32 weights beside a leftover fp8 quantization_config (a conversion that kept the config's field):
+    the weights load as they are, with a warning naming the mismatch - and the logits are the unquantized model's."""
+    path = broken(tiny_dir, tmp_path, config_update=lambda c: c.update(
+        quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]}))
+    with pytest.warns(ck.SkippedWeightsWarning, match="quantization_config says fp8, but no tensor is stored fp8"):
+        target = kd.load_target(path)
+    np.testing.assert_array_equal(target.logits(IDS), kd.load_target(tiny_dir).logits(IDS))
