@@ -399,8 +399,8 @@ def cmd_trees(args) -> int:
     if tok is None and too_big:
         if args.vocab_size is not None:
             raise CliError(f"--vocab-size {V}: too small for this trace (it holds token {int(max(too_big))})")
-        raise CliError(f"trace: {args.trace} holds token {int(max(too_big))}, outside its vocabulary of {V} (its "
-                       f"settings' vocab_size, or its largest id + 1); label it with --vocab-size or --model")
+        raise CliError(f"trace: {args.trace} holds token {int(max(too_big))}, outside its settings' vocab_size "
+                       f"{V}; label it with --vocab-size or --model")
     os.makedirs(args.out, exist_ok=True)
     for r in rounds:
         viz.plot_tree(gen.rounds[r], vocab_size=V, tokenizer=tok, path=os.path.join(args.out, f"round{r:03d}.png"))
