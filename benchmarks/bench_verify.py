@@ -1,7 +1,8 @@
 """Tree-verify attention (absorbed MLA over the latent cache, ancestor-only) and causal MLA (prefill, decode): the
-kernel variants v1 (per token x 4 heads, CUDA cores) and v2 - v8 (tiles of 32 query rows, tensor cores,
-3xTF32; mla_attention's docstring says how they differ) against PyTorch's scaled_dot_product_attention, in fp32
-and with TF32 allowed, plus % of the H200 rooflines.
+kernel variants v1 (per token x 4 heads, CUDA cores), v2 - v8 (tiles of 32 query rows, tensor cores,
+3xTF32; mla_attention's docstring says how they differ) and gemm (cuBLAS 3xTF32 GEMMs around a softmax kernel,
+kernels/mla_gemm_attention.py), plus `auto` - what variant=None runs, the number users get - against PyTorch's
+scaled_dot_product_attention, in fp32 and with TF32 allowed, plus % of the H200 rooflines.
 
 Per tree shape: context S committed rows, n tree nodes (+ root), N heads, cache rows of 512 + 64 floats.
     FLOPs  = 2 * (n+1) * N * (S + depth + 1) * (576 + 512)      (scores + weighted values; useful work only)
@@ -33,6 +34,8 @@ few microseconds to SDPA: the small cells compared launchers, not kernels.)
     PYTHONPATH=$PWD python3 benchmarks/bench_verify.py --tables tree --fast v4  # v4's ratios to SDPA
     PYTHONPATH=$PWD python3 benchmarks/bench_verify.py --tables tree,causal --variants v3,v5,v7,v8 --fast v8
                                                                   # only those variants (v1 gives 'vs v1')
+    PYTHONPATH=$PWD python3 benchmarks/bench_verify.py --tables tree,causal --variants v5,gemm
+                                                                  # v5, gemm and `auto` (the GPU's --fast)
     KDTREE_BACKEND=sim python3 benchmarks/bench_verify.py --quick # a smoke run on the simulator (tiny shapes,
                                                                   # no torch rows; the numbers mean nothing)
 """
@@ -49,7 +52,8 @@ def _options(p):
     p.add_argument("--tables", default=",".join(TABLES),
                    help=f"comma-separated subset of {', '.join(TABLES)} (default: all)")
     p.add_argument("--fast", metavar="VARIANT", help="the absorbed-MLA variant whose speedups and roofline shares "
-                   "the tree and causal tables report (default: the GPU's default variant; v2 elsewhere)")
+                   "the tree and causal tables report, or `auto`: what variant=None runs (default: auto on the GPU; "
+                   "v2 elsewhere)")
     p.add_argument("--variants", help="comma-separated absorbed-MLA variants the tree and causal tables time "
                    "(default: all; the --fast one is always timed, v1 is needed for the 'vs v1' column)")
 
@@ -63,14 +67,14 @@ if not only or any(t not in TABLES for t in only):
 xp = kd.backend.xp
 from kdtree_numba.kernels import block_attention, gemm, gqa_attention, mla_attention, tree, tree_verify  # noqa: E402
 
-if a.fast is not None and a.fast not in mla_attention.VARIANTS:
-    print(f"bench_verify.py: --fast expects one of {', '.join(mla_attention.VARIANTS)}, got {a.fast!r}",
+if a.fast is not None and a.fast not in mla_attention.VARIANTS + ("auto",):
+    print(f"bench_verify.py: --fast expects one of {', '.join(mla_attention.VARIANTS)} or auto, got {a.fast!r}",
           file=sys.stderr)
     sys.exit(2)
 picked = mla_attention.VARIANTS if a.variants is None else [v.strip() for v in a.variants.split(",") if v.strip()]
-if not picked or any(v not in mla_attention.VARIANTS for v in picked):
+if not picked or any(v not in mla_attention.VARIANTS + ("auto",) for v in picked):
     print(f"bench_verify.py: --variants expects a comma-separated subset of {', '.join(mla_attention.VARIANTS)}, "
-          f"got {a.variants!r}", file=sys.stderr)
+          f"auto, got {a.variants!r}", file=sys.stderr)
     sys.exit(2)
 
 try:
@@ -83,9 +87,8 @@ GPU = kd.backend.name == "cuda"
 D, LKV = (576, 512) if GPU else (24, 16)           # the simulator runs a narrow latent (a thread per CUDA thread)
 FP32_FLOPS, TF32_FLOPS, BW = 51e12, 495e12, 4.25e12
 SCALE = 0.13
-FAST = a.fast or (mla_attention.default_variant() if GPU else "v2")   # the variant the speedups and roofline
-                                                                     # shares are of
-VARIANTS = tuple(v for v in mla_attention.VARIANTS if v in picked or v == FAST)
+FAST = a.fast or ("auto" if GPU else "v2")   # the variant the speedups and roofline shares are of
+VARIANTS = tuple(v for v in mla_attention.VARIANTS + ("auto",) if v in picked or v == FAST)
 H = kd.backend.to_host
 if GPU and not a.quick:
     contexts, nodes, heads = [512, 4096, 32768], [16, 64, 256], [16, 64]
@@ -150,11 +153,12 @@ def print_reference_errors(label, outs, want):
 
 def time_variants(call, shape, reps):
     """({variant: out}, {variant: ms}): ``call(variant, out)`` timed per absorbed-MLA variant into a fresh ``out``
-    of ``shape`` (graph replays on the GPU, one direct run elsewhere)."""
+    of ``shape`` (graph replays on the GPU, one direct run elsewhere); `auto` calls with variant None."""
     outs, ms = {}, {}
     for v in VARIANTS:
         outs[v] = xp.empty(shape, np.float32)
-        ms[v] = graph_median_ms(lambda: call(v, outs[v]), reps if GPU else 1, 1 if not GPU else 3)
+        ms[v] = graph_median_ms(lambda: call(None if v == "auto" else v, outs[v]), reps if GPU else 1,
+                                1 if not GPU else 3)
     return outs, ms
 
 

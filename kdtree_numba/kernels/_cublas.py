@@ -21,6 +21,9 @@ handles on the same shapes). A long K (a Kimi-sized hidden of 7168) keeps the wo
 fills the GPU when M is small.
 GEMMs of 17-80 rows over a weight L2 holds (a DDTree-16 .. -79 verify's dense MLP and LM head) run as one strided
 batch of equal <= 16-row blocks (``_row_blocks``): cuBLAS's 16-row kernel per block instead of split-K.
+``gemm(.., tf32=True)`` runs on a third handle in TF32 math mode (CUBLAS_TF32_TENSOR_OP_MATH: the tensor cores,
+each operand's low 13 mantissa bits dropped), sharing the first handle's workspace: only for callers that split
+their operands so the dropped bits do not matter (kernels/mla_gemm_attention.py's 3xTF32 products).
 Example: gemm(a [2, 3], w.T) with w [4, 3] contiguous -> sgemm(op_a=T on w with ld 3, op_b=N on a with ld 3,
 m=4, n=2, k=3) writing C^T [4, 2] = C [2, 4] row-major.
 """
@@ -41,6 +44,7 @@ ROW_BLOCKS = 16                     # a GEMM of ROW_BLOCKS_MIN .. 5 x ROW_BLOCKS
 ROW_BLOCKS_MIN = ROW_BLOCKS + 1     # over a weight of at most ROW_BLOCKS_WEIGHT floats (8 MB: L2-resident) runs as
 ROW_BLOCKS_WEIGHT = 1 << 21         # a strided batch of <= ROW_BLOCKS-row blocks (``_row_blocks``); 0: never
 _OP_N, _OP_T = 0, 1
+_TF32_MATH = 3                      # CUBLAS_TF32_TENSOR_OP_MATH
 _state: dict = {}                   # the library, the handle, its stream and workspace (one per process)
 
 
@@ -66,10 +70,10 @@ def _check(status: int, what: str) -> None:
         raise RuntimeError(f"cuBLAS: {what} failed with status {status}")
 
 
-def _handle(rows: int = 0, k: int = 0):
+def _handle(rows: int = 0, k: int = 0, tf32: bool = False):
     """The process's handle for a GEMM of ``rows`` output rows and inner dimension ``k``, bound to the backend stream
     (set again if the stream changed): with the user workspace, or for small GEMMs (module docstring) the second
-    handle, with none."""
+    handle, with none; ``tf32``: the third, in TF32 math, with the user workspace."""
     st = _state
     if "lib" not in st:
         lib = _library()
@@ -80,20 +84,22 @@ def _handle(rows: int = 0, k: int = 0):
             ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
             ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong,
             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_int]
-        handles = [ctypes.c_void_p(), ctypes.c_void_p()]
+        handles = [ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()]
         for h in handles:
             _check(lib.cublasCreate_v2(ctypes.byref(h)), "cublasCreate")
+        _check(lib.cublasSetMathMode(handles[2], _TF32_MATH), "cublasSetMathMode")
         st.update(lib=lib, handles=handles, stream=None,
                   workspace=backend.cp.cuda.alloc(WORKSPACE_BYTES),
                   one=ctypes.c_float(1.0), zero=ctypes.c_float(0.0))
     if st["stream"] != backend.stream.ptr:
         # cublasSetStream resets the workspace to cuBLAS's own pool: set ours (or none) again after it
-        for h, (ptr, size) in zip(st["handles"], ((st["workspace"].ptr, WORKSPACE_BYTES), (0, 0))):
+        ours = (st["workspace"].ptr, WORKSPACE_BYTES)
+        for h, (ptr, size) in zip(st["handles"], (ours, (0, 0), ours)):   # the TF32 handle shares the workspace
             _check(st["lib"].cublasSetStream_v2(h, ctypes.c_void_p(backend.stream.ptr)), "cublasSetStream")
             _check(st["lib"].cublasSetWorkspace_v2(h, ctypes.c_void_p(ptr), ctypes.c_size_t(size)),
                    "cublasSetWorkspace")
         st["stream"] = backend.stream.ptr
-    st["handle"] = st["handles"][2 <= rows <= SMALL_M and k <= SMALL_K]
+    st["handle"] = st["handles"][2 if tf32 else int(2 <= rows <= SMALL_M and k <= SMALL_K)]
     return st
 
 
@@ -109,9 +115,10 @@ def _operand(x, rows: int, cols: int):
     return x, _OP_N, max(cols, 1)
 
 
-def gemm(a, b, out, accumulate: bool = False):
+def gemm(a, b, out, accumulate: bool = False, tf32: bool = False):
     """``out [M, N] = a [M, K] @ b [K, N]``, or ``out += a @ b`` with ``accumulate`` (cuBLAS's beta = 1: one
-    launch where a GEMM and an add took two); fp32; a, b any strided views."""
+    launch where a GEMM and an add took two); fp32 (``tf32``: on the tensor cores, operands cut to TF32); a, b any
+    strided views."""
     M, K = a.shape
     N = b.shape[1]
     if M == 0 or N == 0:
@@ -120,9 +127,9 @@ def gemm(a, b, out, accumulate: bool = False):
         if not accumulate:
             out[...] = 0
         return out
-    if ROW_BLOCKS_MIN <= M <= 5 * ROW_BLOCKS and K * N <= ROW_BLOCKS_WEIGHT and out.flags.c_contiguous:
+    if not tf32 and ROW_BLOCKS_MIN <= M <= 5 * ROW_BLOCKS and K * N <= ROW_BLOCKS_WEIGHT and out.flags.c_contiguous:
         return _row_blocks(a, b, out, accumulate)
-    st = _handle(M, K)
+    st = _handle(M, K, tf32)
     b, op_b, ld_b = _operand(b, K, N)
     a, op_a, ld_a = _operand(a, M, K)
     if out.flags.c_contiguous:

@@ -53,6 +53,10 @@ it.
       ``cp.async.bulk`` a row by warp 0, completing on an mbarrier) where every thread issued 18 16-byte cp.async
       copies (~150-200 instructions a warp and tile); absorbed MLA with 16-byte aligned rows only, else v7's
       copies. Rows past the list are not copied: the tile is zeroed once and a stale row is finite and masked.
+  gemm  not a streaming kernel: all T x N query rows' scores as one 3xTF32 cuBLAS GEMM, a masked softmax kernel,
+      and P V as three more (kernels/mla_gemm_attention.py). Memory traffic the others never pay (S is written
+      and read twice), so ``variant=None`` picks it only for big launches (``mla_gemm_attention.pays``); for those
+      cuBLAS's tensor-core GEMMs run several times nearer the peak than v5. ``splits``: its row chunks.
 
 v1 mapping: grid (token t, head group of HG heads, key split z). A block walks its split of t's key list in tiles
 of BK rows: the tile is loaded into shared memory (row stride padded to an odd length so column reads do not
@@ -129,14 +133,14 @@ import numpy as np
 from numba import cuda, float32, int32, int64, uint32, uint64
 
 from .. import backend
-from . import _checks
+from . import _checks, mla_gemm_attention
 from ._intrinsics import (bulk_copy, copy_async, copy_async_wait, fence_proxy_async, mbar_expect_tx, mbar_init,
                           mbar_try_wait, view2d)
 from .primitives import FULL, GROUP_BUF, group_max, group_sum, online_softmax_row
 from .mma import (FLOAT_UNIT, SCRATCH_SHAPE, SIM, frag_a_at, frag_a_base, frag_b2_at, frag_b2_base, mma_m16n8k8_3xtf32,
                   mma_m16n8k8_tf32, split_tf32_fast)
 
-VARIANTS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8")
+VARIANTS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "gemm")
 NEG_INF = -math.inf
 MAX_D = 576       # widest cache row the kernels support (Kimi / DeepSeek: 512 + 64)
 MAX_LKV = 512
@@ -1582,8 +1586,8 @@ def mla_attention(q, cache, start, scale: float, lkv: int, out=None, splits: int
     splits are then planned for every cache row, and the tiled kernels (v2 - v8) cut each block's real key list over
     them on the device (``split_range``: the splits past it exit at once, ``past_the_list``); v1 keeps the planned
     length, its splits past a token's last key contributing nothing.
-    ``variant``: "v1" - "v8" | None (``default_variant()``, or v2 for launches ``short_splits``
-    names); the numpy backend runs the reference for any.
+    ``variant``: "v1" - "v8", "gemm" | None (``default_variant()``, or v2 for launches ``short_splits``
+    names, or "gemm" where ``mla_gemm_attention.pays``); the numpy backend runs the reference for any.
     """
     auto = variant is None
     variant = check_variant(variant)
@@ -1603,6 +1607,9 @@ def mla_attention(q, cache, start, scale: float, lkv: int, out=None, splits: int
     if T == 0:
         return out
     max_keys = cache.shape[0] if device_start else start0 + T
+    if variant == "gemm" or (auto and splits is None and mla_gemm_attention.pays(T * q.shape[1], max_keys,
+                                                                                 device_start)):
+        return mla_gemm_attention.gemm_attention(q, cache, start, scale, lkv, out, splits)
     if variant == "v1":
         return launch_v1(_attention_kernel, q, cache, start, scale, lkv, out, max_keys, splits)
     if auto and variant != "v2" and splits is None and short_splits(T * q.shape[1], max_keys):

@@ -37,6 +37,9 @@ This module owns the tree-mode kernels; ``mla_attention.py`` holds the machinery
      (H200, 2026-12-05, bench_verify: 512 / 16 / 16 0.044 -> 0.043 ms, 4096 / 256 / 64 3.91 -> 3.82, 32768 /
      256 / 64 30.4 -> 30.3). v8 leads on the largest cells (28.5 ms at 32768 / 256 / 64) and trails on the
      small ones (0.049 at 512 / 16 / 16); v6 and v7 sit between.
+  gemm: kernels/mla_gemm_attention.py with the tree mask - the scores of every (token, head) row over every key
+     as one cuBLAS 3xTF32 GEMM, the ancestor test in its softmax kernel, P V as GEMMs; ``variant=None`` runs it
+     for big verifies (``mla_gemm_attention.pays``).
 Shapes: q [n+1, N, D] float32, cache [C, D] float32, paths [n+1, >= L+1] int32, depths [n+1] int32
 -> out [n+1, N, Lkv] float32.
 Example: start 2, parents [-1, 0, 0, 1]: node 3 (depth 2) sees rows 0, 1 (committed), 2 (root), 3 (node 1), 5
@@ -50,7 +53,7 @@ import numpy as np
 from numba import cuda, float32, int32, int64
 
 from .. import backend
-from . import _checks
+from . import _checks, mla_gemm_attention
 from ._intrinsics import copy_async_wait
 from .primitives import GROUP_BUF
 from ._intrinsics import view2d
@@ -267,7 +270,8 @@ def tree_attention(q, cache, start, paths, depths, scale: float, lkv: int, max_d
     is read on the host, the grid covers ``start <= C - (n+1)``). ``paths [n+1, >= L+1]`` / ``depths [n+1]``: each
     node's root-to-node path (``tree.ancestor_paths``, or the device tree build's); ``max_depth``: L
     (default: the paths' width - 1). ``splits`` forces the key splits (tests); ``variant`` as in
-    ``mla_attention`` ("v1" - "v8" | None: ``tree_variant(default_variant(), N, ..)``)."""
+    ``mla_attention`` ("v1" - "v8", "gemm" | None: ``tree_variant(default_variant(), N, ..)``, or "gemm" where
+    ``mla_gemm_attention.pays``)."""
     auto = variant is None
     variant = check_variant(variant)
     q, cache, lkv, out = check_qkv(q, cache, lkv, out)
@@ -294,6 +298,8 @@ def tree_attention(q, cache, start, paths, depths, scale: float, lkv: int, max_d
         out[...] = masked_attention_fast(q, cache[:start + n1], visible, scale, lkv)
         return out
     most_start = cache.shape[0] - n1 if device_start else start0
+    if variant == "gemm" or (auto and splits is None and mla_gemm_attention.pays(n1 * N, start0 + n1, device_start)):
+        return mla_gemm_attention.gemm_attention(q, cache, start, scale, lkv, out, splits, paths, depths)
     if variant == "v1":
         return launch_v1(_tree_attention_kernel, q, cache, start, scale, lkv, out, most_start + max_depth + 1,
                          splits, paths, depths)

@@ -199,7 +199,7 @@ def test_bad_splits_and_shapes_name_the_argument():
 def test_variant_selection():
     assert mla.default_variant() == ("v5" if kd.backend.name == "cuda" else "v1")
     assert mla.check_variant(None) == mla.default_variant()
-    with pytest.raises(ValueError, match="variant: expected one of 'v1', 'v2', 'v3', 'v4', 'v5', 'v6', 'v7', 'v8' or None, got 'v9'"):
+    with pytest.raises(ValueError, match="variant: expected one of 'v1', 'v2', 'v3', 'v4', 'v5', 'v6', 'v7', 'v8', 'gemm' or None, got 'v9'"):
         mla.mla_attention(np.zeros((1, 1, 4), np.float32), np.zeros((2, 4), np.float32), 0, 1.0, 3, variant="v9")
 
 

@@ -1,0 +1,225 @@
+"""MLA attention as two dense products on cuBLAS's TF32 tensor cores (variant "gemm"), 3xTF32 for fp32 accuracy.
+
+Absorbed MLA is multi-query attention: every head of every token scores the *same* latent cache rows. So the
+scores of all T x N query rows over the K keys they may see are one dense product, and so are the weighted values:
+
+    S [M, K]   = Q [M, D] @ C[:K]^T                   M = T N query rows (token-major: r = t N + h), D = Lkv + R
+    P          = softmax_k(scale S, masked)           each row over its visible keys (tree: ancestors-or-self)
+    out [M, Lkv] = P @ C[:K, :Lkv]                    values = the latent itself
+For a large tree verify (256 nodes x 64 heads = 16448 rows over 4096+ keys) both are big enough for cuBLAS to run
+near the tensor cores' peak, which the streaming kernels (mla_attention's v5) cannot reach from numba.
+
+Accuracy: TF32 keeps 10 mantissa bits (~5e-4 relative), too coarse for the project's 1e-4 parity. Each operand
+is split once, x = hi + lo with hi = x truncated to TF32 (exact in TF32) and lo = x - hi (exact in fp32), and
+    a . b ~ a_hi . b_hi + a_hi . b_lo + a_lo . b_hi       (the dropped a_lo . b_lo is ~2^-22 |a||b|)
+The scores are ONE GEMM with K tripled: [q_hi | q_hi | q_lo] @ [k_hi | k_lo | k_hi]^T (``_split3_kernel`` writes
+both operands in those orders, ``q3 [M, 3D]`` and ``k3 [Kp, 3D]``). P V is three accumulating GEMMs,
+P_hi V_hi + P_lo V_hi + P_hi V_lo, whose V operands are column views of k3 (V_hi = k3[:, :Lkv], V_lo = k3[:, D:D
++ Lkv]); the softmax writes P_hi over S and P_lo beside it.
+
+Steps (one call):
+  1. ``_split3_kernel`` x 2: k3 from the cache's first K rows (rows past the visible span - the future of a
+     device-side start, and the padding - are written as zeros, so garbage there cannot reach a product), q3 from q.
+  2. per chunk of query rows (``chunk_rows``: S and P_lo of a chunk take at most WORK_BYTES; ``splits`` forces a
+     count - tests): S = q3 @ k3^T (TF32 cuBLAS), then ``_softmax_split_kernel`` (one warp per row: an online
+     max / sum over its visible keys, then P = exp(scale S - m) / l split into P_hi (over S) and P_lo, zeros where
+     masked), then the three P V GEMMs into the chunk's rows of ``out``. A causal chunk's S stops after the keys
+     its last token sees (a prefill's triangle: later chunks read more keys, earlier ones fewer).
+Padding: K is rounded up to KEY_PAD = 32 keys (zero rows, masked): cuBLAS leaves its fast Hopper TF32 kernels when
+S's rows are not 16-byte aligned - measured on an H100 (torch TF32 matmul, 2026-12-06): 16448 x 4353 x 1728 ran
+at 102-120 TFLOP/s, 16448 x 4352 x 1728 at 318-373.
+Masks: token t of the new rows (the tree's or the causal chunk's) sees every committed row k < start; then
+causal: k <= start + t; tree: k = start + j for j on t's root-to-t path (``depth[t] >= depth[j] and
+path[t, depth[j]] == j``, tree_verify's test).
+Cost: S's write and the softmax's two reads and two writes are memory traffic the streaming kernels never pay
+(~0.5 ms at 16448 x 4352, H100), so this pays only for big launches: ``pays`` says where ``variant=None`` picks it.
+On the simulator the GEMMs run in NumPy on TF32-truncated operands (the same arithmetic, fp32 accumulation), the
+split and softmax kernels as on the GPU (one warp a block).
+Shapes: q [T, N, D] float32, cache [C, D] float32, paths [T, >= L+1] / depths [T] int32 (tree) -> out [T, N, Lkv].
+Example: one head, D = 2, Lkv = 1, cache [[1, 0], [0, 1]], start 0, q [[[0, 0]], [[ln 3, 0]]] (causal): token 0
+sees row 0 -> out 1; token 1 sees rows 0, 1 with weights 3/4, 1/4 -> out 0.75; K = 2 keys pad to 32, one chunk.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, float32
+
+from .. import backend
+from . import _checks, _cublas
+from .mma import SIM, trunc_tf32
+from .primitives import GROUP_BUF, group_max, group_sum
+
+KEY_PAD = 32             # S's rows padded to a multiple of 32 keys (128 bytes: cuBLAS's aligned TF32 kernels)
+WORK_BYTES = 1 << 30     # S + P_lo of one chunk of query rows at most this (8 bytes per row and key)
+ROWS_PER_BLOCK = 1 if SIM else 8   # softmax rows (one warp each) per block; the simulator's warp collectives
+                                   # assume a block of one warp
+SPLIT_THREADS = 256
+GEMM_MIN_ROWS = 8192     # ``pays``: variant=None runs "gemm" from this many query rows (T N) ...
+GEMM_MIN_KEYS = 2048     # ... over at least this many keys, with a host-side start (PROVISIONAL: from estimates
+                         # on the H100's measured rates; bench_verify's `auto` column decides)
+KEYS, QUERIES = 0, 1     # _split3_kernel's orders: [hi | lo | hi] (keys) or [hi | hi | lo] (queries)
+
+
+def pays(rows: int, keys: int, device_start: bool) -> bool:
+    """Whether ``variant=None`` runs "gemm" for ``rows`` query rows over ``keys`` keys: on a GPU, a host start
+    (a device start's S spans the whole cache), and both at least GEMM_MIN_ROWS / GEMM_MIN_KEYS.
+    Example: pays(257 * 64, 4096 + 257, False) -> True on the GPU; pays(17 * 64, 4113, False) -> False."""
+    return (backend.name == "cuda" and not device_start and rows >= GEMM_MIN_ROWS and keys >= GEMM_MIN_KEYS)
+
+
+def padded_keys(n_keys: int) -> int:
+    """Keys rounded up to KEY_PAD. Example: padded_keys(4353) -> 4384."""
+    return -(-max(n_keys, 1) // KEY_PAD) * KEY_PAD
+
+
+def chunk_rows(rows: int, keys: int, splits: int | None) -> int:
+    """Query rows per chunk: all ``rows`` when S and P_lo over ``keys`` (padded) keys fit WORK_BYTES, else the
+    most that do (at least one); ``splits`` forces ceil(rows / splits). Example: chunk_rows(16448, 32800, None)
+    -> 4092 (1 GiB / (8 x 32800)); chunk_rows(10, 32, 3) -> 4."""
+    if splits is not None:
+        return -(-rows // splits)
+    return max(1, min(rows, WORK_BYTES // (8 * padded_keys(keys))))
+
+
+# ------------------------------------------------------------------------------------------------ kernels
+@cuda.jit
+def _split3_kernel(x, start0, start_dev, n_new, order, out):
+    """out [Rp, 3D] from x [R, D]: row r = [hi | lo | hi] (order KEYS) or [hi | hi | lo] (QUERIES) of x[r], hi =
+    x truncated to TF32, lo = x - hi; zeros for r >= R or r >= start + n_new (start = start0 + start_dev[0]: a
+    key row past the visible span). One thread per element of out[:, :D] (grid-stride)."""
+    Rp = out.shape[0]
+    R, D = x.shape
+    n_valid = min(R, start0 + start_dev[0] + n_new)
+    i = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while i < Rp * D:
+        r = i // D
+        c = i - r * D
+        v = x[r, c] if r < n_valid else float32(0.0)
+        hi = trunc_tf32(v)
+        lo = float32(v - hi)
+        out[r, c] = hi
+        out[r, D + c] = lo if order == KEYS else hi
+        out[r, 2 * D + c] = hi if order == KEYS else lo
+        i += step
+
+
+@cuda.jit(device=True)
+def _visible(k, t, start, n_new, tree, paths, depths):
+    """Whether new token t sees key k: committed (k < start), else causal k <= start + t, or (tree) node
+    j = k - start on t's path."""
+    if k < start:
+        return True
+    j = k - start
+    if j >= n_new:
+        return False
+    if not tree:
+        return j <= t
+    d = depths[j]
+    return depths[t] >= d and paths[t, d] == j
+
+
+@cuda.jit
+def _softmax_split_kernel(s, p_lo, r0, n_heads, start0, start_dev, n_new, scale, tree, paths, depths):
+    """Row i of the chunk (query row r0 + i, token t = (r0 + i) // n_heads): s[i, :] holds the raw scores; write
+    P = exp(scale s - m) / l over t's visible keys (0 elsewhere) split as P_hi -> s[i], P_lo -> p_lo[i]. One warp
+    per row: pass 1 keeps a running (m, l) per lane over keys lane, lane + 32, .. and merges the lanes' pairs
+    (m = max, l = sum of l e^(m_lane - m)); pass 2 writes. Grid: ceil(rows / ROWS_PER_BLOCK) blocks of
+    32 ROWS_PER_BLOCK threads."""
+    buf = cuda.shared.array(GROUP_BUF, float32)      # the simulator's group scratch (GPU: unused)
+    lane = cuda.threadIdx.x % 32
+    i = cuda.blockIdx.x * (cuda.blockDim.x // 32) + cuda.threadIdx.x // 32
+    if i >= s.shape[0]:                              # the whole warp leaves together
+        return
+    t = (r0 + i) // n_heads
+    start = start0 + start_dev[0]
+    K = s.shape[1]
+    m = float32(-math.inf)
+    l = float32(0.0)
+    for k in range(lane, K, 32):
+        if _visible(k, t, start, n_new, tree, paths, depths):
+            x = float32(scale * s[i, k])
+            if x > m:
+                l = l * float32(math.exp(m - x)) + float32(1.0)
+                m = x
+            else:
+                l += float32(math.exp(x - m))
+    mx = group_max(m, 32, buf)
+    w = float32(0.0) if m == float32(-math.inf) else float32(l * math.exp(m - mx))
+    inv = float32(1.0) / group_sum(w, 32, buf)       # every token sees at least itself: l > 0
+    for k in range(lane, K, 32):
+        p = float32(0.0)
+        if _visible(k, t, start, n_new, tree, paths, depths):
+            p = float32(math.exp(float32(scale * s[i, k]) - mx)) * inv
+        hi = trunc_tf32(p)
+        s[i, k] = hi
+        p_lo[i, k] = float32(p - hi)
+
+
+# ------------------------------------------------------------------------------------------------ launcher
+def _gemm_tf32(a, b, out, accumulate: bool = False):
+    """``out (+)= a @ b`` on TF32 tensor cores (cuBLAS) - on the simulator in NumPy with both operands truncated to
+    TF32 and fp32 accumulation, the same arithmetic."""
+    if backend.name == "cuda":
+        return _cublas.gemm(a, b, out, accumulate, tf32=True)
+    cut = np.uint32(0xFFFFE000)
+    a, b = ((np.ascontiguousarray(x).view(np.uint32) & cut).view(np.float32) for x in (a, b))
+    prod = np.matmul(a, b, dtype=np.float32)
+    if accumulate:
+        out += prod
+    else:
+        out[...] = prod
+    return out
+
+
+def _split3(x, rows: int, order: int, start0=0, start_dev=None, n_new: int = 0):
+    """The [rows, 3D] operand of ``x [R, D]`` (``_split3_kernel``); keys past start + n_new are zeros."""
+    D = x.shape[1]
+    out = backend.empty((rows, 3 * D), np.float32)                                 # [rows, 3D]
+    if start_dev is None:
+        start_dev, n_new = _checks.device_int(0, "start")[1], x.shape[0]
+    threads = backend.block_size(SPLIT_THREADS, 32)
+    blocks = min(-(-rows * D // threads), 65536)
+    backend.launch(_split3_kernel, blocks, threads, x, start0, start_dev, n_new, order, out)
+    return out
+
+
+def gemm_attention(q, cache, start, scale: float, lkv: int, out, splits: int | None = None, paths=None,
+                   depths=None):
+    """Attention of the T new tokens ``q [T, N, D]`` over ``cache [C, D]`` as GEMMs (module docstring) into
+    ``out [T, N, Lkv]``: causal (``paths`` None) or over the tree ``paths`` / ``depths``; ``start`` an int or a
+    device int32 [1] (then S spans every cache row); ``splits`` forces the number of row chunks. Arguments are
+    checked by the callers (mla_attention / tree_verify.tree_attention)."""
+    start0, start_dev = _checks.device_int(start, "start")
+    device_start = hasattr(start, "shape")
+    T, N, D = q.shape
+    C = cache.shape[0]
+    M = T * N
+    tree = paths is not None
+    if not tree:
+        paths = depths = backend.placeholder((1, 1), np.int32)
+    keys = C if device_start else start0 + T                 # every key any row may see
+    Kp = padded_keys(keys)
+    k3 = _split3(cache[:min(keys, C)], Kp, KEYS, start0, start_dev, T)               # [Kp, 3D]
+    q3 = _split3(q.reshape(M, D), M, QUERIES)                                         # [M, 3D]
+    v_hi, v_lo = k3[:, :lkv], k3[:, D:D + lkv]                                        # [Kp, Lkv] views
+    rows = chunk_rows(M, Kp, splits)
+    work = backend.empty((2, rows * Kp), np.float32)                                  # S / P_hi, P_lo
+    o = out.reshape(M, lkv)
+    threads = 32 * ROWS_PER_BLOCK
+    for r0 in range(0, M, rows):
+        n = min(rows, M - r0)
+        kc = Kp
+        if not tree and not device_start:                    # the chunk's last token sees keys 0 .. start + t
+            kc = padded_keys(start0 + (r0 + n - 1) // N + 1)
+        s = work[0, :n * kc].reshape(n, kc)                                           # [n, kc]
+        p_lo = work[1, :n * kc].reshape(n, kc)                                        # [n, kc]
+        _gemm_tf32(q3[r0:r0 + n], k3[:kc].T, s)
+        backend.launch(_softmax_split_kernel, -(-n // ROWS_PER_BLOCK), threads, s, p_lo, r0, N, start0, start_dev,
+                       T, np.float32(scale), tree, paths, depths)
+        _gemm_tf32(s, v_hi[:kc], o[r0:r0 + n])
+        _gemm_tf32(p_lo, v_hi[:kc], o[r0:r0 + n], accumulate=True)
+        _gemm_tf32(s, v_lo[:kc], o[r0:r0 + n], accumulate=True)
+    return out
