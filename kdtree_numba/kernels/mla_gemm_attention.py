@@ -48,6 +48,7 @@ from numba import cuda, float32
 
 from .. import backend
 from . import _checks, _cublas
+from ._intrinsics import LOG2E, ex2
 from .mma import SIM, trunc_tf32
 from .primitives import GROUP_BUF, group_max, group_sum
 
@@ -106,6 +107,26 @@ def _split3_kernel(x, start0, start_dev, n_new, order, out):
         i += step
 
 
+@cuda.jit
+def _split_vt_kernel(x, start0, start_dev, n_new, vt):
+    """vt [2, Lkv, Kp] = (hi, lo) of the values x[:, :Lkv] transposed (zeros for rows r >= R or past start +
+    n_new, as ``_split3_kernel``): P V then runs as A @ B^T, cuBLAS's faster TF32 layout for it (H200: 414 against
+    322 TFLOP/s with V read row-major out of k3). One thread per element, r fastest (coalesced writes)."""
+    Kp = vt.shape[2]
+    lkv = vt.shape[1]
+    n_valid = min(x.shape[0], start0 + start_dev[0] + n_new)
+    i = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while i < lkv * Kp:
+        c = i // Kp
+        r = i - c * Kp
+        v = x[r, c] if r < n_valid else float32(0.0)
+        hi = trunc_tf32(v)
+        vt[0, c, r] = hi
+        vt[1, c, r] = float32(v - hi)
+        i += step
+
+
 @cuda.jit(device=True)
 def _visible(k, t, start, n_new, tree, paths, depths):
     """Whether new token t sees key k: committed (k < start), else causal k <= start + t, or (tree) node
@@ -158,6 +179,64 @@ def _softmax_split_kernel(s, p_lo, r0, n_heads, start0, start_dev, n_new, scale,
         p_lo[i, k] = float32(p - hi)
 
 
+@cuda.jit(device=True)
+def _score2(s, i, k, t, start, n_new, tree, paths, depths, scale2):
+    """s[i, k] scale log2(e) where token t sees key k (k < the row's length), else -inf."""
+    if k < s.shape[1] and _visible(k, t, start, n_new, tree, paths, depths):
+        return float32(s[i, k] * scale2)
+    return float32(-math.inf)
+
+
+@cuda.jit
+def _softmax_split4_kernel(s, p_lo, r0, n_heads, start0, start_dev, n_new, scale2, tree, paths, depths):
+    """``_softmax_split_kernel`` with four keys a lane in flight (keys k, k + 32, k + 64, k + 96 loaded before
+    any is used) and base-2 exponentials (scale2 = scale log2 e; ex2.approx): pass 1 rescales its running sum
+    once per four keys."""
+    buf = cuda.shared.array(GROUP_BUF, float32)      # the simulator's group scratch (GPU: unused)
+    lane = cuda.threadIdx.x % 32
+    i = cuda.blockIdx.x * (cuda.blockDim.x // 32) + cuda.threadIdx.x // 32
+    if i >= s.shape[0]:                              # the whole warp leaves together
+        return
+    t = (r0 + i) // n_heads
+    start = start0 + start_dev[0]
+    K = s.shape[1]
+    neg = float32(-math.inf)
+    m = neg
+    l = float32(0.0)
+    for k in range(lane, K, 128):
+        x0 = _score2(s, i, k, t, start, n_new, tree, paths, depths, scale2)
+        x1 = _score2(s, i, k + 32, t, start, n_new, tree, paths, depths, scale2)
+        x2 = _score2(s, i, k + 64, t, start, n_new, tree, paths, depths, scale2)
+        x3 = _score2(s, i, k + 96, t, start, n_new, tree, paths, depths, scale2)
+        mx = max(max(x0, x1), max(x2, x3))
+        if mx > m:
+            l = l * ex2(m - mx)                      # m = -inf: l is 0 and stays 0
+            m = mx
+        if m > neg:
+            l += ex2(x0 - m) + ex2(x1 - m) + ex2(x2 - m) + ex2(x3 - m)
+    mx = group_max(m, 32, buf)
+    w = float32(0.0) if m == neg else float32(l * ex2(m - mx))
+    inv = float32(1.0) / group_sum(w, 32, buf)       # every token sees at least itself: the sum is > 0
+    for k in range(lane, K, 128):
+        x0 = _score2(s, i, k, t, start, n_new, tree, paths, depths, scale2)
+        x1 = _score2(s, i, k + 32, t, start, n_new, tree, paths, depths, scale2)
+        x2 = _score2(s, i, k + 64, t, start, n_new, tree, paths, depths, scale2)
+        x3 = _score2(s, i, k + 96, t, start, n_new, tree, paths, depths, scale2)
+        _store_split(s, p_lo, i, k, ex2(x0 - mx) * inv)
+        _store_split(s, p_lo, i, k + 32, ex2(x1 - mx) * inv)
+        _store_split(s, p_lo, i, k + 64, ex2(x2 - mx) * inv)
+        _store_split(s, p_lo, i, k + 96, ex2(x3 - mx) * inv)
+
+
+@cuda.jit(device=True)
+def _store_split(s, p_lo, i, k, p):
+    """s[i, k] = P_hi, p_lo[i, k] = P_lo for a key of the row."""
+    if k < s.shape[1]:
+        hi = trunc_tf32(p)
+        s[i, k] = hi
+        p_lo[i, k] = float32(p - hi)
+
+
 # ------------------------------------------------------------------------------------------------ launcher
 def _gemm_tf32(a, b, out, accumulate: bool = False):
     """``out (+)= a @ b`` on TF32 tensor cores (cuBLAS) - on the simulator in NumPy with both operands truncated to
@@ -174,15 +253,19 @@ def _gemm_tf32(a, b, out, accumulate: bool = False):
     return out
 
 
+def _launch_split(kernel, elements: int, *args):
+    """A grid-stride split kernel over ``elements`` elements."""
+    threads = backend.block_size(SPLIT_THREADS, 32)
+    backend.launch(kernel, min(-(-elements // threads), 65536), threads, *args)
+
+
 def _split3(x, rows: int, order: int, start0=0, start_dev=None, n_new: int = 0):
     """The [rows, 3D] operand of ``x [R, D]`` (``_split3_kernel``); keys past start + n_new are zeros."""
     D = x.shape[1]
     out = backend.empty((rows, 3 * D), np.float32)                                 # [rows, 3D]
     if start_dev is None:
         start_dev, n_new = _checks.device_int(0, "start")[1], x.shape[0]
-    threads = backend.block_size(SPLIT_THREADS, 32)
-    blocks = min(-(-rows * D // threads), 65536)
-    backend.launch(_split3_kernel, blocks, threads, x, start0, start_dev, n_new, order, out)
+    _launch_split(_split3_kernel, rows * D, x, start0, start_dev, n_new, order, out)
     return out
 
 
@@ -198,17 +281,18 @@ def gemm_attention(q, cache, start, scale: float, lkv: int, out, splits: int | N
     C = cache.shape[0]
     M = T * N
     tree = paths is not None
-    if not tree:
-        paths = depths = backend.placeholder((1, 1), np.int32)
+    if not tree:                                             # typed like the real ones, never read
+        paths, depths = backend.placeholder((1, 1), np.int32), backend.placeholder((1,), np.int32)
     keys = C if device_start else start0 + T                 # every key any row may see
     Kp = padded_keys(keys)
-    k3 = _split3(cache[:min(keys, C)], Kp, KEYS, start0, start_dev, T)               # [Kp, 3D]
+    seen = cache[:min(keys, C)]                                                       # [<= Kp, D]
+    k3 = _split3(seen, Kp, KEYS, start0, start_dev, T)                                # [Kp, 3D]
+    vt = backend.empty((2, lkv, Kp), np.float32)                                      # [2, Lkv, Kp]: V_hi^T, V_lo^T
+    _launch_split(_split_vt_kernel, lkv * Kp, seen, start0, start_dev, T, vt)
     q3 = _split3(q.reshape(M, D), M, QUERIES)                                         # [M, 3D]
-    v_hi, v_lo = k3[:, :lkv], k3[:, D:D + lkv]                                        # [Kp, Lkv] views
     rows = chunk_rows(M, Kp, splits)
     work = backend.empty((2, rows * Kp), np.float32)                                  # S / P_hi, P_lo
     o = out.reshape(M, lkv)
-    threads = 32 * ROWS_PER_BLOCK
     for r0 in range(0, M, rows):
         n = min(rows, M - r0)
         kc = Kp
@@ -217,9 +301,10 @@ def gemm_attention(q, cache, start, scale: float, lkv: int, out, splits: int | N
         s = work[0, :n * kc].reshape(n, kc)                                           # [n, kc]
         p_lo = work[1, :n * kc].reshape(n, kc)                                        # [n, kc]
         _gemm_tf32(q3[r0:r0 + n], k3[:kc].T, s)
-        backend.launch(_softmax_split_kernel, -(-n // ROWS_PER_BLOCK), threads, s, p_lo, r0, N, start0, start_dev,
-                       T, np.float32(scale), tree, paths, depths)
-        _gemm_tf32(s, v_hi[:kc], o[r0:r0 + n])
-        _gemm_tf32(p_lo, v_hi[:kc], o[r0:r0 + n], accumulate=True)
-        _gemm_tf32(s, v_lo[:kc], o[r0:r0 + n], accumulate=True)
+        backend.launch(_softmax_split4_kernel, -(-n // ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, s, p_lo, r0, N, start0,
+                       start_dev, T, np.float32(scale * LOG2E), tree, paths, depths)
+        v_hi, v_lo = vt[0, :, :kc].T, vt[1, :, :kc].T                                 # [kc, Lkv] views
+        _gemm_tf32(s, v_hi, o[r0:r0 + n])
+        _gemm_tf32(p_lo, v_hi, o[r0:r0 + n], accumulate=True)
+        _gemm_tf32(s, v_lo, o[r0:r0 + n], accumulate=True)
     return out
