@@ -14,14 +14,16 @@ is split once, x = hi + lo with hi = x truncated to TF32 (exact in TF32) and lo 
     a . b ~ a_hi . b_hi + a_hi . b_lo + a_lo . b_hi       (the dropped a_lo . b_lo is ~2^-22 |a||b|)
 The scores are ONE GEMM with K tripled: [q_hi | q_hi | q_lo] @ [k_hi | k_lo | k_hi]^T (``_split3_kernel`` writes
 both operands in those orders, ``q3 [M, 3D]`` and ``k3 [Kp, 3D]``). P V is three accumulating GEMMs,
-P_hi V_hi + P_lo V_hi + P_hi V_lo, whose V operands are column views of k3 (V_hi = k3[:, :Lkv], V_lo = k3[:, D:D
-+ Lkv]); the softmax writes P_hi over S and P_lo beside it.
+P_hi V_hi + P_lo V_hi + P_hi V_lo, over the values split once more, transposed (``_split_vt_kernel``:
+``vt [2, Lkv, Kp]``, so cuBLAS runs P V as A @ B^T, its faster TF32 layout here); the softmax writes P_hi over S
+and P_lo beside it.
 
 Steps (one call):
-  1. ``_split3_kernel`` x 2: k3 from the cache's first K rows (rows past the visible span - the future of a
-     device-side start, and the padding - are written as zeros, so garbage there cannot reach a product), q3 from q.
+  1. ``_split3_kernel`` x 2 and ``_split_vt_kernel``: k3 and vt from the cache's first K rows (rows past the
+     visible span - the future of a device-side start, and the padding - are written as zeros, so garbage there
+     cannot reach a product), q3 from q.
   2. per chunk of query rows (``chunk_rows``: S and P_lo of a chunk take at most WORK_BYTES; ``splits`` forces a
-     count - tests): S = q3 @ k3^T (TF32 cuBLAS), then ``_softmax_split_kernel`` (one warp per row: an online
+     count - tests): S = q3 @ k3^T (TF32 cuBLAS), then ``_softmax_split4_kernel`` (one warp per row: an online
      max / sum over its visible keys, then P = exp(scale S - m) / l split into P_hi (over S) and P_lo, zeros where
      masked), then the three P V GEMMs into the chunk's rows of ``out``. A causal chunk's S stops after the keys
      its last token sees (a prefill's triangle: later chunks read more keys, earlier ones fewer).
@@ -57,15 +59,18 @@ WORK_BYTES = 1 << 30     # S + P_lo of one chunk of query rows at most this (8 b
 ROWS_PER_BLOCK = 1 if SIM else 8   # softmax rows (one warp each) per block; the simulator's warp collectives
                                    # assume a block of one warp
 SPLIT_THREADS = 256
-GEMM_MIN_ROWS = 8192     # ``pays``: variant=None runs "gemm" from this many query rows (T N) ...
-GEMM_MIN_KEYS = 2048     # ... over at least this many keys, with a host-side start (PROVISIONAL: from estimates
-                         # on the H100's measured rates; bench_verify's `auto` column decides)
+GEMM_MIN_ROWS = 4096     # ``pays``: a tree verify's variant=None runs "gemm" from this many query rows (T N) over
+GEMM_MIN_KEYS = 2048     # at least this many keys, with a host-side start. From bench_verify on an H200 (2026-12-06,
+                         # docs/PERFORMANCE.md): every tree cell of >= 4096 rows over 4096+ keys ran 1.5-2x faster
+                         # than v5; at 512 keys they tied or lost (0.151 / 0.148 ms, 0.194 / 0.166 at 512 / 256 / 16);
+                         # ~1000 rows won 5-15 % or lost 3 %.
 KEYS, QUERIES = 0, 1     # _split3_kernel's orders: [hi | lo | hi] (keys) or [hi | hi | lo] (queries)
 
 
 def pays(rows: int, keys: int, device_start: bool) -> bool:
-    """Whether ``variant=None`` runs "gemm" for ``rows`` query rows over ``keys`` keys: on a GPU, a host start
-    (a device start's S spans the whole cache), and both at least GEMM_MIN_ROWS / GEMM_MIN_KEYS.
+    """Whether a tree verify's ``variant=None`` runs "gemm" for ``rows`` query rows over ``keys`` keys: on a GPU,
+    a host start (a device start's S spans the whole cache), and both at least GEMM_MIN_ROWS / GEMM_MIN_KEYS.
+    (Causal launches never pick it: a prefill chunk's triangle has not been timed against v5 yet.)
     Example: pays(257 * 64, 4096 + 257, False) -> True on the GPU; pays(17 * 64, 4113, False) -> False."""
     return (backend.name == "cuda" and not device_start and rows >= GEMM_MIN_ROWS and keys >= GEMM_MIN_KEYS)
 
