@@ -55,7 +55,7 @@ it.
       copies. Rows past the list are not copied: the tile is zeroed once and a stale row is finite and masked.
   gemm  not a streaming kernel: all T x N query rows' scores as one 3xTF32 cuBLAS GEMM, a masked softmax kernel,
       and P V as three more (kernels/mla_gemm_attention.py). Memory traffic the others never pay (S is written
-      and read twice), so ``variant=None`` picks it only for big tree verifies (``mla_gemm_attention.pays``);
+      and read twice), so ``variant=None`` picks it only for big launches (``mla_gemm_attention.pays``);
       there cuBLAS's tensor-core GEMMs run several times nearer the peak than v5. ``splits``: its row chunks.
 
 v1 mapping: grid (token t, head group of HG heads, key split z). A block walks its split of t's key list in tiles
@@ -1587,7 +1587,7 @@ def mla_attention(q, cache, start, scale: float, lkv: int, out=None, splits: int
     them on the device (``split_range``: the splits past it exit at once, ``past_the_list``); v1 keeps the planned
     length, its splits past a token's last key contributing nothing.
     ``variant``: "v1" - "v8", "gemm" | None (``default_variant()``, or v2 for launches ``short_splits``
-    names); the numpy backend runs the reference for any.
+    names, or "gemm" where ``mla_gemm_attention.pays``); the numpy backend runs the reference for any.
     """
     auto = variant is None
     variant = check_variant(variant)
@@ -1607,7 +1607,8 @@ def mla_attention(q, cache, start, scale: float, lkv: int, out=None, splits: int
     if T == 0:
         return out
     max_keys = cache.shape[0] if device_start else start0 + T
-    if variant == "gemm":
+    if variant == "gemm" or (auto and splits is None and mla_gemm_attention.pays(T * q.shape[1], max_keys,
+                                                                                 device_start, causal=True)):
         return mla_gemm_attention.gemm_attention(q, cache, start, scale, lkv, out, splits)
     if variant == "v1":
         return launch_v1(_attention_kernel, q, cache, start, scale, lkv, out, max_keys, splits)

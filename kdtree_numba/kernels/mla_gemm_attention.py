@@ -12,8 +12,9 @@ near the tensor cores' peak, which the streaming kernels (mla_attention's v5) ca
 Accuracy: TF32 keeps 10 mantissa bits (~5e-4 relative), too coarse for the project's 1e-4 parity. Each operand
 is split once, x = hi + lo with hi = x truncated to TF32 (exact in TF32) and lo = x - hi (exact in fp32), and
     a . b ~ a_hi . b_hi + a_hi . b_lo + a_lo . b_hi       (the dropped a_lo . b_lo is ~2^-22 |a||b|)
-The scores are ONE GEMM with K tripled: [q_hi | q_hi | q_lo] @ [k_hi | k_lo | k_hi]^T (``_split3_kernel`` writes
-both operands in those orders, ``q3 [M, 3D]`` and ``k3 [Kp, 3D]``). P V is three accumulating GEMMs,
+The scores are ONE GEMM with K tripled: [q_hi | q_lo | q_hi] @ [k_lo | k_hi | k_hi]^T (``_split3_kernel`` writes
+both operands in those orders, ``q3 [M, 3D]`` and ``k3 [Kp, 3D]``; the two small cross terms come first in K, so
+they sum in an accumulator of their own size before the large hi . hi terms join it). P V is three accumulating GEMMs,
 P_hi V_hi + P_lo V_hi + P_hi V_lo, over the values split once more, transposed (``_split_vt_kernel``:
 ``vt [2, Lkv, Kp]``, so cuBLAS runs P V as A @ B^T, its faster TF32 layout here); the softmax writes P_hi over S
 and P_lo beside it.
@@ -23,7 +24,7 @@ Steps (one call):
      visible span - the future of a device-side start, and the padding - are written as zeros, so garbage there
      cannot reach a product), q3 from q.
   2. per chunk of query rows (``chunk_rows``: S and P_lo of a chunk take at most WORK_BYTES; ``splits`` forces a
-     count - tests): S = q3 @ k3^T (TF32 cuBLAS), then ``_softmax_split4_kernel`` (one warp per row: an online
+     count - tests): S = q3 @ k3^T (TF32 cuBLAS), then ``_softmax_split_kernel`` (one warp per row: an online
      max / sum over its visible keys, then P = exp(scale S - m) / l split into P_hi (over S) and P_lo, zeros where
      masked), then the three P V GEMMs into the chunk's rows of ``out``. A causal chunk's S stops after the keys
      its last token sees (a prefill's triangle: later chunks read more keys, earlier ones fewer).
@@ -50,7 +51,6 @@ from numba import cuda, float32
 
 from .. import backend
 from . import _checks, _cublas
-from ._intrinsics import LOG2E, ex2
 from .mma import SIM, trunc_tf32
 from .primitives import GROUP_BUF, group_max, group_sum
 
@@ -59,20 +59,22 @@ WORK_BYTES = 1 << 30     # S + P_lo of one chunk of query rows at most this (8 b
 ROWS_PER_BLOCK = 1 if SIM else 8   # softmax rows (one warp each) per block; the simulator's warp collectives
                                    # assume a block of one warp
 SPLIT_THREADS = 256
-GEMM_MIN_ROWS = 4096     # ``pays``: a tree verify's variant=None runs "gemm" from this many query rows (T N) over
-GEMM_MIN_KEYS = 2048     # at least this many keys, with a host-side start. From bench_verify on an H200 (2026-12-06,
-                         # docs/PERFORMANCE.md): every tree cell of >= 4096 rows over 4096+ keys ran 1.5-2x faster
-                         # than v5; at 512 keys they tied or lost (0.151 / 0.148 ms, 0.194 / 0.166 at 512 / 256 / 16);
-                         # ~1000 rows won 5-15 % or lost 3 %.
-KEYS, QUERIES = 0, 1     # _split3_kernel's orders: [hi | lo | hi] (keys) or [hi | hi | lo] (queries)
+GEMM_MIN_ROWS = 4096     # ``pays``: variant=None runs "gemm" from this many query rows (T N), with a host start,
+GEMM_MIN_KEYS = 512      # over at least this many keys (a tree verify) or
+GEMM_MIN_CAUSAL_KEYS = 2048   # this many (a causal chunk: its GEMM computes the whole square, v5 the triangle).
+# From bench_verify on an H100 (2026-12-06, docs/PERFORMANCE.md): every tree cell of >= 4096 rows ran 1.0-1.9x
+# faster than v5 (512 / 256 / 16 a tie), cells of ~1000 rows -10 .. +20 %; the causal 512-token chunk (32768 rows
+# over 512 keys) 0.90x, the 2048-token one 1.27x; decode steps (64 rows) 0.1-0.4x.
+KEYS, QUERIES = 0, 1     # _split3_kernel's orders: [lo | hi | hi] (keys) or [hi | lo | hi] (queries)
 
 
-def pays(rows: int, keys: int, device_start: bool) -> bool:
-    """Whether a tree verify's ``variant=None`` runs "gemm" for ``rows`` query rows over ``keys`` keys: on a GPU,
-    a host start (a device start's S spans the whole cache), and both at least GEMM_MIN_ROWS / GEMM_MIN_KEYS.
-    (Causal launches never pick it: a prefill chunk's triangle has not been timed against v5 yet.)
-    Example: pays(257 * 64, 4096 + 257, False) -> True on the GPU; pays(17 * 64, 4113, False) -> False."""
-    return (backend.name == "cuda" and not device_start and rows >= GEMM_MIN_ROWS and keys >= GEMM_MIN_KEYS)
+def pays(rows: int, keys: int, device_start: bool, causal: bool = False) -> bool:
+    """Whether ``variant=None`` runs "gemm" for ``rows`` query rows over ``keys`` keys: on a GPU, with a host start
+    (a device start's S spans the whole cache), rows >= GEMM_MIN_ROWS and keys >= GEMM_MIN_KEYS (``causal``:
+    GEMM_MIN_CAUSAL_KEYS). Example, on the GPU: pays(257 * 64, 512 + 257, False) -> True (a 256-node verify over
+    512 rows, 64 heads); pays(17 * 64, 4113, False) -> False; pays(512 * 64, 512, False, causal=True) -> False."""
+    least = GEMM_MIN_CAUSAL_KEYS if causal else GEMM_MIN_KEYS
+    return backend.name == "cuda" and not device_start and rows >= GEMM_MIN_ROWS and keys >= least
 
 
 def padded_keys(n_keys: int) -> int:
@@ -92,7 +94,7 @@ def chunk_rows(rows: int, keys: int, splits: int | None) -> int:
 # ------------------------------------------------------------------------------------------------ kernels
 @cuda.jit
 def _split3_kernel(x, start0, start_dev, n_new, order, out):
-    """out [Rp, 3D] from x [R, D]: row r = [hi | lo | hi] (order KEYS) or [hi | hi | lo] (QUERIES) of x[r], hi =
+    """out [Rp, 3D] from x [R, D]: row r = [lo | hi | hi] (order KEYS) or [hi | lo | hi] (QUERIES) of x[r], hi =
     x truncated to TF32, lo = x - hi; zeros for r >= R or r >= start + n_new (start = start0 + start_dev[0]: a
     key row past the visible span). One thread per element of out[:, :D] (grid-stride)."""
     Rp = out.shape[0]
@@ -106,9 +108,9 @@ def _split3_kernel(x, start0, start_dev, n_new, order, out):
         v = x[r, c] if r < n_valid else float32(0.0)
         hi = trunc_tf32(v)
         lo = float32(v - hi)
-        out[r, c] = hi
-        out[r, D + c] = lo if order == KEYS else hi
-        out[r, 2 * D + c] = hi if order == KEYS else lo
+        out[r, c] = lo if order == KEYS else hi
+        out[r, D + c] = hi if order == KEYS else lo
+        out[r, 2 * D + c] = hi
         i += step
 
 
@@ -153,7 +155,8 @@ def _softmax_split_kernel(s, p_lo, r0, n_heads, start0, start_dev, n_new, scale,
     P = exp(scale s - m) / l over t's visible keys (0 elsewhere) split as P_hi -> s[i], P_lo -> p_lo[i]. One warp
     per row: pass 1 keeps a running (m, l) per lane over keys lane, lane + 32, .. and merges the lanes' pairs
     (m = max, l = sum of l e^(m_lane - m)); pass 2 writes. Grid: ceil(rows / ROWS_PER_BLOCK) blocks of
-    32 ROWS_PER_BLOCK threads."""
+    32 ROWS_PER_BLOCK threads. Memory-bound: S read twice, P_hi and P_lo written - 0.70 ms for 16448 x 4384 on an
+    H100 (1.6 TB/s); four keys a lane in flight and base-2 exponentials ran 3 % faster (0.68), not kept."""
     buf = cuda.shared.array(GROUP_BUF, float32)      # the simulator's group scratch (GPU: unused)
     lane = cuda.threadIdx.x % 32
     i = cuda.blockIdx.x * (cuda.blockDim.x // 32) + cuda.threadIdx.x // 32
@@ -179,64 +182,6 @@ def _softmax_split_kernel(s, p_lo, r0, n_heads, start0, start_dev, n_new, scale,
         p = float32(0.0)
         if _visible(k, t, start, n_new, tree, paths, depths):
             p = float32(math.exp(float32(scale * s[i, k]) - mx)) * inv
-        hi = trunc_tf32(p)
-        s[i, k] = hi
-        p_lo[i, k] = float32(p - hi)
-
-
-@cuda.jit(device=True)
-def _score2(s, i, k, t, start, n_new, tree, paths, depths, scale2):
-    """s[i, k] scale log2(e) where token t sees key k (k < the row's length), else -inf."""
-    if k < s.shape[1] and _visible(k, t, start, n_new, tree, paths, depths):
-        return float32(s[i, k] * scale2)
-    return float32(-math.inf)
-
-
-@cuda.jit
-def _softmax_split4_kernel(s, p_lo, r0, n_heads, start0, start_dev, n_new, scale2, tree, paths, depths):
-    """``_softmax_split_kernel`` with four keys a lane in flight (keys k, k + 32, k + 64, k + 96 loaded before
-    any is used) and base-2 exponentials (scale2 = scale log2 e; ex2.approx): pass 1 rescales its running sum
-    once per four keys."""
-    buf = cuda.shared.array(GROUP_BUF, float32)      # the simulator's group scratch (GPU: unused)
-    lane = cuda.threadIdx.x % 32
-    i = cuda.blockIdx.x * (cuda.blockDim.x // 32) + cuda.threadIdx.x // 32
-    if i >= s.shape[0]:                              # the whole warp leaves together
-        return
-    t = (r0 + i) // n_heads
-    start = start0 + start_dev[0]
-    K = s.shape[1]
-    neg = float32(-math.inf)
-    m = neg
-    l = float32(0.0)
-    for k in range(lane, K, 128):
-        x0 = _score2(s, i, k, t, start, n_new, tree, paths, depths, scale2)
-        x1 = _score2(s, i, k + 32, t, start, n_new, tree, paths, depths, scale2)
-        x2 = _score2(s, i, k + 64, t, start, n_new, tree, paths, depths, scale2)
-        x3 = _score2(s, i, k + 96, t, start, n_new, tree, paths, depths, scale2)
-        mx = max(max(x0, x1), max(x2, x3))
-        if mx > m:
-            l = l * ex2(m - mx)                      # m = -inf: l is 0 and stays 0
-            m = mx
-        if m > neg:
-            l += ex2(x0 - m) + ex2(x1 - m) + ex2(x2 - m) + ex2(x3 - m)
-    mx = group_max(m, 32, buf)
-    w = float32(0.0) if m == neg else float32(l * ex2(m - mx))
-    inv = float32(1.0) / group_sum(w, 32, buf)       # every token sees at least itself: the sum is > 0
-    for k in range(lane, K, 128):
-        x0 = _score2(s, i, k, t, start, n_new, tree, paths, depths, scale2)
-        x1 = _score2(s, i, k + 32, t, start, n_new, tree, paths, depths, scale2)
-        x2 = _score2(s, i, k + 64, t, start, n_new, tree, paths, depths, scale2)
-        x3 = _score2(s, i, k + 96, t, start, n_new, tree, paths, depths, scale2)
-        _store_split(s, p_lo, i, k, ex2(x0 - mx) * inv)
-        _store_split(s, p_lo, i, k + 32, ex2(x1 - mx) * inv)
-        _store_split(s, p_lo, i, k + 64, ex2(x2 - mx) * inv)
-        _store_split(s, p_lo, i, k + 96, ex2(x3 - mx) * inv)
-
-
-@cuda.jit(device=True)
-def _store_split(s, p_lo, i, k, p):
-    """s[i, k] = P_hi, p_lo[i, k] = P_lo for a key of the row."""
-    if k < s.shape[1]:
         hi = trunc_tf32(p)
         s[i, k] = hi
         p_lo[i, k] = float32(p - hi)
@@ -306,8 +251,8 @@ def gemm_attention(q, cache, start, scale: float, lkv: int, out, splits: int | N
         s = work[0, :n * kc].reshape(n, kc)                                           # [n, kc]
         p_lo = work[1, :n * kc].reshape(n, kc)                                        # [n, kc]
         _gemm_tf32(q3[r0:r0 + n], k3[:kc].T, s)
-        backend.launch(_softmax_split4_kernel, -(-n // ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, s, p_lo, r0, N, start0,
-                       start_dev, T, np.float32(scale * LOG2E), tree, paths, depths)
+        backend.launch(_softmax_split_kernel, -(-n // ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, s, p_lo, r0, N, start0,
+                       start_dev, T, np.float32(scale), tree, paths, depths)
         v_hi, v_lo = vt[0, :, :kc].T, vt[1, :, :kc].T                                 # [kc, Lkv] views
         _gemm_tf32(s, v_hi, o[r0:r0 + n])
         _gemm_tf32(p_lo, v_hi, o[r0:r0 + n], accumulate=True)

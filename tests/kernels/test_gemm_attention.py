@@ -21,11 +21,11 @@ def test_split_is_exact_and_zeroes_rows_past_the_visible_span():
     x = (rng.standard_normal((5, 7)) * 10.0 ** rng.integers(-20, 20, (5, 7))).astype(np.float32)
     k3 = H(mg._split3(kd.backend.asarray(x), 8, mg.KEYS, 1, kd.backend.full((1,), 2, np.int32), 1))   # 4 rows seen
     q3 = H(mg._split3(kd.backend.asarray(x), 5, mg.QUERIES))
-    hi, lo = q3[:, :7], q3[:, 14:]
+    hi, lo = q3[:, :7], q3[:, 7:14]
     assert not (hi.view(np.uint32) & np.uint32(0x1FFF)).any()          # hi: TF32 (13 low mantissa bits clear)
     np.testing.assert_array_equal(hi + lo, x)                          # hi + lo = x exactly
-    np.testing.assert_array_equal(q3[:, 7:14], hi)                      # queries [hi | hi | lo]
-    np.testing.assert_array_equal(k3[:4], np.concatenate([hi, lo, hi], axis=1)[:4])   # keys [hi | lo | hi]
+    np.testing.assert_array_equal(q3[:, 14:], hi)                       # queries [hi | lo | hi]
+    np.testing.assert_array_equal(k3[:4], np.concatenate([lo, hi, hi], axis=1)[:4])   # keys [lo | hi | hi]
     assert not k3[4:].any()                                             # past start (1 + 2) + 1 new row: zeros
 
 
@@ -52,13 +52,15 @@ def test_plan_examples():
 
 
 def test_pays_only_for_big_host_start_launches_on_a_gpu(monkeypatch):
-    big = (257 * 64, 4096 + 257)
+    big = (257 * 64, 512 + 257)                                         # 256 nodes x 64 heads over 512 rows
     assert not mg.pays(*big, False) or kd.backend.name == "cuda"
     monkeypatch.setattr(mg, "backend", types.SimpleNamespace(name="cuda"))
     assert mg.pays(*big, False)
     assert not mg.pays(*big, True)                                      # a device start: S spans the whole cache
     assert not mg.pays(17 * 64, 4113, False)                           # few rows: v5's streaming wins
-    assert not mg.pays(257 * 64, 512 + 257, False)                     # few keys
+    assert not mg.pays(257 * 64, 300, False)                           # few keys
+    assert not mg.pays(512 * 64, 512, False, causal=True)              # a causal square of few keys: v5's triangle
+    assert mg.pays(2048 * 64, 2048, False, causal=True)
 
 
 def test_docstring_example():
@@ -105,21 +107,20 @@ def test_tree_mask_sees_only_ancestors(splits):
                                                    variant="gemm")), want, **TOL)
 
 
-def test_variant_none_picks_gemm_only_for_big_tree_verifies_on_a_gpu(monkeypatch):
-    """A small verify never (``pays`` is false); a big one (``pays`` forced true here) only as a tree verify - a
-    causal launch keeps its streaming kernel (a prefill chunk's triangle is not yet timed against v5)."""
+def test_variant_none_picks_gemm_where_it_pays(monkeypatch):
+    """A small launch never (``pays`` is false); one ``pays`` names (forced here), tree or causal, runs "gemm"."""
     called = []
     monkeypatch.setattr(mg, "gemm_attention", lambda *a, **k: called.append(1))
     q, cache = np.ones((2, 1, 4), np.float32), np.ones((3, 4), np.float32)
     paths, depths = kt.ancestor_paths(np.array([-1, 0]))
     tv.tree_attention(q, cache, 1, paths, depths, 1.0, 3)
+    mla.mla_attention(q, cache, 1, 1.0, 3)
     assert called == []
-    monkeypatch.setattr(mg, "pays", lambda *a: True)
+    monkeypatch.setattr(mg, "pays", lambda *a, **k: True)
     tv.tree_attention(q, cache, 1, paths, depths, 1.0, 3)
     mla.mla_attention(q, cache, 1, 1.0, 3)
-    assert called == [1]
-    mla.mla_attention(q, cache, 1, 1.0, 3, variant="gemm")                # the explicit variant: always
-    assert len(called) == 2
+    mla.mla_attention(q, cache, 1, 1.0, 3, splits=2)                     # forced splits: the caller's variant
+    assert called == [1, 1]
 
 
 # ------------------------------------------------------------------------------------------------ GPU
