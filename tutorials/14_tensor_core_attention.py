@@ -20,7 +20,8 @@ Run:  KDTREE_BACKEND=sim python tutorials/14_tensor_core_attention.py [--size sm
 # 7. v3: the same kernel with key tiles of 32 rows (dynamic shared memory, `view2d`);
 # 8. v4: every warp on both m16 blocks - the same MMAs, half the fragment splitting;
 # 9. v5 - v8: whole fragments from shared memory with `ldmatrix` - what the instruction hands each lane (v5: the
-#    default on a GPU).
+#    default on a GPU);
+# 10. "gemm": the same attention as two dense products on cuBLAS's tensor cores, for the big launches.
 #
 # The functions are called by their names in the package; the constants (MT, KT, ...) are read from it, and the
 # kernels are printed from it (`show_kernel`), so the page cannot drift from the code.
@@ -37,7 +38,7 @@ from _common import (banner, check, check_true, draw_owners, finish, host, parse
 import kdtree_numba as kd
 from numba import cuda, float32, int32
 from kdtree_numba.kernels import mla_attention as mla
-from kdtree_numba.kernels import mma, tree as kt, tree_verify as tv
+from kdtree_numba.kernels import mla_gemm_attention as mg, mma, tree as kt, tree_verify as tv
 from kdtree_numba.kernels._intrinsics import copy_async_wait
 from kdtree_numba.kernels.mma import SCRATCH_SHAPE
 from kdtree_numba.kernels.primitives import GROUP_BUF
@@ -1132,6 +1133,50 @@ for v in ("v5", "v6", "v7", "v8"):
     tv.tree_attention(q_t, cache_t, start_t, paths, depths, sc, Lkv, out=out_v, variant=v)
     check(f"tree, {tree_n + 1} nodes: {v if KERNELS else WHO} vs tree_attention_ref", out_v,
           tv.tree_attention_ref(q_t, cache_t, start_t, parents, sc, Lkv), **TOL)
+
+# %% [markdown]
+# ## 10. The other way: two GEMMs ("gemm", `kernels/mla_gemm_attention.py`)
+#
+# Section 1's observation - every head of every token scores the same latent rows - taken to its end: for a
+# launch of many query rows (a 256-node x 64-head verify has 16448) the scores are one dense product
+# `S [T N, K] = Q C^T` and the output another, `P V`. Those are exactly what cuBLAS runs near the tensor cores'
+# peak, where a numba kernel's own MMAs (v5) are latency-bound at ~40 % of what 3xTF32 can issue. The cost: S is
+# written to memory and read back (the streaming kernels never materialise it), so this pays only for big
+# launches - `variant=None` picks it from 4096 query rows with a host start (`mla_gemm_attention.pays`).
+#
+# 3xTF32 with cuBLAS: cuBLAS cannot split operands inside its kernels, so a numba kernel splits them once and the
+# three products become ONE GEMM with the inner dimension tripled - `[q_hi | q_lo | q_hi] . [k_lo | k_hi | k_hi]`
+# is `q_hi k_lo + q_lo k_hi + q_hi k_hi` (small cross terms first in K: they sum before the big terms join). A
+# numba softmax kernel (one warp a row, the tree mask from the paths) writes P split the same way, and P V is
+# three accumulating GEMMs. On the simulator the GEMMs run in NumPy on TF32-truncated operands - the same
+# arithmetic.
+
+# %%
+section("gemm: the operand split, one tripled GEMM = 3xTF32, the whole variant vs the references")
+if KERNELS:                                                                     # the split is a kernel
+    x_g = (R.standard_normal((4, Dc)) * 10.0 ** R.integers(-6, 6, (4, Dc))).astype(np.float32)       # [4, D]
+    q3_g = host(mg._split3(kd.backend.asarray(x_g), 4, mg.QUERIES))            # [4, 3D] = [hi | lo | hi]
+    check_true("split: hi has its 13 low mantissa bits clear and hi + lo == x exactly",
+               not (q3_g[:, :Dc].view(np.uint32) & np.uint32(0x1FFF)).any()
+               and np.array_equal(q3_g[:, :Dc] + q3_g[:, Dc:2 * Dc], x_g))
+    a_g = R.standard_normal((16, 64)).astype(np.float32)                           # [16, 64]
+    b_g = R.standard_normal((24, 64)).astype(np.float32)                           # [24, 64]: rows are keys
+    want_g = a_g.astype(np.float64) @ b_g.T.astype(np.float64)
+    three_g = host(mg._gemm_tf32(mg._split3(kd.backend.asarray(a_g), 16, mg.QUERIES),
+                                 mg._split3(kd.backend.asarray(b_g), 24, mg.KEYS).T, kd.backend.empty((16, 24))))
+    one_g = host(mg._gemm_tf32(kd.backend.asarray(a_g), kd.backend.asarray(b_g).T, kd.backend.empty((16, 24))))
+    err3, err1 = (float(np.abs(g - want_g).max() / np.abs(want_g).max()) for g in (three_g, one_g))
+    print(f"  max error / max |S| vs float64: one tripled GEMM (3xTF32) {err3:.1e}, one TF32 GEMM {err1:.1e}")
+    check_true("the tripled GEMM is fp32-grade (< 1e-5), a plain TF32 one is not (> 1e-4)", err3 < 1e-5 < 1e-4 < err1)
+    out_g = kd.backend.full((tree_n + 1, Nt, Lkv), np.nan, np.float32)        # [n+1, N, Lkv] poisoned
+    tv.tree_attention(q_t, cache_t, start_t, paths, depths, sc, Lkv, out=out_g, variant="gemm", splits=2)
+    check(f"tree, {tree_n + 1} nodes, 2 row chunks: gemm vs tree_attention_ref", out_g,
+          tv.tree_attention_ref(q_t, cache_t, start_t, parents, sc, Lkv), **TOL)
+table([("512 / 256 / 64", "0.565", "0.509", "0.929", "1.83x"),
+       ("4096 / 256 / 64", "3.842", "2.065", "4.982", "2.41x"),
+       ("32768 / 256 / 64", "30.066", "15.988", "43.313", "2.73x")],
+      ("context / nodes / heads", "v5 ms", "gemm ms", "SDPA fp32 ms", "variant=None vs SDPA"))
+print("  (quoted from docs/PERFORMANCE.md: H100, bench_verify, 2026-12-06 - not measured here)")
 
 # %%
 finish()
