@@ -235,6 +235,8 @@ def gemm_attention(q, cache, start, scale: float, lkv: int, out, splits: int | N
     T, N, D = q.shape
     C = cache.shape[0]
     M = T * N
+    if M == 0:
+        return out
     tree = paths is not None
     if not tree:                                             # typed like the real ones, never read
         paths, depths = backend.placeholder((1, 1), np.int32), backend.placeholder((1,), np.int32)

@@ -123,6 +123,12 @@ def test_variant_none_picks_gemm_where_it_pays(monkeypatch):
     assert called == [1, 1]
 
 
+def test_no_query_rows_is_a_no_op():
+    q, cache = np.zeros((0, 2, 4), np.float32), np.ones((3, 4), np.float32)
+    out = tv.tree_attention(q, cache, 1, np.zeros((0, 1), np.int32), np.zeros(0, np.int32), 1.0, 3, variant="gemm")
+    assert out.shape == (0, 2, 3)
+
+
 # ------------------------------------------------------------------------------------------------ GPU
 @pytest.mark.gpu
 def test_gpu_chunked_equals_whole_and_auto_runs_gemm_where_it_pays():
@@ -142,3 +148,4 @@ def test_gpu_chunked_equals_whole_and_auto_runs_gemm_where_it_pays():
     np.testing.assert_array_equal(auto, whole)
     np.testing.assert_array_equal(chunked, whole)
     np.testing.assert_allclose(whole, tv.tree_attention_ref(q, cache, start, parents, 0.13, 512), **TOL)
+
