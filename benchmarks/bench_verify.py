@@ -18,6 +18,10 @@ shape (64 heads, P / R / Vd 128 / 64 / 128, Lkv 512), causal from 0: the absorbe
 the decompression (two batched GEMMs: k = [c W_UK^T ; k_rot], v = c W_UV) + kernels/gqa_attention.py's variants,
 and SDPA given the same per-head k and v (transformers' own form, is_causal). FLOPs = 2 N T (T + 1) / 2 (P + R + Vd).
 The DFlash drafter's block attention (not causal, 16 tokens, 8 / 4 heads, D 32): block_attention's v1 and v2.
+Phases of the "gemm" variant (kernels/mla_gemm_attention.py) on 256-node x 64-head verifies: each launch of one
+call timed alone (the splits once a call, the score GEMM, softmax and one P V GEMM once a row chunk), their sum
+for the whole call (three P V GEMMs a chunk; every chunk counted as a full one, so a short last chunk makes the sum
+too high) against the whole call, and v5 in the same process.
 Baselines, measured in the same run on the same inputs: SDPA with q [1, N, T, 576], k [1, N, S', 576] and
 v [1, N, S', 512] (the latent copied to every head: a stride-0 view gave wrong results in torch 2.11) and a float
 mask (-inf outside each token's keys; none for decode); once in strict fp32 (TF32 off) and once with TF32 allowed
@@ -36,6 +40,7 @@ few microseconds to SDPA: the small cells compared launchers, not kernels.)
                                                                   # only those variants (v1 gives 'vs v1')
     PYTHONPATH=$PWD python3 benchmarks/bench_verify.py --tables tree,causal --variants v5,gemm
                                                                   # v5, gemm and `auto` (the GPU's --fast)
+    PYTHONPATH=$PWD python3 benchmarks/bench_verify.py --tables phases   # where gemm's time goes
     KDTREE_BACKEND=sim python3 benchmarks/bench_verify.py --quick # a smoke run on the simulator (tiny shapes,
                                                                   # no torch rows; the numbers mean nothing)
 """
@@ -45,7 +50,7 @@ import numpy as np
 
 from _common import args, graph_median_ms, kd, save, set_tf32, table, torch_graph_median_ms
 
-TABLES = ("tree", "causal", "prefill", "block")
+TABLES = ("tree", "causal", "prefill", "block", "phases")
 
 
 def _options(p):
@@ -302,4 +307,47 @@ if "block" in only:
     table(f"The DFlash drafter's block attention ({B} tokens, {Nq} / {Nkv} heads, D {Dh}, not causal): v1 vs v2",
           ["keys"] + [f"{g} (us)" for g in block_attention.VARIANTS] + ["v2 speedup"] +
           [f"{g} max error vs float64" for g in block_attention.VARIANTS], rows)
+# ------------------------------------------------------------------------------------------------ gemm phases
+if "phases" in only:
+    from kdtree_numba.kernels import _checks, mla_gemm_attention as mg  # noqa: E402
+
+    rows = []
+    zero = _checks.device_int(0, "start")[1]
+    shapes = [(512, 256, 64), (4096, 256, 64), (32768, 256, 64)] if GPU and not a.quick else \
+        [(512, 256, 64)] if GPU else [(16, 4, 2)]
+    for S, n, N in shapes:
+        paths, depth = (xp.asarray(x) for x in tree.ancestor_paths(random_tree(n, rng)))
+        cache = xp.asarray(rng.standard_normal((S + n + 1, D), dtype=np.float32))                # [C, D]
+        q = xp.asarray(rng.standard_normal((n + 1, N, D), dtype=np.float32))                      # [n+1, N, D]
+        M, Kp = (n + 1) * N, mg.padded_keys(S + n + 1)
+        r = mg.chunk_rows(M, Kp, None)                                                # rows of one chunk
+        k3, q3 = mg._split3(cache, Kp, mg.KEYS), mg._split3(q.reshape(M, D), M, mg.QUERIES)
+        vt = xp.empty((2, LKV, Kp), np.float32)                                       # [2, Lkv, Kp]
+        s, p_lo, o = (xp.empty(shape, np.float32) for shape in ((r, Kp), (r, Kp), (M, LKV)))
+        run = dict(reps=a.reps if GPU else 1, warmup=3 if GPU else 1)
+        ms = {"split q": graph_median_ms(lambda: mg._split3(q.reshape(M, D), M, mg.QUERIES), **run),
+              "split k": graph_median_ms(lambda: mg._split3(cache, Kp, mg.KEYS), **run),
+              "split V^T": graph_median_ms(lambda: mg._launch_split(mg._split_vt_kernel, LKV * Kp, cache, 0, zero,
+                                                                     S + n + 1, vt), **run),
+              "S GEMM": graph_median_ms(lambda: mg._gemm_tf32(q3[:r], k3.T, s), **run),
+              "softmax": graph_median_ms(lambda: kd.backend.launch(
+                  mg._softmax_split_kernel, -(-r // mg.ROWS_PER_BLOCK), 32 * mg.ROWS_PER_BLOCK, s, p_lo, 0, N, S, zero,
+                  n + 1, np.float32(SCALE), True, paths, depth), **run),
+              "P V GEMM": graph_median_ms(lambda: mg._gemm_tf32(s, vt[0].T, o[:r]), **run)}
+        whole = graph_median_ms(lambda: tree_verify.tree_attention(q, cache, S, paths, depth, SCALE, LKV,
+                                                                   out=o.reshape(n + 1, N, LKV), variant="gemm"), **run)
+        v5 = graph_median_ms(lambda: tree_verify.tree_attention(q, cache, S, paths, depth, SCALE, LKV,
+                                                                out=o.reshape(n + 1, N, LKV), variant="v5"), **run) \
+            if GPU else float("nan")
+        chunks = -(-M // r)
+        total = ms["split q"] + ms["split k"] + ms["split V^T"] + chunks * (ms["S GEMM"] + ms["softmax"] +
+                                                                             3 * ms["P V GEMM"])
+        rate = {"S GEMM": 2 * r * Kp * 3 * D, "P V GEMM": 2 * r * Kp * LKV}           # FLOPs of one chunk's GEMM
+        rows.append([S, n, N, chunks] + [f"{v:.3f}" + (f" ({rate[k] / v / 1e9:.0f} TFLOP/s)" if k in rate else "")
+                                         for k, v in ms.items()] +
+                    [f"{total:.3f}", f"{whole:.3f} ({whole / total:.2f}x the sum)", f"{v5:.3f} ({v5 / whole:.2f}x)"])
+    table("The gemm attention variant's launches, each timed alone (one chunk's for the per-chunk ones), their sum "
+          "for a whole call, the whole call, and v5 (speedup of gemm)",
+          ["context", "nodes", "heads", "row chunks"] + [f"{k} ms" for k in ms] +
+          ["sum ms", "whole call ms", "v5 ms (gemm speedup)"], rows)
 save("bench_verify")
