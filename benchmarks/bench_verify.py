@@ -322,17 +322,15 @@ if "phases" in only:
         M, Kp = (n + 1) * N, mg.padded_keys(S + n + 1)
         r = mg.chunk_rows(M, Kp, None)                                                # rows of one chunk
         k3, q3 = mg._split3(cache, Kp, mg.KEYS), mg._split3(q.reshape(M, D), M, mg.QUERIES)
-        vt = xp.empty((2, LKV, Kp), np.float32)                                       # [2, Lkv, Kp]
+        vt = mg._split_vt(cache, LKV, Kp, 0, zero, S + n + 1)                         # [2, Lkv, Kp]
         s, p_lo, o = (xp.empty(shape, np.float32) for shape in ((r, Kp), (r, Kp), (M, LKV)))
         run = dict(reps=a.reps if GPU else 1, warmup=3 if GPU else 1)
         ms = {"split q": graph_median_ms(lambda: mg._split3(q.reshape(M, D), M, mg.QUERIES), **run),
               "split k": graph_median_ms(lambda: mg._split3(cache, Kp, mg.KEYS), **run),
-              "split V^T": graph_median_ms(lambda: mg._launch_split(mg._split_vt_kernel, LKV * Kp, cache, 0, zero,
-                                                                     S + n + 1, vt), **run),
+              "split V^T": graph_median_ms(lambda: mg._split_vt(cache, LKV, Kp, 0, zero, S + n + 1), **run),
               "S GEMM": graph_median_ms(lambda: mg._gemm_tf32(q3[:r], k3.T, s), **run),
-              "softmax": graph_median_ms(lambda: kd.backend.launch(
-                  mg._softmax_split_kernel, -(-r // mg.ROWS_PER_BLOCK), 32 * mg.ROWS_PER_BLOCK, s, p_lo, 0, N, S, zero,
-                  n + 1, np.float32(SCALE), True, paths, depth), **run),
+              "softmax": graph_median_ms(lambda: mg._softmax(s, p_lo, 0, N, S, zero, n + 1, SCALE, True, paths,
+                                                              depth), **run),
               "P V GEMM": graph_median_ms(lambda: mg._gemm_tf32(s, vt[0].T, o[:r]), **run)}
         whole = graph_median_ms(lambda: tree_verify.tree_attention(q, cache, S, paths, depth, SCALE, LKV,
                                                                    out=o.reshape(n + 1, N, LKV), variant="gemm"), **run)

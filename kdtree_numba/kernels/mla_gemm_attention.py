@@ -94,6 +94,19 @@ def chunk_rows(rows: int, keys: int, splits: int | None) -> int:
     return max(1, min(rows, WORK_BYTES // (8 * padded_keys(keys))))
 
 
+def split3_ref(x, rows: int, order: int, n_valid: int | None = None):
+    """NumPy reference of ``_split3_kernel``: [rows, 3D] = [lo | hi | hi] (KEYS) or [hi | lo | hi] (QUERIES) of
+    each row of ``x [R, D]`` (hi = x with its 13 low mantissa bits cleared, lo = x - hi), zeros from row
+    min(R, n_valid). Example: x = [[1 + 2^-12]], QUERIES -> [[1, 2^-12, 1]]."""
+    x = np.asarray(x, np.float32)
+    n = x.shape[0] if n_valid is None else min(x.shape[0], n_valid)
+    hi = (x[:n].view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+    lo = x[:n] - hi
+    out = np.zeros((rows, 3 * x.shape[1]), np.float32)
+    out[:n] = np.concatenate([lo, hi, hi] if order == KEYS else [hi, lo, hi], axis=1)
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ kernels
 @cuda.jit
 def _split3_kernel(x, start0, start_dev, n_new, order, out):
@@ -224,6 +237,20 @@ def _split3(x, rows: int, order: int, start0=0, start_dev=None, n_new: int = 0):
     return out
 
 
+def _split_vt(x, lkv: int, rows: int, start0, start_dev, n_new: int):
+    """``vt [2, Lkv, rows]``: the values of ``x [R, D]`` split and transposed (``_split_vt_kernel``)."""
+    vt = backend.empty((2, lkv, rows), np.float32)                                 # [2, Lkv, rows]
+    _launch_split(_split_vt_kernel, lkv * rows, x, start0, start_dev, n_new, vt)
+    return vt
+
+
+def _softmax(s, p_lo, r0: int, n_heads: int, start0, start_dev, n_new: int, scale: float, tree: bool, paths,
+             depths):
+    """``_softmax_split_kernel`` over the chunk rows of ``s [n, K]``: one warp a row, ROWS_PER_BLOCK a block."""
+    backend.launch(_softmax_split_kernel, -(-s.shape[0] // ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, s, p_lo, r0,
+                   n_heads, start0, start_dev, n_new, np.float32(scale), tree, paths, depths)
+
+
 def gemm_attention(q, cache, start, scale: float, lkv: int, out, splits: int | None = None, paths=None,
                    depths=None):
     """Attention of the T new tokens ``q [T, N, D]`` over ``cache [C, D]`` as GEMMs (module docstring) into
@@ -233,19 +260,17 @@ def gemm_attention(q, cache, start, scale: float, lkv: int, out, splits: int | N
     start0, start_dev = _checks.device_int(start, "start")
     device_start = hasattr(start, "shape")
     T, N, D = q.shape
-    C = cache.shape[0]
     M = T * N
     if M == 0:
         return out
     tree = paths is not None
     if not tree:                                             # typed like the real ones, never read
         paths, depths = backend.placeholder((1, 1), np.int32), backend.placeholder((1,), np.int32)
-    keys = C if device_start else start0 + T                 # every key any row may see
+    keys = cache.shape[0] if device_start else start0 + T   # every key any row may see
     Kp = padded_keys(keys)
-    seen = cache[:min(keys, C)]                                                       # [<= Kp, D]
+    seen = cache[:keys]                                                               # [<= Kp, D]
     k3 = _split3(seen, Kp, KEYS, start0, start_dev, T)                                # [Kp, 3D]
-    vt = backend.empty((2, lkv, Kp), np.float32)                                      # [2, Lkv, Kp]: V_hi^T, V_lo^T
-    _launch_split(_split_vt_kernel, lkv * Kp, seen, start0, start_dev, T, vt)
+    vt = _split_vt(seen, lkv, Kp, start0, start_dev, T)                               # [2, Lkv, Kp]: V_hi^T, V_lo^T
     q3 = _split3(q.reshape(M, D), M, QUERIES)                                         # [M, 3D]
     rows = chunk_rows(M, Kp, splits)
     work = backend.empty((2, rows * Kp), np.float32)                                  # S / P_hi, P_lo
@@ -258,8 +283,7 @@ def gemm_attention(q, cache, start, scale: float, lkv: int, out, splits: int | N
         s = work[0, :n * kc].reshape(n, kc)                                           # [n, kc]
         p_lo = work[1, :n * kc].reshape(n, kc)                                        # [n, kc]
         _gemm_tf32(q3[r0:r0 + n], k3[:kc].T, s)
-        backend.launch(_softmax_split_kernel, -(-n // ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, s, p_lo, r0, N, start0,
-                       start_dev, T, np.float32(scale), tree, paths, depths)
+        _softmax(s, p_lo, r0, N, start0, start_dev, T, scale, tree, paths, depths)
         v_hi, v_lo = vt[0, :, :kc].T, vt[1, :, :kc].T                                 # [kc, Lkv] views
         _gemm_tf32(s, v_hi, o[r0:r0 + n])
         _gemm_tf32(p_lo, v_hi, o[r0:r0 + n], accumulate=True)

@@ -27,6 +27,11 @@ def test_split_is_exact_and_zeroes_rows_past_the_visible_span():
     np.testing.assert_array_equal(q3[:, 14:], hi)                       # queries [hi | lo | hi]
     np.testing.assert_array_equal(k3[:4], np.concatenate([lo, hi, hi], axis=1)[:4])   # keys [lo | hi | hi]
     assert not k3[4:].any()                                             # past start (1 + 2) + 1 new row: zeros
+    np.testing.assert_array_equal(k3, mg.split3_ref(x, 8, mg.KEYS, n_valid=4))   # the NumPy reference, bit for bit
+    np.testing.assert_array_equal(q3, mg.split3_ref(x, 5, mg.QUERIES))
+    vt = H(mg._split_vt(kd.backend.asarray(x), 3, 6, 1, kd.backend.full((1,), 2, np.int32), 1))    # [2, 3, 6]
+    ref = mg.split3_ref(x[:, :3], 6, mg.KEYS, n_valid=4)                # [6, 9] = [lo | hi | hi]
+    np.testing.assert_array_equal(vt, np.stack([ref[:, 3:6].T, ref[:, :3].T]))   # V^T: (hi, lo) of the values
 
 
 def test_three_products_keep_fp32_accuracy_where_one_tf32_product_does_not():
