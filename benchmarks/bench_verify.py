@@ -19,9 +19,9 @@ the decompression (two batched GEMMs: k = [c W_UK^T ; k_rot], v = c W_UV) + kern
 and SDPA given the same per-head k and v (transformers' own form, is_causal). FLOPs = 2 N T (T + 1) / 2 (P + R + Vd).
 The DFlash drafter's block attention (not causal, 16 tokens, 8 / 4 heads, D 32): block_attention's v1 and v2.
 Phases of the "gemm" variant (kernels/mla_gemm_attention.py) on 256-node x 64-head verifies: each launch of one
-call timed alone (the splits once a call, the score GEMM, softmax and one P V GEMM once a row chunk), their sum
-for the whole call (three P V GEMMs a chunk; every chunk counted as a full one, so a short last chunk makes the sum
-too high) against the whole call, and v5 in the same process.
+call timed alone (the splits once a call, the score GEMM, softmax and the P V GEMMs once a row chunk), their sum
+for the whole call (every chunk counted as a full one, so a short last chunk makes the sum too high) against the
+whole call, and v5 in the same process.
 Baselines, measured in the same run on the same inputs: SDPA with q [1, N, T, 576], k [1, N, S', 576] and
 v [1, N, S', 512] (the latent copied to every head: a stride-0 view gave wrong results in torch 2.11) and a float
 mask (-inf outside each token's keys; none for decode); once in strict fp32 (TF32 off) and once with TF32 allowed
@@ -322,25 +322,25 @@ if "phases" in only:
         M, Kp = (n + 1) * N, mg.padded_keys(S + n + 1)
         r = mg.chunk_rows(M, Kp, None)                                                # rows of one chunk
         k3, q3 = mg._split3(cache, Kp, mg.KEYS), mg._split3(q.reshape(M, D), M, mg.QUERIES)
-        vt = mg._split_vt(cache, LKV, Kp, 0, zero, S + n + 1)                         # [2, Lkv, Kp]
-        s, p_lo, o = (xp.empty(shape, np.float32) for shape in ((r, Kp), (r, Kp), (M, LKV)))
+        W = mg.p_copies(Kp)
+        vt = mg._split_vt(cache, LKV, Kp, 0, zero, S + n + 1, W)                      # [Lkv, W Kp]
+        pw, o = xp.empty((r, W * Kp), np.float32), xp.empty((M, LKV), np.float32)     # [r, W Kp], [M, Lkv]
         run = dict(reps=a.reps if GPU else 1, warmup=3 if GPU else 1)
         ms = {"split q": graph_median_ms(lambda: mg._split3(q.reshape(M, D), M, mg.QUERIES), **run),
               "split k": graph_median_ms(lambda: mg._split3(cache, Kp, mg.KEYS), **run),
-              "split V^T": graph_median_ms(lambda: mg._split_vt(cache, LKV, Kp, 0, zero, S + n + 1), **run),
-              "S GEMM": graph_median_ms(lambda: mg._gemm_tf32(q3[:r], k3.T, s), **run),
-              "softmax": graph_median_ms(lambda: mg._softmax(s, p_lo, 0, N, S, zero, n + 1, SCALE, True, paths,
+              "split V^T": graph_median_ms(lambda: mg._split_vt(cache, LKV, Kp, 0, zero, S + n + 1, W), **run),
+              "S GEMM": graph_median_ms(lambda: mg._gemm_tf32(q3[:r], k3.T, pw[:, :Kp]), **run),
+              "softmax": graph_median_ms(lambda: mg._softmax(pw, Kp, 0, N, S, zero, n + 1, SCALE, True, paths,
                                                               depth), **run),
-              "P V GEMM": graph_median_ms(lambda: mg._gemm_tf32(s, vt[0].T, o[:r]), **run)}
+              "P V": graph_median_ms(lambda: mg._pv(pw, vt, Kp, o[:r]), **run)}
         whole = graph_median_ms(lambda: tree_verify.tree_attention(q, cache, S, paths, depth, SCALE, LKV,
                                                                    out=o.reshape(n + 1, N, LKV), variant="gemm"), **run)
         v5 = graph_median_ms(lambda: tree_verify.tree_attention(q, cache, S, paths, depth, SCALE, LKV,
                                                                 out=o.reshape(n + 1, N, LKV), variant="v5"), **run) \
             if GPU else float("nan")
         chunks = -(-M // r)
-        total = ms["split q"] + ms["split k"] + ms["split V^T"] + chunks * (ms["S GEMM"] + ms["softmax"] +
-                                                                             3 * ms["P V GEMM"])
-        rate = {"S GEMM": 2 * r * Kp * 3 * D, "P V GEMM": 2 * r * Kp * LKV}           # FLOPs of one chunk's GEMM
+        total = ms["split q"] + ms["split k"] + ms["split V^T"] + chunks * (ms["S GEMM"] + ms["softmax"] + ms["P V"])
+        rate = {"S GEMM": 2 * r * Kp * 3 * D, "P V": 2 * r * Kp * LKV * 3}             # FLOPs of one chunk's GEMMs
         rows.append([S, n, N, chunks] + [f"{v:.3f}" + (f" ({rate[k] / v / 1e9:.0f} TFLOP/s)" if k in rate else "")
                                          for k, v in ms.items()] +
                     [f"{total:.3f}", f"{whole:.3f} ({whole / total:.2f}x the sum)", f"{v5:.3f} ({v5 / whole:.2f}x)"])

@@ -118,7 +118,8 @@ def _operand(x, rows: int, cols: int):
 def gemm(a, b, out, accumulate: bool = False, tf32: bool = False):
     """``out [M, N] = a [M, K] @ b [K, N]``, or ``out += a @ b`` with ``accumulate`` (cuBLAS's beta = 1: one
     launch where a GEMM and an add took two); fp32 (``tf32``: on the tensor cores, operands cut to TF32); a, b any
-    strided views."""
+    strided views; ``out`` written in place when its rows are contiguous (any row stride: ``ldc``), else through a
+    contiguous temporary."""
     M, K = a.shape
     N = b.shape[1]
     if M == 0 or N == 0:
@@ -132,16 +133,17 @@ def gemm(a, b, out, accumulate: bool = False, tf32: bool = False):
     st = _handle(M, K, tf32)
     b, op_b, ld_b = _operand(b, K, N)
     a, op_a, ld_a = _operand(a, M, K)
-    if out.flags.c_contiguous:
-        target = out
+    ld_c = out.strides[0] // 4
+    if out.strides[1] == 4 and out.strides[0] % 4 == 0 and (ld_c >= N or M == 1):   # rows contiguous: in place
+        target, ld_c = out, max(ld_c, N)
     elif accumulate:
-        raise ValueError(f"out: accumulate=True adds in place, expected a C-contiguous array, got strides "
+        raise ValueError(f"out: accumulate=True adds in place, expected contiguous rows, got strides "
                          f"{tuple(out.strides)}")
     else:
-        target = backend.cp.empty((M, N), np.float32)
+        target, ld_c = backend.cp.empty((M, N), np.float32), N
     beta = st["one"] if accumulate else st["zero"]
     _check(st["lib"].cublasSgemm_v2(st["handle"], op_b, op_a, N, M, K, ctypes.byref(st["one"]), b.data.ptr, ld_b,
-                                    a.data.ptr, ld_a, ctypes.byref(beta), target.data.ptr, N), "cublasSgemm")
+                                    a.data.ptr, ld_a, ctypes.byref(beta), target.data.ptr, ld_c), "cublasSgemm")
     if target is not out:
         out[...] = target
     return out

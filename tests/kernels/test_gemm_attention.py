@@ -29,9 +29,11 @@ def test_split_is_exact_and_zeroes_rows_past_the_visible_span():
     assert not k3[4:].any()                                             # past start (1 + 2) + 1 new row: zeros
     np.testing.assert_array_equal(k3, mg.split3_ref(x, 8, mg.KEYS, n_valid=4))   # the NumPy reference, bit for bit
     np.testing.assert_array_equal(q3, mg.split3_ref(x, 5, mg.QUERIES))
-    vt = H(mg._split_vt(kd.backend.asarray(x), 3, 6, 1, kd.backend.full((1,), 2, np.int32), 1))    # [2, 3, 6]
     ref = mg.split3_ref(x[:, :3], 6, mg.KEYS, n_valid=4)                # [6, 9] = [lo | hi | hi]
-    np.testing.assert_array_equal(vt, np.stack([ref[:, 3:6].T, ref[:, :3].T]))   # V^T: (hi, lo) of the values
+    for copies in (2, 3):
+        vt = H(mg._split_vt(kd.backend.asarray(x), 3, 6, 1, kd.backend.full((1,), 2, np.int32), 1, copies))
+        want = np.concatenate([ref[:, 3 * j:3 * j + 3].T for j in range(copies)], axis=1)   # [3, 6 W]
+        np.testing.assert_array_equal(vt, want)                         # V^T: [lo | hi (| hi)] of the values
 
 
 def test_three_products_keep_fp32_accuracy_where_one_tf32_product_does_not():
@@ -49,9 +51,18 @@ def test_three_products_keep_fp32_accuracy_where_one_tf32_product_does_not():
     assert np.abs(one - want).max() > 1e-4 * scale
 
 
+@pytest.fixture(params=[2, 3], ids=["two copies of P", "three copies of P"])
+def copies(request, monkeypatch):
+    """Both layouts of P's rows (``p_copies``), whatever the test's key count."""
+    monkeypatch.setattr(mg, "P3_MAX_KEYS", 0 if request.param == 2 else 1 << 30)
+    return request.param
+
+
 def test_plan_examples():
     assert mg.padded_keys(4353) == 4384 and mg.padded_keys(32) == 32 and mg.padded_keys(0) == 32
+    assert mg.p_copies(800) == 3 and mg.p_copies(4384) == 2
     assert mg.chunk_rows(16448, 32800, None) == 4092
+    assert mg.chunk_rows(16448, 800, None) == 16448
     assert mg.chunk_rows(16448, 4352, None) == 16448
     assert mg.chunk_rows(10, 32, 3) == 4
 
@@ -76,7 +87,7 @@ def test_docstring_example():
 
 
 @pytest.mark.parametrize("splits", [None, 2, 7])
-def test_causal_chunks_read_only_their_keys(splits):
+def test_causal_chunks_read_only_their_keys(splits, copies):
     """Row chunks over a causal chunk (each chunk's S stops after its last token's keys); rows past the chunk's
     tokens are NaN, so a key read past the mask would poison the output."""
     rng = np.random.default_rng(splits or 0)
@@ -93,7 +104,7 @@ def test_causal_chunks_read_only_their_keys(splits):
 
 
 @pytest.mark.parametrize("splits", [None, 3])
-def test_tree_mask_sees_only_ancestors(splits):
+def test_tree_mask_sees_only_ancestors(splits, copies):
     """The ancestor-only mask, row chunks straddling tokens: the tree rows are scaled up so that a row seen off
     its node's path moves the output far past the tolerance. Rows past the tree are NaN."""
     rng = np.random.default_rng(4)
@@ -110,6 +121,19 @@ def test_tree_mask_sees_only_ancestors(splits):
     dev = kd.backend.full((1,), start, np.int32)
     np.testing.assert_allclose(H(tv.tree_attention(q, cache, dev, paths, depths, 0.5, lkv, splits=splits,
                                                    variant="gemm")), want, **TOL)
+
+
+def test_a_path_deeper_than_a_warp(copies):
+    """The softmax reads a token's path one entry a lane: a chain of 40 nodes takes two passes of the warp."""
+    rng = np.random.default_rng(6)
+    parents = np.arange(-1, 39)                                         # node j's parent is j - 1: depth 39
+    paths, depths = kt.ancestor_paths(parents)
+    n1, N, D, lkv, start = 40, 1, 6, 4, 3
+    q = rng.standard_normal((n1, N, D)).astype(np.float32)
+    cache = rng.standard_normal((start + n1, D)).astype(np.float32)
+    want = tv.tree_attention_ref(q, cache, start, parents, 0.5, lkv)
+    np.testing.assert_allclose(H(tv.tree_attention(q, cache, start, paths, depths, 0.5, lkv, variant="gemm")), want,
+                               **TOL)
 
 
 def test_variant_none_picks_gemm_where_it_pays(monkeypatch):
@@ -136,17 +160,19 @@ def test_no_query_rows_is_a_no_op():
 
 # ------------------------------------------------------------------------------------------------ GPU
 @pytest.mark.gpu
-def test_gpu_chunked_equals_whole_and_auto_runs_gemm_where_it_pays():
-    """At Kimi's width: a 129-node x 64-head verify over 2048 committed rows (8256 query rows: ``pays``) -
-    variant=None is bit for bit "gemm", row chunks change nothing (the same GEMMs row by row), and both hold 1e-4
-    of float64."""
+@pytest.mark.parametrize("start", [512, 2048])
+def test_gpu_chunked_equals_whole_and_auto_runs_gemm_where_it_pays(start):
+    """At Kimi's width: a 129-node x 64-head verify over 512 or 2048 committed rows (8256 query rows: ``pays``;
+    three copies of P, then two) - variant=None is bit for bit "gemm", row chunks change nothing (the same GEMMs row
+    by row), and both hold 1e-4 of float64."""
     rng = np.random.default_rng(5)
-    n, N, start = 128, 64, 2048
+    n, N = 128, 64
     parents = np.concatenate([[-1], [rng.integers(max(0, j - 8), j) for j in range(1, n + 1)]])
     paths, depths = kt.ancestor_paths(parents)
     q = rng.standard_normal((n + 1, N, 576)).astype(np.float32)
     cache = rng.standard_normal((start + n + 1, 576)).astype(np.float32)
     assert mg.pays((n + 1) * N, start + n + 1, False)
+    assert mg.p_copies(mg.padded_keys(start + n + 1)) == (3 if start == 512 else 2)
     whole = H(tv.tree_attention(q, cache, start, paths, depths, 0.13, 512, variant="gemm"))
     auto = H(tv.tree_attention(q, cache, start, paths, depths, 0.13, 512, out=poisoned((n + 1, N, 512))))
     chunked = H(tv.tree_attention(q, cache, start, paths, depths, 0.13, 512, splits=5, variant="gemm"))

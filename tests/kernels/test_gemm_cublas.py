@@ -82,15 +82,20 @@ def test_linear_is_captured_in_a_cuda_graph_and_replays_new_inputs(M, K):
 
 def test_gemm_accumulate_is_beta_one():
     """accumulate=True: cuBLAS's beta = 1 adds the product onto out, equal to a GEMM then an add; a strided out is
-    refused by name (the add is in place)."""
+    refused by name (the add is in place); rows with a stride are written in place."""
     rng = np.random.default_rng(4)
     x, w = _rand(rng, 16, 256), _rand(rng, 128, 256)
     out = _rand(rng, 16, 128)
     want = kd.backend.to_host(out) + kd.backend.to_host(gemm.linear(x, w))
     assert gemm.linear(x, w, out=out, accumulate=True) is out
     np.testing.assert_allclose(kd.backend.to_host(out), want, rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="out: accumulate=True adds in place, expected a C-contiguous array"):
-        _cublas.gemm(x, w.T, _rand(rng, 16, 200)[:, :128], accumulate=True)
+    wide = _rand(rng, 16, 200)                       # out with a row stride (cuBLAS's ldc = 200): in place
+    want = kd.backend.to_host(wide).copy()
+    want[:, :128] += kd.backend.to_host(gemm.linear(x, w))
+    _cublas.gemm(x, w.T, wide[:, :128], accumulate=True)
+    np.testing.assert_allclose(kd.backend.to_host(wide), want, rtol=1e-5, atol=1e-5)   # columns 128.. untouched
+    with pytest.raises(ValueError, match="out: accumulate=True adds in place, expected contiguous rows"):
+        _cublas.gemm(x, w.T, _rand(rng, 16, 256)[:, ::2], accumulate=True)
 
 
 @pytest.mark.parametrize("M", [16, 17, 32, 33, 40, 65, 80, 81])
