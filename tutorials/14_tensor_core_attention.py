@@ -1147,9 +1147,10 @@ for v in ("v5", "v6", "v7", "v8"):
 # 3xTF32 with cuBLAS: cuBLAS cannot split operands inside its kernels, so a numba kernel splits them once and the
 # three products become ONE GEMM with the inner dimension tripled - `[q_hi | q_lo | q_hi] . [k_lo | k_hi | k_hi]`
 # is `q_hi k_lo + q_lo k_hi + q_hi k_hi` (small cross terms first in K: they sum before the big terms join). A
-# numba softmax kernel (one warp a row, the tree mask from the paths) writes P split the same way, and P V is
-# three accumulating GEMMs. On the simulator the GEMMs run in NumPy on TF32-truncated operands - the same
-# arithmetic.
+# numba softmax kernel (one warp a row; the tree's visible keys read from the token's path) writes P split the
+# same way beside its scores, `[P_hi | P_lo | P_hi]`, so P V is one tripled GEMM too (over many keys two GEMMs of
+# `[P_hi | P_lo]`: the third copy's write costs more than it saves). On the simulator the GEMMs run in NumPy on
+# TF32-truncated operands - the same arithmetic.
 
 # %%
 section("gemm: the operand split, one tripled GEMM = 3xTF32, the whole variant vs the references")
@@ -1172,9 +1173,9 @@ if KERNELS:                                                                     
     tv.tree_attention(q_t, cache_t, start_t, paths, depths, sc, Lkv, out=out_g, variant="gemm", splits=2)
     check(f"tree, {tree_n + 1} nodes, 2 row chunks: gemm vs tree_attention_ref", out_g,
           tv.tree_attention_ref(q_t, cache_t, start_t, parents, sc, Lkv), **TOL)
-table([("512 / 256 / 64", "0.565", "0.509", "0.929", "1.83x"),
-       ("4096 / 256 / 64", "3.842", "2.065", "4.982", "2.41x"),
-       ("32768 / 256 / 64", "30.066", "15.988", "43.313", "2.73x")],
+table([("512 / 256 / 64", "0.566", "0.418", "0.930", "2.24x"),
+       ("4096 / 256 / 64", "3.922", "1.770", "4.944", "2.80x"),
+       ("32768 / 256 / 64", "30.332", "14.083", "40.847", "2.91x")],
       ("context / nodes / heads", "v5 ms", "gemm ms", "SDPA fp32 ms", "variant=None vs SDPA"))
 print("  (quoted from docs/PERFORMANCE.md: H100, bench_verify, 2026-12-06 - not measured here)")
 
