@@ -68,22 +68,25 @@ ROWS_PER_BLOCK = 1 if SIM else 8   # softmax rows (one warp each) per block; the
                                    # assume a block of one warp
 SOFTMAX_UNROLL = 4       # keys a softmax lane loads before it uses any
 SPLIT_UNROLL = 4         # columns a split thread loads before it stores any
-GEMM_MIN_ROWS = 4096     # ``pays``: variant=None runs "gemm" from this many query rows (T N), with a host start,
-GEMM_MIN_KEYS = 512      # over at least this many keys (a tree verify) or
-GEMM_MIN_CAUSAL_KEYS = 2048   # this many (a causal chunk: its GEMM computes the whole square, v5 the triangle).
-# From bench_verify on an H100 (2026-12-06, docs/PERFORMANCE.md): every tree cell of >= 4096 rows ran 1.0-1.9x
-# faster than v5 (512 / 256 / 16 a tie), cells of ~1000 rows -10 .. +20 %; the causal 512-token chunk (32768 rows
-# over 512 keys) 0.90x, the 2048-token one 1.27x; decode steps (64 rows) 0.1-0.4x.
+GEMM_MIN_ROWS = 1024     # ``pays``: variant=None runs "gemm" with a host start from this many query rows (T N)
+GEMM_MIN_KEYS = 512      # over at least this many keys (a tree verify), or from
+GEMM_MIN_CAUSAL_ROWS = 4096   # this many rows over
+GEMM_MIN_CAUSAL_KEYS = 2048   # this many keys (a causal chunk: its GEMM computes the whole square, v5 the triangle).
+# From bench_verify on an H100 (2026-12-06, thirty-seventh session, docs/PERFORMANCE.md): every tree cell of >= 1040
+# rows ran 1.2-2.2x faster than v5 (1040 - 1088 rows: 1.4-1.6x at 512, 4096 and 32768 context), cells of 272
+# rows 0.56-0.79x at 4096 and 32768 context; the causal 512-token chunk (32768 rows over 512 keys) 1.05x, the
+# 2048-token one 1.43x; decode steps (64 rows) 0.2-0.5x. The causal bounds are the thirty-sixth session's.
 KEYS, QUERIES = 0, 1     # _split3_kernel's orders: [lo | hi | hi] (keys) or [hi | lo | hi] (queries)
 
 
 def pays(rows: int, keys: int, device_start: bool, causal: bool = False) -> bool:
     """Whether ``variant=None`` runs "gemm" for ``rows`` query rows over ``keys`` keys: on a GPU, with a host start
     (a device start's S spans the whole cache), rows >= GEMM_MIN_ROWS and keys >= GEMM_MIN_KEYS (``causal``:
-    GEMM_MIN_CAUSAL_KEYS). Example, on the GPU: pays(257 * 64, 512 + 257, False) -> True (a 256-node verify over
-    512 rows, 64 heads); pays(17 * 64, 4113, False) -> False; pays(512 * 64, 512, False, causal=True) -> False."""
-    least = GEMM_MIN_CAUSAL_KEYS if causal else GEMM_MIN_KEYS
-    return backend.name == "cuda" and not device_start and rows >= GEMM_MIN_ROWS and keys >= least
+    GEMM_MIN_CAUSAL_ROWS and GEMM_MIN_CAUSAL_KEYS). Example, on the GPU: pays(257 * 64, 512 + 257, False) -> True
+    (a 256-node verify over 512 rows, 64 heads); pays(17 * 64, 4113, False) -> True; pays(17 * 16, 4113, False)
+    -> False; pays(512 * 64, 512, False, causal=True) -> False."""
+    least_rows, least_keys = (GEMM_MIN_CAUSAL_ROWS, GEMM_MIN_CAUSAL_KEYS) if causal else (GEMM_MIN_ROWS, GEMM_MIN_KEYS)
+    return backend.name == "cuda" and not device_start and rows >= least_rows and keys >= least_keys
 
 
 def padded_keys(n_keys: int) -> int:

@@ -73,7 +73,9 @@ def test_pays_only_for_big_host_start_launches_on_a_gpu(monkeypatch):
     monkeypatch.setattr(mg, "backend", types.SimpleNamespace(name="cuda"))
     assert mg.pays(*big, False)
     assert not mg.pays(*big, True)                                      # a device start: S spans the whole cache
-    assert not mg.pays(17 * 64, 4113, False)                           # few rows: v5's streaming wins
+    assert mg.pays(17 * 64, 4113, False)                               # 1088 rows: gemm 1.5x faster than v5
+    assert not mg.pays(17 * 16, 4113, False)                           # few rows: v5's streaming wins
+    assert not mg.pays(64 * 64, 1024, False, causal=True)              # a short causal chunk: v5
     assert not mg.pays(257 * 64, 300, False)                           # few keys
     assert not mg.pays(512 * 64, 512, False, causal=True)              # a causal square of few keys: v5's triangle
     assert mg.pays(2048 * 64, 2048, False, causal=True)
