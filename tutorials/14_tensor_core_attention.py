@@ -1142,7 +1142,8 @@ for v in ("v5", "v6", "v7", "v8"):
 # `S [T N, K] = Q C^T` and the output another, `P V`. Those are exactly what cuBLAS runs near the tensor cores'
 # peak, where a numba kernel's own MMAs (v5) are latency-bound at ~40 % of what 3xTF32 can issue. The cost: S is
 # written to memory and read back (the streaming kernels never materialise it), so this pays only for big
-# launches - `variant=None` picks it from 4096 query rows with a host start (`mla_gemm_attention.pays`).
+# launches - `variant=None` picks it for tree verifies from 1024 query rows with a host start
+# (`mla_gemm_attention.pays`).
 #
 # 3xTF32 with cuBLAS: cuBLAS cannot split operands inside its kernels, so a numba kernel splits them once and the
 # three products become ONE GEMM with the inner dimension tripled - `[q_hi | q_lo | q_hi] . [k_lo | k_hi | k_hi]`

@@ -54,9 +54,10 @@ it.
       copies (~150-200 instructions a warp and tile); absorbed MLA with 16-byte aligned rows only, else v7's
       copies. Rows past the list are not copied: the tile is zeroed once and a stale row is finite and masked.
   gemm  not a streaming kernel: all T x N query rows' scores as one 3xTF32 cuBLAS GEMM, a masked softmax kernel,
-      and P V as three more (kernels/mla_gemm_attention.py). Memory traffic the others never pay (S is written
-      and read twice), so ``variant=None`` picks it only for big launches (``mla_gemm_attention.pays``), where
-      cuBLAS's GEMMs run at 300-400 TFLOP/s of TF32 products: 1.0-1.9x v5's speed there (H100, 2026-12-06).
+      and P V as one or two more (kernels/mla_gemm_attention.py). Memory traffic the others never pay (S is
+      written, P written beside it), so ``variant=None`` picks it only for big launches
+      (``mla_gemm_attention.pays``), where cuBLAS's GEMMs run at 300-400 TFLOP/s of TF32 products: 1.2-2.2x v5's
+      speed there (H100, 2026-12-06).
       ``splits``: its row chunks.
 
 v1 mapping: grid (token t, head group of HG heads, key split z). A block walks its split of t's key list in tiles

@@ -38,8 +38,8 @@ This module owns the tree-mode kernels; ``mla_attention.py`` holds the machinery
      256 / 64 30.4 -> 30.3). v8 leads on the largest cells (28.5 ms at 32768 / 256 / 64) and trails on the
      small ones (0.049 at 512 / 16 / 16); v6 and v7 sit between.
   gemm: kernels/mla_gemm_attention.py with the tree mask - the scores of every (token, head) row over every key
-     as one cuBLAS 3xTF32 GEMM, the ancestor test in its softmax kernel, P V as GEMMs; ``variant=None`` runs it
-     for big verifies (``mla_gemm_attention.pays``).
+     as one cuBLAS 3xTF32 GEMM, the token's path read by its softmax kernel, P V as GEMMs; ``variant=None``
+     runs it for verifies of >= 1024 (token, head) rows with a host start (``mla_gemm_attention.pays``).
 Shapes: q [n+1, N, D] float32, cache [C, D] float32, paths [n+1, >= L+1] int32, depths [n+1] int32
 -> out [n+1, N, Lkv] float32.
 Example: start 2, parents [-1, 0, 0, 1]: node 3 (depth 2) sees rows 0, 1 (committed), 2 (root), 3 (node 1), 5
