@@ -105,9 +105,9 @@ def p_copies(kp: int) -> int:
 
 
 def chunk_rows(rows: int, keys: int, splits: int | None) -> int:
-    """Query rows per chunk: all ``rows`` when S and P_lo over ``keys`` (padded) keys fit WORK_BYTES, else the
-    most that do (at least one); ``splits`` forces ceil(rows / splits). Example: chunk_rows(16448, 32800, None)
-    -> 4092 (1 GiB / (8 x 32800)); chunk_rows(10, 32, 3) -> 4."""
+    """Query rows per chunk: all ``rows`` when their work rows (``p_copies`` floats a key) over ``keys`` (padded)
+    keys fit WORK_BYTES, else the most that do (at least one); ``splits`` forces ceil(rows / splits). Example:
+    chunk_rows(16448, 32800, None) -> 4092 (1 GiB / (2 x 4 x 32800)); chunk_rows(10, 32, 3) -> 4."""
     if splits is not None:
         return -(-rows // splits)
     kp = padded_keys(keys)
