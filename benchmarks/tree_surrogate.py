@@ -29,7 +29,18 @@ root lies (``--new-tokens 448`` shows it best): the chain's accepted length if a
 of a band - the target's greedy text turns repetitive after ~100 tokens, so the first band is where the rounds
 are (and where a drafter's training text should be; ``train drafter --regen-anchors``).
 
+An adaptive verify (``--adaptive 15,32``, issue 13): every round builds the BIG tree, and verifies it whole only
+when the surrogate mass of its nodes past the first SMALL (sum of their path probabilities: what the drafter
+expects them to add) exceeds a threshold - else its first SMALL nodes, a SMALL + 1-row verify (15 nodes: the
+chain's 16 rows, the shapes where cuBLAS's 16-row kernels run). Simulated exactly (each policy's own rounds),
+the threshold fitted on the fit half, and modelled: a round costs the chain's round plus E_SMALL or E_BIG ms
+(``--round-ms``; defaults: the chain's replayed round 0.626 ms, bench_round on an H100, thirty-first session;
+E_BIG 0.050, what reproduces the held-out eval's 1.21x the chain with its tau ratio 1.307; E_SMALL 0.008, an
+estimate: the build's pops and a wider top-K on the chain's verify shapes - not measured). Printed against the
+chain: always SMALL, always BIG, adaptive, and the oracle that takes BIG exactly where it commits more.
+
     python benchmarks/tree_surrogate.py --data CORPUS_DIR [--drafter DIR] [--budgets 16,32,64] [--prompts N]
+    python benchmarks/tree_surrogate.py --data CORPUS_DIR --budgets 32 --adaptive 15,32 [--round-ms 0.626,0.008,0.05]
 
 CORPUS_DIR: ``python -m kdtree_numba.train corpus --out CORPUS_DIR`` (tokens.npy; the validation split is its
 last 1 %). ~2 minutes on two CPU cores for the 134 sites of the shipped corpus. Writes
@@ -37,6 +48,7 @@ last 1 %). ~2 minutes on two CPU cores for the 134 sites of the shipped corpus. 
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -52,6 +64,18 @@ from kdtree_numba.kernels.tree_accept import walk_ref  # noqa: E402
 from kdtree_numba.kernels.tree_build import build_tree_ref  # noqa: E402
 
 TEMPERATURES = (0.6, 0.7, 0.8, 0.9, 1.0, 1.15, 1.3)
+
+
+def ms_list(text: str) -> tuple:
+    """--round-ms: three non-negative milliseconds. Example: "0.6,0.01,0.05" -> (0.6, 0.01, 0.05)."""
+    try:
+        v = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        v = ()
+    if len(v) != 3 or not all(np.isfinite(x) and x >= 0 for x in v) or v[0] == 0:
+        raise argparse.ArgumentTypeError(f"expected CHAIN,E_SMALL,E_BIG in ms (three numbers >= 0, CHAIN > 0), "
+                                         f"got {text!r}")
+    return v
 
 
 # ------------------------------------------------------------------------------------------------ simulation
@@ -87,6 +111,53 @@ def tau(scores, ids, labels, rows, budget: int, K: int | None = None) -> float:
         a, b = simulate(scores[i], ids[i], labels[i], budget, K)
         t, r = t + a, r + b
     return t / r
+
+
+def anchor_table(scores, ids, labels, small: int, big: int) -> np.ndarray:
+    """For every anchor a of one text, a round rooted there: [A, 3] = (tokens it commits with the ``big``-node tree,
+    with the ``small``-node tree, the surrogate mass of the big tree's nodes small + 1 .. big, sum of exp(logw)).
+    The small tree is the big one's first ``small`` pops (best-first), so the mass is what the big tree adds."""
+    out = np.zeros((len(labels), 3))
+    for a in range(len(labels)):
+        tree = build_tree_ref(scores[a], ids[a], big)
+        out[a] = (accepted_length(tree, labels[a]), accepted_length(build_tree_ref(scores[a], ids[a], small),
+                                                                    labels[a]), np.exp(tree.logw[small:]).sum())
+    return out
+
+
+def walk_policy(table, threshold: float | None) -> tuple[int, int, int]:
+    """Greedy DDTree over one text whose rounds verify the big tree when its extra mass exceeds ``threshold``
+    (None: only where the big tree commits more - the oracle), else the small one -> (tokens, rounds, big
+    rounds). ``table`` from ``anchor_table``. Example: table [[3, 1, .9], [2, 2, .1], [1, 1, .5]] (A = 3),
+    threshold 0.5 -> the big tree at anchor 0 (3 tokens), done: (3, 1, 1)."""
+    a = tokens = rounds = bigs = 0
+    while a < len(table):
+        t_big, t_small, mass = table[a]
+        big = t_big > t_small if threshold is None else mass > threshold
+        n = int(t_big if big else t_small)
+        tokens, rounds, bigs, a = tokens + n, rounds + 1, bigs + int(big), a + n
+    return tokens, rounds, bigs
+
+
+def adaptive_verify(tables, fit, held, chain_tau: float, round_ms) -> dict:
+    """The adaptive verify's modelled speed against the chain on the texts ``held``: a round costs the chain's
+    round_ms[0] plus round_ms[1] (the small tree) or round_ms[2] (the big one); speed = tau / round time. The mass
+    threshold is the one of ``tables``' mass quantiles (5 % .. 95 %) that is fastest on the texts ``fit``.
+    -> {policy: (tau, share of big rounds, speed / the chain's)} for "small", "big", "adaptive", "oracle"."""
+    chain, e_small, e_big = round_ms
+
+    def run(rows, threshold):
+        t = r = b = 0
+        for i in rows:
+            x, y, z = walk_policy(tables[i], threshold)
+            t, r, b = t + x, r + y, b + z
+        share = b / r
+        return t / r, share, (t / r) / chain_tau * chain / (chain + e_small + share * (e_big - e_small))
+
+    masses = np.concatenate([tables[i][:, 2] for i in fit])
+    best = max((float(np.quantile(masses, q)) for q in np.linspace(0.05, 0.95, 19)), key=lambda th: run(fit, th)[2])
+    return {"small": run(held, np.inf), "big": run(held, -np.inf), "adaptive": run(held, best),
+            "oracle": run(held, None), "threshold": best}
 
 
 def prefix_top1(ranks) -> np.ndarray:
@@ -224,12 +295,19 @@ def main(argv=None) -> int:
     p.add_argument("--prompts", type=whole(1), default=None, help="the first N sites only (default all)")
     p.add_argument("--prompt-tokens", type=whole(2), default=128)
     p.add_argument("--new-tokens", type=whole(17), default=128)
+    p.add_argument("--adaptive", type=whole_list(1), metavar="SMALL,BIG", default=None,
+                   help="also model a verify that takes the SMALL- or the BIG-node tree each round (both budgets)")
+    p.add_argument("--round-ms", type=ms_list, metavar="CHAIN,E_SMALL,E_BIG", default=(0.626, 0.008, 0.050),
+                   help="--adaptive's cost model: the chain's round and what a SMALL / BIG tree adds, in ms "
+                        "(default 0.626,0.008,0.050: docs/PERFORMANCE.md, thirty-seventh session)")
     a = p.parse_args(argv)
+    if a.adaptive is not None and (len(a.adaptive) != 2 or a.adaptive[0] >= a.adaptive[1]):
+        p.error(f"--adaptive: expected two budgets SMALL,BIG with SMALL < BIG, got {a.adaptive}")
     for flag, path, need in (("--data", a.data, "tokens.npy"), ("--target", a.target, "config.json"),
                              ("--drafter", a.drafter, "model.safetensors")):
         if not os.path.isfile(os.path.join(path, need)):
             p.error(f"{flag} {path}: no {need} there")
-    K = max(a.budgets)
+    K = max(list(a.budgets) + list(a.adaptive or []))
     try:
         z = collect(a.data, a.target, a.drafter, K, a.prompt_tokens, a.new_tokens, a.prompts)
     except ValueError as e:
@@ -259,6 +337,16 @@ def main(argv=None) -> int:
         rows += [[B, name, f"{v:.3f}", f"{v / r['surrogate']:.3f}x"] for name, v in r.items()]
     C.table("simulated DDTree acceptance by node score", ["budget", "score", "tau (held-out half)", "vs surrogate"],
             rows)
+    if a.adaptive is not None:
+        small, big = a.adaptive
+        tables = [anchor_table(base[i], ids[i], labels[i], small, big) for i in range(N)]
+        res = adaptive_verify(tables, fit, held, tau(base, ids, labels, held, big, K=1), a.round_ms)
+        results["adaptive"] = {"small": small, "big": big, "round_ms": list(a.round_ms), **res}
+        C.table(f"a verify of {small} or {big} nodes a round (mass threshold {res['threshold']:.4f}, fitted on the "
+                f"fit half; round ms: chain {a.round_ms[0]}, + {a.round_ms[1]} / + {a.round_ms[2]})",
+                ["policy", "tau (held-out half)", "share of big rounds", "modelled speed vs the chain"],
+                [[k, f"{res[k][0]:.3f}", f"{res[k][1]:.2f}", f"{res[k][2]:.3f}x"]
+                 for k in ("small", "big", "adaptive", "oracle")])
     dep = results["accuracy"]["depth"]
     C.table("the drafter's top-1 accuracy per depth (all texts)", ["depth"] + [str(x["depth"]) for x in dep],
             [["top-1 acc"] + [f"{x['acc']:.2f}" for x in dep],

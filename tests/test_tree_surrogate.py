@@ -92,3 +92,50 @@ def test_bad_arguments_are_one_line(tmp_path):
     for argv in (["--data", str(tmp_path)], ["--data", str(tmp_path), "--budgets", "0"]):
         r = subprocess.run([sys.executable, script, *argv], capture_output=True, text=True, timeout=300)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_anchor_table_and_policies():
+    """The small tree is the big one's first pops: it never commits more, and the mass is what the big tree adds;
+    a policy's walk jumps by the chosen tree's tokens; the oracle takes the big tree exactly where it gains."""
+    rng = np.random.default_rng(2)
+    A, L, K = 30, 5, 4
+    draws = [_draft(rng, L, K) for _ in range(A)]
+    scores, ids = np.stack([d[0] for d in draws]), np.stack([d[1] for d in draws])
+    labels = rng.integers(0, 3, (A, L))
+    t = ts.anchor_table(scores, ids, labels, 3, 9)                                   # [A, 3]
+    assert (t[:, 1] <= t[:, 0]).all() and (t[:, 1] < t[:, 0]).any()
+    for a in range(A):
+        logw = build_tree_ref(scores[a], ids[a], 9).logw
+        assert t[a, 2] == pytest.approx(np.exp(logw[3:]).sum())
+    assert ts.walk_policy(t, -np.inf)[:2] == ts.simulate(scores, ids, labels, 9)     # always big = DDTree-9
+    assert ts.walk_policy(t, np.inf)[:2] == ts.simulate(scores, ids, labels, 3)      # always small = DDTree-3
+    tok, rounds, bigs = ts.walk_policy(t, None)
+    assert tok >= A and 0 < bigs < rounds                                           # the last round may overshoot
+    table = np.array([[3, 1, .9], [2, 2, .1], [1, 1, .5]])
+    assert ts.walk_policy(table, 0.5) == (3, 1, 1)                                   # the docstring's example
+    assert ts.walk_policy(table, 0.95) == (3, 2, 0)                                  # small: 1 + 2 tokens
+
+
+def test_adaptive_verify_model():
+    """With free big rounds the big tree is as fast as its tau; the oracle never loses to always-big; the modelled
+    speed is tau over the chain's, times the round-time ratio."""
+    rng = np.random.default_rng(3)
+    A, L, K = 40, 5, 4
+    tables = []
+    for _ in range(4):
+        draws = [_draft(rng, L, K) for _ in range(A)]
+        tables.append(ts.anchor_table(np.stack([d[0] for d in draws]), np.stack([d[1] for d in draws]),
+                                      rng.integers(0, 3, (A, L)), 2, 8))
+    r = ts.adaptive_verify(tables, [0, 2], [1, 3], chain_tau=1.5, round_ms=(1.0, 0.0, 0.0))
+    assert r["big"][2] == pytest.approx(r["big"][0] / 1.5) and r["big"][1] == 1 and r["small"][1] == 0
+    assert r["oracle"][0] == pytest.approx(r["big"][0])                              # the oracle loses no token
+    costly = ts.adaptive_verify(tables, [0, 2], [1, 3], chain_tau=1.5, round_ms=(1.0, 0.0, 1.0))
+    assert costly["big"][2] == pytest.approx(costly["big"][0] / 1.5 / 2)             # a big round costs twice
+    assert costly["oracle"][2] >= costly["big"][2]
+
+
+def test_round_ms_is_checked():
+    assert ts.ms_list("0.6,0.01,0.05") == (0.6, 0.01, 0.05)
+    for bad in ("0.6,0.01", "0,0.1,0.2", "a,b,c", "0.6,-1,0.05"):
+        with pytest.raises(ts.argparse.ArgumentTypeError, match="CHAIN,E_SMALL,E_BIG"):
+            ts.ms_list(bad)
