@@ -34,13 +34,13 @@ when the surrogate mass of its nodes past the first SMALL (sum of their path pro
 expects them to add) exceeds a threshold - else its first SMALL nodes, a SMALL + 1-row verify (15 nodes: the
 chain's 16 rows, the shapes where cuBLAS's 16-row kernels run). Simulated exactly (each policy's own rounds),
 the threshold fitted on the fit half, and modelled: a round costs the chain's round plus E_SMALL or E_BIG ms
-(``--round-ms``; defaults: the chain's replayed round 0.626 ms, bench_round on an H100, thirty-first session;
-E_BIG 0.050, what reproduces the held-out eval's 1.21x the chain with its tau ratio 1.307; E_SMALL 0.008, an
-estimate: the build's pops and a wider top-K on the chain's verify shapes - not measured). Printed against the
+(``--round-ms``; defaults 0.705, 0.019, 0.067: the wall time a round of the chain, DDTree-15 and DDTree-32 took
+on an H100 - ab_replay's tokens/s on HumanEval/0-11 divided into their tau, prefill share included -
+docs/PERFORMANCE.md, thirty-seventh session). Printed against the
 chain: always SMALL, always BIG, adaptive, and the oracle that takes BIG exactly where it commits more.
 
     python benchmarks/tree_surrogate.py --data CORPUS_DIR [--drafter DIR] [--budgets 16,32,64] [--prompts N]
-    python benchmarks/tree_surrogate.py --data CORPUS_DIR --budgets 32 --adaptive 15,32 [--round-ms 0.626,0.008,0.05]
+    python benchmarks/tree_surrogate.py --data CORPUS_DIR --budgets 32 --adaptive 15,32 [--round-ms 0.705,0.019,0.067]
 
 CORPUS_DIR: ``python -m kdtree_numba.train corpus --out CORPUS_DIR`` (tokens.npy; the validation split is its
 last 1 %). ~2 minutes on two CPU cores for the 134 sites of the shipped corpus. Writes
@@ -297,9 +297,9 @@ def main(argv=None) -> int:
     p.add_argument("--new-tokens", type=whole(17), default=128)
     p.add_argument("--adaptive", type=whole_list(1), metavar="SMALL,BIG", default=None,
                    help="also model a verify that takes the SMALL- or the BIG-node tree each round (both budgets)")
-    p.add_argument("--round-ms", type=ms_list, metavar="CHAIN,E_SMALL,E_BIG", default=(0.626, 0.008, 0.050),
+    p.add_argument("--round-ms", type=ms_list, metavar="CHAIN,E_SMALL,E_BIG", default=(0.705, 0.019, 0.067),
                    help="--adaptive's cost model: the chain's round and what a SMALL / BIG tree adds, in ms "
-                        "(default 0.626,0.008,0.050: docs/PERFORMANCE.md, thirty-seventh session)")
+                        "(default 0.705,0.019,0.067: docs/PERFORMANCE.md, thirty-seventh session)")
     a = p.parse_args(argv)
     if a.adaptive is not None and (len(a.adaptive) != 2 or a.adaptive[0] >= a.adaptive[1]):
         p.error(f"--adaptive: expected two budgets SMALL,BIG with SMALL < BIG, got {a.adaptive}")
