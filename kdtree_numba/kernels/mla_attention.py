@@ -57,8 +57,7 @@ it.
       and P V as one or two more (kernels/mla_gemm_attention.py). Memory traffic the others never pay (S is
       written, P written beside it), so ``variant=None`` picks it only for big launches
       (``mla_gemm_attention.pays``), where cuBLAS's GEMMs run at 300-400 TFLOP/s of TF32 products: 1.2-2.2x v5's
-      speed there (H100, 2026-12-06).
-      ``splits``: its row chunks.
+      speed there (H100, 2026-12-06). ``splits``: its row chunks.
 
 v1 mapping: grid (token t, head group of HG heads, key split z). A block walks its split of t's key list in tiles
 of BK rows: the tile is loaded into shared memory (row stride padded to an odd length so column reads do not

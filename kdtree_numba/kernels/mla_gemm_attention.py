@@ -59,7 +59,7 @@ from numba import cuda, float32
 from .. import backend
 from . import _checks, _cublas
 from .mma import SIM, trunc_tf32
-from .primitives import GROUP_BUF, group_max, group_sum
+from .primitives import GROUP_BUF, group_max, group_sum, warp_sync
 
 KEY_PAD = 32             # S's rows padded to a multiple of 32 keys (128 bytes: cuBLAS's aligned TF32 kernels)
 WORK_BYTES = 1 << 30     # one chunk's S -> P (p_copies floats per row and key) at most this
@@ -183,15 +183,6 @@ def _split_vt_kernel(x, start0, start_dev, n_new, kp, vt):
 
 
 @cuda.jit(device=True)
-def _warp_barrier():
-    """The warp's lanes see each other's global writes (the simulator has no syncwarp; its block is one warp)."""
-    if SIM:
-        cuda.syncthreads()
-    else:
-        cuda.syncwarp()
-
-
-@cuda.jit(device=True)
 def _store_split(p, i, k, kc, v):
     """P = v at key k of row i: hi -> p[i, k] (and p[i, 2 kc + k] when p holds three copies), lo -> p[i, kc + k]."""
     hi = trunc_tf32(v)
@@ -260,11 +251,11 @@ def _softmax_split_kernel(p, kc, r0, n_heads, start0, start_dev, n_new, scale, t
     if tree:
         for k in range(dense + lane, kc, 32):        # stage: zeros in P_lo's columns past the dense run ...
             p[i, kc + k] = float32(0.0)
-        _warp_barrier()
+        warp_sync()
         for d in range(lane, dt + 1, 32):            # ... then the path's P (its scores are still in p[i, :kc])
             k = start + paths[t, d]
             p[i, kc + k] = float32(math.exp(float32(scale * p[i, k]) - mx)) * inv
-        _warp_barrier()
+        warp_sync()
     for k in range(dense + lane, kc, 32):
         _store_split(p, i, k, kc, p[i, kc + k] if tree else float32(0.0))
 

@@ -7,6 +7,7 @@ Device functions in families named by what they need from the launch:
     warp_prefix_sum(v) -> (exclusive prefix, warp total), warp_suffix_sum(v) -> inclusive suffix   (int32)
     warp_bcast(v, src) -> lane src's v;      warp_argmax(v, i) -> the warp's best (v, i) under ``argmax_beats``
     warp_xor(v, off) -> lane (lane ^ off)'s v: one butterfly step, for reductions written by hand
+    warp_sync() -> the lanes meet; their shared and global writes before it are seen after it (a __syncwarp)
   Every lane of the warp makes the call (warp-uniform control flow) and the kernel runs whole warps. Each starts
   with a __syncwarp: ptxas cannot prove the lanes converged after a branch or a barrier and guards the shuffles
   with a divergence test; measured (ncu), every warp of the top-K scan took the slow, emulated path there until
@@ -114,6 +115,11 @@ if not SIM:
         return cuda.shfl_xor_sync(FULL, v, off)
 
     @cuda.jit(device=True)
+    def warp_sync():
+        """The warp's lanes meet; their shared and global writes before it are seen after it: one __syncwarp."""
+        cuda.syncwarp(FULL)
+
+    @cuda.jit(device=True)
     def warp_argmax(v, i, vbuf, ibuf):
         """The warp's best (v, i) under argmax_beats, to every lane: (x[j], j), j = np.argmax(x), when lane l holds
         its best (v, i) of x (equal values: the lowest i). A 5-step shfl_xor butterfly of the pairs; no NaN values
@@ -176,6 +182,10 @@ else:                      # the simulator's stand-ins: same results through sha
         got = buf[cuda.threadIdx.x ^ off]
         cuda.syncthreads()
         return got
+
+    @cuda.jit(device=True)
+    def warp_sync():
+        cuda.syncthreads()                              # the block is the warp
 
     @cuda.jit(device=True)
     def warp_argmax(v, i, vbuf, ibuf):

@@ -28,7 +28,7 @@ import numpy as np
 from numba import cuda, float64, int32, uint32
 
 from ._intrinsics import SIM
-from .primitives import FULL
+from .primitives import FULL, warp_sync
 from .tree_order import _leaf_tuple_less
 
 HEAP_BUDGET = 64          # budgets up to this (K > 1): warp 0 may run the heap itself (``_heap_lanes``)
@@ -119,10 +119,6 @@ if SIM:
                 m |= uint32(1) << uint32(j)
         return m
 
-    @cuda.jit(device=True)
-    def _warp_sync():
-        """The warp's lanes meet (the simulator's block is that one warp)."""
-        cuda.syncthreads()
 else:
     @cuda.jit(device=True)
     def _lane_read(v, src, buf):
@@ -133,11 +129,6 @@ else:
     def _lane_mask(pred, buf):
         """Bit l set where lane l's pred holds: one ballot. buf: the simulator's."""
         return uint32(cuda.ballot_sync(FULL, pred))
-
-    @cuda.jit(device=True)
-    def _warp_sync():
-        """The warp's lanes meet; their shared and global writes before it are seen after it."""
-        cuda.syncwarp(FULL)
 
 
 @cuda.jit(device=True)
@@ -217,7 +208,7 @@ def _heap_lanes(lp_req, lp_rows, L, K, B, nodes, fbuf, ibuf, count):
                 rank[n] = rk
                 parent[n] = int32(uint32(hk) & uint32(255)) - int32(1)
             # entry n seen by every lane's tie comparisons below (a child's walk starts at its parent, entry n)
-            _warp_sync()
+            warp_sync()
             sw = -math.inf                               # its next sibling (sk -1: none)
             sk = int32(-1)
             if rk + uint32(1) < K:

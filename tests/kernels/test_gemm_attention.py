@@ -181,4 +181,3 @@ def test_gpu_chunked_equals_whole_and_auto_runs_gemm_where_it_pays(start):
     np.testing.assert_array_equal(auto, whole)
     np.testing.assert_array_equal(chunked, whole)
     np.testing.assert_allclose(whole, tv.tree_attention_ref(q, cache, start, parents, 0.13, 512), **TOL)
-
