@@ -4,7 +4,8 @@ CuPy refuses every cuBLAS call while a stream is capturing ("calling cuBLAS API 
 unsupported"), so a decode step whose projections went through ``cupy.matmul`` could not become a graph
 (decode/replay.py). cuBLAS itself supports capture when its handle has a fixed stream and a user workspace (no
 allocation inside the capture). This module calls ``cublasSgemm_v2`` / ``cublasSgemmStridedBatched`` through ctypes
-on the library CuPy already loaded, with one handle bound to the backend stream and a 32 MiB workspace, and is the
+on the library CuPy already loaded, with one handle bound to the backend stream and a 32 MiB workspace (one per
+stream it has run on: a ``backend.branch``'s GEMMs run concurrently with the main stream's), and is the
 one GEMM path of the cuda backend: captured and direct steps run the same cuBLAS calls, so they give the same bits.
 
 Row-major to cuBLAS's column-major: C = A @ B  <=>  C^T = B^T @ A^T, and a row-major C [M, N] is a column-major
@@ -88,12 +89,15 @@ def _handle(rows: int = 0, k: int = 0, tf32: bool = False):
         for h in handles:
             _check(lib.cublasCreate_v2(ctypes.byref(h)), "cublasCreate")
         _check(lib.cublasSetMathMode(handles[2], _TF32_MATH), "cublasSetMathMode")
-        st.update(lib=lib, handles=handles, stream=None,
-                  workspace=backend.cp.cuda.alloc(WORKSPACE_BYTES),
+        st.update(lib=lib, handles=handles, stream=None, workspaces={},
                   one=ctypes.c_float(1.0), zero=ctypes.c_float(0.0))
     if st["stream"] != backend.stream.ptr:
-        # cublasSetStream resets the workspace to cuBLAS's own pool: set ours (or none) again after it
-        ours = (st["workspace"].ptr, WORKSPACE_BYTES)
+        # cublasSetStream resets the workspace to cuBLAS's own pool: set ours (or none) again after it. One
+        # workspace per stream: GEMMs on concurrent streams (backend.branch) must not share one.
+        ws = st["workspaces"]
+        if backend.stream.ptr not in ws:
+            ws[backend.stream.ptr] = backend.cp.cuda.alloc(WORKSPACE_BYTES)
+        ours = (ws[backend.stream.ptr].ptr, WORKSPACE_BYTES)
         for h, (ptr, size) in zip(st["handles"], (ours, (0, 0), ours)):   # the TF32 handle shares the workspace
             _check(st["lib"].cublasSetStream_v2(h, ctypes.c_void_p(backend.stream.ptr)), "cublasSetStream")
             _check(st["lib"].cublasSetWorkspace_v2(h, ctypes.c_void_p(ptr), ctypes.c_size_t(size)),

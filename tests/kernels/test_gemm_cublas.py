@@ -145,3 +145,23 @@ def test_row_blocks_only_for_weights_l2_holds(monkeypatch):
     monkeypatch.setattr(_cublas, "ROW_BLOCKS_WEIGHT", 64 * 100)
     _cublas.gemm(a, w.T, kd.backend.empty((33, 100), np.float32))
     assert calls == [1]
+
+
+def test_concurrent_streams_get_workspaces_of_their_own():
+    """A GEMM that uses cuBLAS's workspace (a long K: split-K) on a ``backend.branch`` side stream, while the main
+    stream runs another: each stream has its own workspace (one shared buffer would let the two GEMMs' split-K
+    partials overwrite each other), and both products are right."""
+    rng = np.random.default_rng(5)
+    a, b = _rand(rng, 8, 4096), _rand(rng, 8, 4096)
+    w = _rand(rng, 256, 4096)
+    want_a, want_b = (kd.backend.to_host(x) @ kd.backend.to_host(w).T for x in (a, b))
+    main = kd.backend.stream.ptr
+    with kd.backend.branch() as side:
+        side_ptr = kd.backend.stream.ptr
+        out_b = gemm.linear(b, w)
+    out_a = gemm.linear(a, w)
+    side.join()
+    ws = _cublas._state["workspaces"]
+    assert side_ptr != main and ws[side_ptr].ptr != ws[main].ptr
+    np.testing.assert_allclose(kd.backend.to_host(out_a), want_a, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(kd.backend.to_host(out_b), want_b, rtol=1e-4, atol=1e-3)
