@@ -401,7 +401,7 @@ def _grouped_skinny_kernel(xs, W, offsets, tiles, out):
     M = W.shape[1]
     if row0 >= row_end or col0 >= M:                    # whole warps leave: the shuffles need all 32 lanes
         return
-    v = skinny_gemm.patch_sum(xs, row0, row_end, W[e], col0, M, buf)
+    v = skinny_gemm.patch_sum(xs, row0, row_end, W[e], col0, M, buf, 0, xs.shape[1])
     lane = cuda.threadIdx.x % 32
     r = row0 + lane // skinny_gemm.CW
     c = col0 + lane % skinny_gemm.CW

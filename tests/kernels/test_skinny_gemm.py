@@ -15,12 +15,21 @@ def _run(x, w, out=None, accumulate=False):
     return xp.to_host(sg.skinny_linear(xp.asarray(x), xp.asarray(w), out_d, accumulate))
 
 
-def test_ragged_shapes_match_numpy(kernel_backend):
-    rng = np.random.default_rng(0)
-    M, K, N = sg.RW + 1, 37, sg.CW + 1                  # a second row block and a second column group, both ragged
+@pytest.mark.parametrize("k_warps", [1, 2])
+@pytest.mark.parametrize("K", [20, 37, 130])            # K slices of 32: [0, 20) + an empty one; 32 + 5; 96 + 34
+def test_ragged_shapes_match_numpy(kernel_backend, monkeypatch, k_warps, K):
+    monkeypatch.setattr(sg, "K_WARPS", k_warps)
+    rng = np.random.default_rng(K)
+    M, N = sg.RW + 1, sg.CW + 1                          # a second row block and a second column group, both ragged
     x = rng.standard_normal((M, K)).astype(np.float32)
     w = rng.standard_normal((N, K)).astype(np.float32)
     np.testing.assert_allclose(_run(x, w), x @ w.T, rtol=1e-5, atol=1e-5)
+
+
+def test_k_warps_must_divide_the_block(kernel_backend, monkeypatch):
+    monkeypatch.setattr(sg, "K_WARPS", sg.WARPS + 1)
+    with pytest.raises(ValueError, match=f"K_WARPS: {sg.WARPS + 1} does not divide"):
+        _run(np.ones((2, 4), np.float32), np.ones((3, 4), np.float32))
 
 
 def test_accumulate_adds_onto_out(kernel_backend):
