@@ -312,7 +312,10 @@ print(f"\nverify per round / AR step = {per_round['verify'] / ar_step:.2f}x; a r
 # pass: a warp owns 8 x 4 = 32 outputs, lane l multiplies k = l, l + 32, ... into 32 partial sums - one per output
 # - and a **reduce-scatter** turns 32 lanes x 32 partial sums into one finished output per lane in 31 shuffles:
 # at offset o = 16, 8, 4, 2, 1 each lane sends its partner (lane ^ o) the half of its 2o sums the partner keeps,
-# and adds the half it receives. Below, the five steps in NumPy (a row per lane), then the kernel itself.
+# and adds the half it receives. (Two warps share each patch, each taking half of K, and the second hands its 32
+# finished sums to the first through shared memory: at the model's K = 256 a warp's loads then go out in one round
+# trip to memory, not two - DDTree-32 +2.7 % tokens/s, docs/PERFORMANCE.md.) Below, the five steps in NumPy (a row
+# per lane), then the kernel itself.
 # (The verify's wider products - the dense MLP's, the LM head's - have too many outputs for it; there
 # `kernels/_cublas.py` cuts a 33- or 65-row product into equal blocks of <= 16 rows in one batched call, since
 # cuBLAS runs 16 rows with a GEMV-like kernel rather than split-K.)
