@@ -16,8 +16,8 @@ estimate from two measurements, not a measured speed-up (issue 13 asks for 1.25x
     PYTHONPATH=$PWD KDTREE_BACKEND=cuda python3 benchmarks/bench_scale.py [--scales A,B,C,D] [--budgets 32,64]
 
 Example (2026-12-06, H100; docs/PERFORMANCE.md, thirty-eighth session): A (the trained pair's shape, 9.8 M
-parameters) chain 649 us a round, DDTree-32 691 (1.064x: allowed 1.23x the chain); C (510 M) chain 3072 us,
-DDTree-32 3784 (1.232x: allowed 1.06x) - at the wider models a 33-row verify costs far more than a 16-row one on
+parameters) chain 649.8 us a round, DDTree-32 690.9 (1.063x: allowed 1.229x the chain); C (510 M) chain 3073.7 us,
+DDTree-32 3771.7 (1.227x: allowed 1.065x) - at the wider models a 33-row verify costs far more than a 16-row one on
 these fp32 kernels (the grouped expert GEMM most of all), so the tree's extra acceptance buys little.
 """
 import json
