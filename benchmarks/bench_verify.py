@@ -330,8 +330,7 @@ if "phases" in only:
               "split k": graph_median_ms(lambda: mg._split3(cache, Kp, mg.KEYS), **run),
               "split V^T": graph_median_ms(lambda: mg._split_vt(cache, LKV, Kp, 0, zero, S + n + 1, W), **run),
               "S GEMM": graph_median_ms(lambda: mg._gemm_tf32(q3[:r], k3.T, pw[:, :Kp]), **run),
-              "softmax": graph_median_ms(lambda: mg._softmax(pw, Kp, 0, N, S, zero, n + 1, SCALE, True, paths,
-                                                              depth), **run),
+              "softmax": graph_median_ms(lambda: mg._softmax(pw, Kp, 0, N, S, zero, SCALE, True, paths, depth), **run),
               "P V": graph_median_ms(lambda: mg._pv(pw, vt, Kp, o[:r]), **run)}
         whole = graph_median_ms(lambda: tree_verify.tree_attention(q, cache, S, paths, depth, SCALE, LKV,
                                                                    out=o.reshape(n + 1, N, LKV), variant="gemm"), **run)

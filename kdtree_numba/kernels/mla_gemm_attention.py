@@ -193,7 +193,7 @@ def _store_split(p, i, k, kc, v):
 
 
 @cuda.jit
-def _softmax_split_kernel(p, kc, r0, n_heads, start0, start_dev, n_new, scale, tree, paths, depths):
+def _softmax_split_kernel(p, kc, r0, n_heads, start0, start_dev, scale, tree, paths, depths):
     """Row i of the chunk (query row r0 + i, token t = (r0 + i) // n_heads): p[i, :kc] holds the raw scores; write
     P = exp(scale s - m) / l over t's visible keys (0 elsewhere) split as [P_hi | P_lo (| P_hi)] across p's row
     (p [n, W kc], W = 2 or 3). Visible keys: a dense run [0, dense) - every committed key, plus (causal) the new
@@ -296,11 +296,10 @@ def _split_vt(x, lkv: int, rows: int, start0, start_dev, n_new: int, copies: int
     return vt
 
 
-def _softmax(p, kc: int, r0: int, n_heads: int, start0, start_dev, n_new: int, scale: float, tree: bool, paths,
-             depths):
+def _softmax(p, kc: int, r0: int, n_heads: int, start0, start_dev, scale: float, tree: bool, paths, depths):
     """``_softmax_split_kernel`` over the chunk rows of ``p [n, W kc]``: one warp a row, ROWS_PER_BLOCK a block."""
     backend.launch(_softmax_split_kernel, -(-p.shape[0] // ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, p, kc, r0,
-                   n_heads, start0, start_dev, n_new, np.float32(scale), tree, paths, depths)
+                   n_heads, start0, start_dev, np.float32(scale), tree, paths, depths)
 
 
 def _pv(p, vt, kc: int, out):
@@ -352,6 +351,6 @@ def gemm_attention(q, cache, start, scale: float, lkv: int, out, splits: int | N
             kc = padded_keys(start0 + (r0 + n - 1) // N + 1)
         p = work[:n * W * kc].reshape(n, W * kc)                                      # [n, W kc]
         _gemm_tf32(q3[r0:r0 + n], k3[:kc].T, p[:, :kc])
-        _softmax(p, kc, r0, N, start0, start_dev, T, scale, tree, paths, depths)
+        _softmax(p, kc, r0, N, start0, start_dev, scale, tree, paths, depths)
         _pv(p, vt, kc, o[r0:r0 + n])
     return out
