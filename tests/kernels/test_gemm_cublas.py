@@ -76,8 +76,10 @@ def test_linear_is_captured_in_a_cuda_graph_and_replays_new_inputs(M, K):
     x[...] = _rand(rng, M, K)
     graph.launch(stream)
     np.testing.assert_array_equal(kd.backend.to_host(out), kd.backend.to_host(gemm.linear(x, w)))
+    # against cuBLAS's own order of the K sums (65 rows run the skinny kernel, which adds two K halves): terms of
+    # N(0, 1) x N(0, 1) make |out| up to ~40, so a cancelling element differs by ~1e-5 between two fp32 orders
     np.testing.assert_allclose(kd.backend.to_host(out), kd.backend.to_host(cp.matmul(x, w.T)), rtol=1e-5,
-                               atol=1e-5)
+                               atol=1e-4)
 
 
 def test_gemm_accumulate_is_beta_one():
