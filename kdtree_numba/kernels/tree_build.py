@@ -134,7 +134,6 @@ from .tree_heap import ROW_FLOATS, _heap_fits, _heap_lanes, _heap_pays, heap_fit
 from .tree_order import _before, _pops_before, _record_parent
 
 MAX_BUDGET = 1024
-assert ROW_FLOATS == 2 * MAX_BUDGET       # tree_heap stages rows into the kernel's lp_rows (2, MAX_BUDGET)
 MARGIN = 2.0 ** -30
 MAX_THREADS = 256         # the build kernel's block size (at most; whole warps)
 MAX_WARPS = MAX_THREADS // 32
@@ -143,6 +142,7 @@ SORT_CACHE = 2048         # candidates sorted with their keys in shared memory (
                           # most candidates a raised floor leaves (module docstring, "The floor")
 RANK_SORT = 64            # up to this many candidates: rank sort; above: bitonic (128 measured no faster at
                           # B = 64 and 256, R = 16)
+assert ROW_FLOATS == SORT_CACHE           # tree_heap stages its rows as float64 into the kernel's sort_w
 SLOW_CHAINS, BITONIC = 1, 2   # TreeBuilder modes (tests): walk every chain in order / always sort by bitonic
 LEVELS = 4                # TreeBuilder mode (tests): the level loop even where the heap path would run
 HEAP = 8                  # TreeBuilder mode (tests): the heap path wherever it fits, however shallow the tree (where
@@ -865,7 +865,7 @@ def _build_kernel(lp, ids, budget, cap, wtab, itab, scratch, out_i, out_logw, pa
         _write_outputs(r, B, n_top, nodes, ids, out_i, out_logw, paths, path_depth, n_out)
         return
     if _heap_fits(L, K, B) and (mode & HEAP or (mode == 0 and _heap_pays(lp_req, L, K, B, sort_w))):
-        n_top = _heap_lanes(lp_req, lp_rows, L, K, B, nodes, sim_fbuf, sim_ibuf, slow_state)   # the heap itself
+        n_top = _heap_lanes(lp_req, sort_w, L, K, B, nodes, sim_fbuf, sim_ibuf, slow_state)    # the heap itself
         _write_outputs(r, B, n_top, nodes, ids, out_i, out_logw, paths, path_depth, n_out)
         return
     n_top = uint32(0)                        # |G| (every thread keeps it)

@@ -16,11 +16,15 @@ level plus ~5 (11.0 us 1 deep at budget 16, 25.0 3 deep at 64, 74.5-127 for tree
 (until 2026-12-05) scanned the frontier slots every pop - each lane the first of its slots, a 5-step shuffle
 butterfly, lane 0's serial slot bookkeeping - and took 18.9-20.8 / 32.4-33.9 / 61.4-63.3 us (~0.95 us a pop): the
 sorted lanes are 1.36-1.68x faster, and it was deleted.
+Each node carries the two weights its pop will push (``_push_weights``, computed when it is pushed, from log-probs
+staged as float64) since 2026-12-06: on an H100 (bench_tree's second table, this code against the one before, two
+processes on one machine) the heap path took 10.9-11.2 / 15.6-16.1 / 25.3-27.3 us at budgets 16 / 32 / 64 against
+13.5-14.1 / 19.9-20.8 / 32.6-33.1 (~0.31 us a pop against ~0.39); the level loop 11.2-129 against 12.5-132.
 
-Shapes: the request's log-prob rows ``lp_req`` [L * K] float32 (each row sorted descending), staged into the build
-kernel's shared ``lp_rows`` (ROW_FLOATS floats); the node table (``tree_build._node_table``) receives the popped
-nodes at entries 0 .. n - 1 in pop order. Thread mapping: warp 0 of the build kernel's block; the other warps wait
-at the closing barrier.
+Shapes: the request's log-prob rows ``lp_req`` [L * K] float32 (each row sorted descending), staged as float64
+into the build kernel's shared ``sort_w`` (ROW_FLOATS entries, unused by the heap path otherwise); the node table
+(``tree_build._node_table``) receives the popped nodes at entries 0 .. n - 1 in pop order. Thread mapping: warp 0
+of the build kernel's block; the other warps wait at the closing barrier.
 """
 import math
 
@@ -35,7 +39,7 @@ HEAP_BUDGET = 64          # budgets up to this (K > 1): warp 0 may run the heap 
 assert HEAP_BUDGET <= 64  # ``_heap_lanes`` keeps (B + 1) // 2 <= 32 frontier nodes, one a lane (its docstring)
 HEAP_POPS_PER_LEVEL = 8   # mode 0 runs the heap when budget <= this x depth_bound: a level of the loop costs ~8-10
                           # heap pops (H200: ~0.6-0.8 us a pop, ~6-7 us a level; module docstring)
-ROW_FLOATS = 2048         # the build kernel's staged-row buffer (tree_build's lp_rows: 2 rows of MAX_BUDGET = 1024)
+ROW_FLOATS = 2048         # the log-probs a heap build stages, as float64 (tree_build's sort_w: SORT_CACHE entries)
 
 
 def heap_fits(L: int, K: int, budget: int) -> bool:
@@ -69,9 +73,9 @@ def depth_bound(lp: np.ndarray, budget: int) -> int:
 def heap_pays(lp: np.ndarray, budget: int) -> bool:
     """Mode 0's rule (``tree_build.heap_path`` adds where it fits and the test modes): the budget's pops are
     predicted cheaper than the levels, budget <= HEAP_POPS_PER_LEVEL x depth_bound (a pop costs ~0.6-0.8 us, a
-    level ~6-7 us on the H200: module docstring). Example: 15 rows of N(0, 4) logits over 4096 tokens, rank 0 raised by 12
-    (trees 10-11 deep), budget 64: bound 15 -> True (64 <= 90); raised by 9 (3 deep): bound 3 -> False (64 > 18) -
-    the faster path in both (measured)."""
+    level ~6-7 us on the H200: module docstring). Example: 15 rows of N(0, 4) logits over 4096 tokens, rank 0
+    raised by 12 (trees 10-11 deep), budget 64: bound 15 -> True (64 <= 90); raised by 9 (3 deep): bound 3 ->
+    False (64 > 18) - the faster path in both (measured)."""
     return budget <= HEAP_POPS_PER_LEVEL * depth_bound(lp, budget)
 
 
@@ -132,23 +136,18 @@ else:
 
 
 @cuda.jit(device=True)
-def _heap_lp(lp_rows, W, d, r):
-    """lp[d][r] from the staged rows (row d at d W of the flat ROW_FLOATS buffer, 2 x 1024 floats)."""
-    i = uint32(d * W + r)
-    return lp_rows[i >> uint32(10), i & uint32(1023)]
-
-
-@cuda.jit(device=True)
-def _stage_rows(lp_req, lp_rows, L, K, B):
-    """Every thread: the L rows' first W = min(K, B + 1) log-probs into the shared ``lp_rows`` (what a pop reads:
-    a popped node's rank is below B, so a sibling's at most B), then a barrier. Returns W."""
+def _stage_rows(lp_req, rows, L, K, B):
+    """Every thread: the L rows' first W = min(K, B + 1) log-probs, as float64, into the shared ``rows``
+    (ROW_FLOATS entries; row d at d W): what a pop reads - a popped node's rank is below B, so a sibling's at most
+    B. float32 -> float64 is exact, so the heap's float64 sums are unchanged, and no pop waits on a conversion.
+    Then a barrier. Returns W."""
     tid = uint32(cuda.threadIdx.x)
     nt = uint32(cuda.blockDim.x)
     W = min(K, uint32(B + uint32(1)))
     i = tid
     while i < uint32(L * W):
         d = i // W
-        lp_rows[i >> uint32(10), i & uint32(1023)] = lp_req[d * K + (i - d * W)]
+        rows[i] = float64(lp_req[d * K + (i - d * W)])
         i = uint32(i + nt)
     cuda.syncthreads()
     return W
@@ -162,16 +161,45 @@ def _pack(d, rk, p):
     return int32((int32(d) << int32(16)) | (int32(rk) << int32(8)) | int32(p + 1))
 
 
+@cuda.jit(device=True, inline=True)
+def _push_logprobs(rows, W, L, d, rk):
+    """The log-probs ``_push_weights`` needs for the node at depth d >= 1, rank rk: (lp[d-1][rk], lp[d-1][rk+1],
+    lp[d][0]) from the staged ``rows``, every index clamped into them (values past the row or the last depth are
+    read but not used), so the three loads go out at once."""
+    last = uint32(W - uint32(1))
+    base = uint32((d - uint32(1)) * W)
+    return (rows[base + min(rk, last)], rows[base + min(rk + uint32(1), last)],
+            rows[min(d, L - uint32(1)) * W])
+
+
+@cuda.jit(device=True, inline=True)
+def _push_weights(w, lps, W, L, d, rk):
+    """What popping the node (weight w, depth d, rank rk; ``lps`` from ``_push_logprobs``) pushes: its next
+    sibling's weight (w - lp[d-1][rk]) + lp[d-1][rk+1] and its first child's w + lp[d][0] (float64, the heap's
+    order), each -inf where there is none (rank rk + 1 outside the staged row of W = min(K, B + 1) ranks, depth L,
+    a -inf log-prob). A rank-B node, the only one whose sibling lies outside the row when K > B, never pops
+    (``_heap_lanes``). Example (rows [[-0.1, -2.5], [-0.2, -1.8]], W = 2, L = 2): node (0), w = -0.1 -> (-2.5,
+    -0.3); node (0,1), w = -1.9 -> (-inf, -inf)."""
+    cur, nxt, first = lps
+    sw = (w - cur) + nxt if rk + uint32(1) < W and nxt > -math.inf else -math.inf
+    cw = w + first if d < L and first > -math.inf else -math.inf
+    return sw, cw
+
+
 @cuda.jit(device=True)
-def _heap_lanes(lp_req, lp_rows, L, K, B, nodes, fbuf, ibuf, count):
+def _heap_lanes(lp_req, rows, L, K, B, nodes, fbuf, ibuf, count):
     """Budgets <= HEAP_BUDGET (``tree_build.heap_path``): warp 0 runs the heap algorithm itself - ``build_tree_ref``
     pop for pop, so the same tree bit for bit - with the frontier (the pushed, unpopped nodes) kept sorted across
     the warp's lanes: lane j holds the j-th node in pop order (weight ``fw``, ``_pack``ed depth / rank / parent
-    ``fk``), so a pop is lane 0's node, and its pushes are inserted where they belong: every lane compares its node
-    with the two new ones, two ballots count the nodes ahead of each, and one gather (shfl from lane src) shifts
-    the rest. Table entries 0 .. n - 1 receive the popped nodes in pop order (what ``tree_build._write_outputs``
-    reads); log-probs are read from rows staged in shared memory (L x min(K, B + 1) floats: a popped node's rank is
-    below B, so a sibling's at most B). No level statistics: ``stats`` stays 0.
+    ``fk``, and the two weights its pop will push, ``fsw`` / ``fcw``), so a pop is lane 0's node, and its pushes
+    are inserted where they belong: every lane compares its node with the two new ones, two ballots count the
+    nodes ahead of each, and one gather (shfl from lane src) shifts the rest. A node's pushes are computed when it
+    is pushed (``_push_logprobs`` before the comparisons, ``_push_weights`` after the gather), so a pop starts from
+    lane 0's four values without a load or an add in between: ~210 instructions a pop instead of ~160 (the SASS),
+    on a shorter dependent path. Table entries 0 .. n - 1 receive the popped nodes in pop order (what
+    ``tree_build._write_outputs`` reads); log-probs are read from rows staged in shared memory as float64 (L x
+    min(K, B + 1) entries: a popped node's rank is below B, so a sibling's at most B). No level statistics:
+    ``stats`` stays 0.
     Why 32 lanes hold every node that matters: after pop n (n + 1 popped) B - n - 1 pops remain, so a node at
     position >= B - n - 1 never pops (pushes only ever land ahead of it), and the frontier holds at most n + 2
     nodes; min(n + 2, B - n - 1) <= (B + 1) / 2 <= 32 for B <= HEAP_BUDGET = 64. A node shifted past lane 31 is one
@@ -184,20 +212,26 @@ def _heap_lanes(lp_req, lp_rows, L, K, B, nodes, fbuf, ibuf, count):
     Example (L = 2, K = 2, budget 3, rows [[-0.1, -2.5], [-0.2, -1.8]]): lanes [(0) -0.1]; pop (0) -> push (1) -2.5
     and (0,0) -0.3: (0,0) first, (1) behind it -> lanes [(0,0) -0.3, (1) -2.5]; pop (0,0) -> (0,1) -1.9 goes ahead
     of (1) -> [(0,1), (1)]; pop (0,1): 3 nodes."""
-    W = _stage_rows(lp_req, lp_rows, L, K, B)
+    W = _stage_rows(lp_req, rows, L, K, B)
     w, depth, rank, parent, _, _ = nodes
     tid = uint32(cuda.threadIdx.x)
     if tid < uint32(32):
         lane = int32(tid)
-        fw = -math.inf                                   # this lane's frontier node (fk -1: none)
-        fk = int32(-1)
-        if lane == 0 and B > uint32(0) and L > uint32(0) and _heap_lp(lp_rows, W, 0, 0) > -math.inf:
-            fw = float64(_heap_lp(lp_rows, W, 0, 0))
+        fw = -math.inf                                   # this lane's frontier node (fk -1: none) and the
+        fk = int32(-1)                                   # weights it pushes when popped (``_push_weights``)
+        fsw = -math.inf
+        fcw = -math.inf
+        if lane == 0 and B > uint32(0) and L > uint32(0) and rows[0] > -math.inf:
+            fw = rows[0]
             fk = _pack(1, 0, -1)
+            fsw, fcw = _push_weights(fw, _push_logprobs(rows, W, L, uint32(1), uint32(0)), W, L, uint32(1),
+                                     uint32(0))
         n = uint32(0)                                    # nodes popped
         while n < B:
             hw = _lane_read(fw, 0, fbuf)                 # the pop: lane 0's node
             hk = _lane_read(fk, 0, ibuf)
+            sw = _lane_read(fsw, 0, fbuf)                # its next sibling's weight (-inf: none) ...
+            cw = _lane_read(fcw, 0, fbuf)                # ... and its first child's
             if hk < 0:
                 break
             d = uint32(hk) >> uint32(16)
@@ -209,20 +243,12 @@ def _heap_lanes(lp_req, lp_rows, L, K, B, nodes, fbuf, ibuf, count):
                 parent[n] = int32(uint32(hk) & uint32(255)) - int32(1)
             # entry n seen by every lane's tie comparisons below (a child's walk starts at its parent, entry n)
             warp_sync()
-            sw = -math.inf                               # its next sibling (sk -1: none)
-            sk = int32(-1)
-            if rk + uint32(1) < K:
-                nxt = _heap_lp(lp_rows, W, d - uint32(1), rk + uint32(1))
-                if nxt > -math.inf:
-                    sw = (hw - float64(_heap_lp(lp_rows, W, d - uint32(1), rk))) + float64(nxt)
-                    sk = int32(hk + int32(256))
-            cw = -math.inf                               # its first child (ck -1: none)
-            ck = int32(-1)
-            if d < L:
-                first = _heap_lp(lp_rows, W, d, 0)
-                if first > -math.inf:
-                    cw = hw + float64(first)
-                    ck = _pack(d + uint32(1), 0, n)
+            sk = int32(hk + int32(256)) if sw > -math.inf else int32(-1)          # the sibling (-1: none)
+            ck = _pack(d + uint32(1), 0, n) if cw > -math.inf else int32(-1)      # the first child
+            # what the two new nodes will push in turn depends on the popped node alone: the loads go out here,
+            # the adds follow the gather, so both overlap the comparisons, ballots and shuffles between
+            s_lp = _push_logprobs(rows, W, L, d, rk + uint32(1))
+            c_lp = _push_logprobs(rows, W, L, d + uint32(1), uint32(0))
             # three orders by weight - the child before the sibling, this lane's node before each - and equal
             # weights (rare) settled by rank tuples in one loop over a bit mask, so the tie walk is compiled once
             behind = lane > 0 and fk >= 0                # lanes 1.. hold the nodes left after the pop
@@ -265,18 +291,32 @@ def _heap_lanes(lp_req, lp_rows, L, K, B, nodes, fbuf, ibuf, count):
             src = int32(lane + int32(1) - int32(lane > pa) - int32(lane > pb))   # whose node moves to this lane
             gw = _lane_read(fw, min(src, int32(31)), fbuf)
             gk = _lane_read(fk, min(src, int32(31)), ibuf)
+            gsw = _lane_read(fsw, min(src, int32(31)), fbuf)
+            gcw = _lane_read(fcw, min(src, int32(31)), fbuf)
+            s_sw, s_cw = _push_weights(sw, s_lp, W, L, d, rk + uint32(1))
+            c_sw, c_cw = _push_weights(cw, c_lp, W, L, d + uint32(1), uint32(0))
+            a_sw = c_sw if c_first else s_sw
+            a_cw = c_cw if c_first else s_cw
+            b_sw = s_sw if c_first else c_sw
+            b_cw = s_cw if c_first else c_cw
             if lane == pa:
                 fw = aw
                 fk = ak
+                fsw = a_sw
+                fcw = a_cw
             elif lane == pb:
                 fw = bw
                 fk = bk
+                fsw = b_sw
+                fcw = b_cw
             elif src > int32(31):
                 fw = -math.inf
                 fk = int32(-1)
             else:
                 fw = gw
                 fk = gk
+                fsw = gsw
+                fcw = gcw
             n = uint32(n + uint32(1))
         if lane == 0:
             count[0] = n
