@@ -196,7 +196,7 @@ check_true("K = 1: the chain, node d the child of node d - 1, == build_tree_ref"
 
 # %% [markdown]
 # **Small budgets, deep trees: the heap itself** (`kernels/tree_heap.py`). The level loop costs a pass per depth
-# (~6-7 us on the H200), a heap pop ~0.6-0.8 us whatever the depth - a trained drafter's trees run 10-15 deep. For
+# (~6 us), a heap pop ~0.3 us (H100) whatever the depth - a trained drafter's trees run 10-15 deep. For
 # budgets up to `tree_heap.HEAP_BUDGET` (64) the kernel reads a bound on the depth off the rows
 # (`tree_heap.depth_bound`: no depth is reached whose greedy path weighs less than depth 1's budget-th log-prob) and
 # runs the heap algorithm itself in one warp (`tree_heap._heap_lanes`) when budget <= 8 x that bound

@@ -96,9 +96,9 @@ Floor example (L = 2, K = 3, budget 4): lp = [[-0.1, -0.2, -0.3], [-0.5, -1.0, -
 
 **Small budgets, deep trees: the heap itself** (``tree_heap``). The level loop pays its barriers, sort and merge once
 per depth (~6-7 us a level on the H200); for budgets <= tree_heap.HEAP_BUDGET (64) warp 0 can run the heap
-algorithm itself, pop by pop (~0.6-0.8 us a pop, whatever the depth). Mode 0 picks by the rows (``heap_path``): the
-heap when the budget's pops cost less than the levels a bound on the tree's depth predicts, the level loop
-otherwise. TreeBuilder modes LEVELS / HEAP force either (tests).
+algorithm itself, pop by pop (~0.3 us a pop on an H100, whatever the depth: tree_heap's docstring). Mode 0 picks
+by the rows (``heap_path``): the heap when the budget's pops cost less than the levels a bound on the tree's depth
+predicts, the level loop otherwise. TreeBuilder modes LEVELS / HEAP force either (tests).
 
 **A chain (K = 1: the DFlash chain baseline, one draft per depth)** needs no search: the heap pops depth 1, 2, ..
 in order, each node the only child of the one before. ``_chain_nodes`` writes that table in one thread (weights
