@@ -19,6 +19,11 @@ the configurations of one run by more than the rounds differ (2026-12-05, H100: 
 out negative for two of five). bench_replay.py compares direct and replayed decoding.
 
     PYTHONPATH=$PWD KDTREE_BACKEND=cuda python3 benchmarks/bench_round.py
+    PYTHONPATH=$PWD KDTREE_BACKEND=cuda python3 benchmarks/bench_round.py --budgets 32,36,40,44
+
+``--budgets`` (default 16,32,64,256): the DDTree budgets, a row each; the DFlash chain is always the last row. The
+second command asks which stage makes budgets 36 and 40 slower than 32 and 44 (docs/PERFORMANCE.md, thirty-ninth
+session).
 """
 import time
 
@@ -26,9 +31,11 @@ import numpy as np
 
 from _common import args, kd, save, steady_pair, table
 
+from kdtree_numba.argtypes import whole_list  # noqa: E402
 from kdtree_numba.decode.trace import STAGES  # noqa: E402
 
-a = args(__doc__)
+a = args(__doc__, lambda p: p.add_argument("--budgets", type=whole_list(1, 1024), default=[16, 32, 64, 256],
+                                           help="DDTree budgets, comma-separated (default 16,32,64,256)"))
 n = 128 if not a.quick else 6
 target, drafter = kd.load_default()
 prompt = target.tokenizer.encode('def running_mean(xs):\n    """Return the running mean of a list of numbers."""\n')
@@ -55,9 +62,7 @@ def measure(**kw):
 
 
 rows = []
-for label, kw in [("DDTree, budget 16", dict(budget=16)), ("DDTree, budget 32", dict(budget=32)),
-                  ("DDTree, budget 64", dict(budget=64)),
-                  ("DDTree, budget 256", dict(budget=256)), ("DFlash chain", dict(chain=True))]:
+for label, kw in [(f"DDTree, budget {b}", dict(budget=b)) for b in a.budgets] + [("DFlash chain", dict(chain=True))]:
     wall, st, tau, before, beyond = measure(**kw)
     dev = sum(st.values())
     rows.append([label, f"{tau:.2f}", f"{wall:.3f}", f"{dev:.3f}", f"{wall / dev:.2f}", f"{before:.2f}",
