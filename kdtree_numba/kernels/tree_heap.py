@@ -164,10 +164,11 @@ def _pack(d, rk, p):
 @cuda.jit(device=True, inline=True)
 def _push_logprobs(rows, W, L, d, rk):
     """The log-probs ``_push_weights`` needs for the node at depth d >= 1, rank rk: (lp[d-1][rk], lp[d-1][rk+1],
-    lp[d][0]) from the staged ``rows``, every index clamped into them (values past the row or the last depth are
-    read but not used), so the three loads go out at once."""
+    lp[d][0]) from the staged ``rows``, every index clamped into the L x W staged entries (values past the row or
+    the last depth are read but not used: the child of a depth-L node, depth L + 1, reads row L - 1), so the three
+    loads go out at once and never past the buffer, even at L W = ROW_FLOATS."""
     last = uint32(W - uint32(1))
-    base = uint32((d - uint32(1)) * W)
+    base = uint32((min(d, L) - uint32(1)) * W)
     return (rows[base + min(rk, last)], rows[base + min(rk + uint32(1), last)],
             rows[min(d, L - uint32(1)) * W])
 

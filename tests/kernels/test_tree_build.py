@@ -195,6 +195,19 @@ def test_heap_lanes_widest_frontier(kind):
     assert kernel_tree(lp, ids, th.HEAP_BUDGET, tb.LEVELS) == want
 
 
+def test_heap_lanes_rows_fill_the_buffer():
+    """L x min(K, B + 1) = ROW_FLOATS exactly (32 depths x 64 ranks, budget 64): peaked rows make a chain 32 deep, so a
+    depth-32 node pops and its (absent) child's log-probs are read - clamped into the staged rows, never past them
+    (the simulator's shared arrays raise on an index past their end)."""
+    assert th.heap_fits(32, 64, th.HEAP_BUDGET) and 32 * 64 == th.ROW_FLOATS
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((32, 64)).astype(np.float32)
+    x[:, 0] += 12                                           # rank 0 of every depth far ahead: the greedy chain
+    lp, ids = softmax_logprobs(x, 64)
+    got = kernel_tree(lp, ids, th.HEAP_BUDGET, tb.HEAP)
+    assert got == tb.build_tree_ref(lp, ids, th.HEAP_BUDGET) and got.depths.max() == 32
+
+
 def test_docstring_worked_example():
     lp = np.array([[-0.1, -2.5], [-0.2, -1.8]], np.float32)
     ids = np.array([[10, 11], [20, 21]], np.int32)
