@@ -20,8 +20,9 @@ slices (one or two per SM of the H200) and reduce them serially: 53 us on the H2
 the drafter's k projection - against <= 25 us (launch-bound) without (2026-12-02, measured by timing both
 handles on the same shapes). A long K (a Kimi-sized hidden of 7168) keeps the workspace: there split-K is what
 fills the GPU when M is small.
-GEMMs of 17-80 rows over a weight L2 holds (a DDTree-16 .. -79 verify's dense MLP and LM head) run as one strided
-batch of equal <= 16-row blocks (``_row_blocks``): cuBLAS's 16-row kernel per block instead of split-K.
+GEMMs of 17-80 rows over a weight L2 holds (a DDTree-16 .. -79 verify's products) can run as one strided batch of
+<= 16-row blocks (``_row_blocks``): cuBLAS's 16-row kernel per block instead of split-K; kernels/gemm_choice.py
+times that, blocks of <= 8 and of 1 row and the skinny kernel per shape and keeps the fastest.
 ``gemm(.., tf32=True)`` runs on a third handle in TF32 math mode (CUBLAS_TF32_TENSOR_OP_MATH: the tensor cores,
 each operand's low 13 mantissa bits dropped), sharing the first handle's workspace: only for callers that split
 their operands so the dropped bits do not matter (kernels/mla_gemm_attention.py's 3xTF32 products).
@@ -44,6 +45,8 @@ SMALL_K = 1024                      # at most this K: the handle without a works
 ROW_BLOCKS = 16                     # a GEMM of ROW_BLOCKS_MIN .. 5 x ROW_BLOCKS rows (a tree verify's 17 .. 80)
 ROW_BLOCKS_MIN = ROW_BLOCKS + 1     # over a weight of at most ROW_BLOCKS_WEIGHT floats (8 MB: L2-resident) runs as
 ROW_BLOCKS_WEIGHT = 1 << 21         # a strided batch of <= ROW_BLOCKS-row blocks (``_row_blocks``); 0: never
+ROW_BLOCKS_OVERLAP = True           # rows equal blocks cannot share (37 = 13 + 12 + 12): blocks that overlap by a row
+                                    # or two (``_block_layout``), one call; False, or ``accumulate``: a second call
 _OP_N, _OP_T = 0, 1
 _TF32_MATH = 3                      # CUBLAS_TF32_TENSOR_OP_MATH
 _state: dict = {}                   # the library, the handle, its stream and workspace (one per process)
@@ -153,33 +156,65 @@ def gemm(a, b, out, accumulate: bool = False, tf32: bool = False):
     return out
 
 
-def _row_blocks(a, b, out, accumulate: bool):
-    """``gemm`` of M rows as nb = ceil(M / ROW_BLOCKS) row blocks of m = ceil(M / nb) rows: one strided batched call
-    (the weight's batch stride 0), plus one call for the M - (M // m) m rows left (none when m divides M: 33 = 3 x 11,
-    65 = 5 x 13, a DDTree-32 / -64 verify). Why: cuBLAS answers <= 16 rows with its GEMV-like gemmSN kernel and 17+
+def _block_layout(M: int, overlap: bool, limit: int = 0) -> tuple:
+    """``(nb, m, s)``: nb blocks of m <= limit rows (0: ROW_BLOCKS), block i at rows i s .. i s + m - 1, so that
+    they cover rows 0 .. M - 1. Equal disjoint blocks where they fit (s = m; nb = ceil(M / limit), m = ceil(M / nb)
+    when m divides M). Else, with ``overlap``, blocks at stride s = M // nb that overlap by M mod nb rows ((nb - 1)
+    s + m = M; nb grows until m <= limit). Else the disjoint blocks of m rows that fit (M // m of them): the caller
+    multiplies the M - nb m rows left in a second call.
+    Examples: 33 -> (3, 11, 11); 37 -> (3, 13, 12): rows 0-12, 12-24, 24-36; 17 -> (2, 9, 8); without overlap
+    37 -> (2, 13, 13) and a second call for rows 26-36; limit 8: 33 -> (6, 8, 5) (overlapping), limit 1: (33, 1,
+    1)."""
+    limit = limit or ROW_BLOCKS
+    nb = -(-M // limit)
+    m = -(-M // nb)
+    if M % m == 0 or not overlap:
+        return M // m, m, m
+    while M - (nb - 1) * (M // nb) > limit:
+        nb += 1
+    s = M // nb
+    return nb, M - (nb - 1) * s, s
+
+
+def _row_blocks(a, b, out, accumulate: bool, limit: int = 0):
+    """``gemm`` of M rows as one strided batched call over row blocks of <= ROW_BLOCKS rows (``_block_layout``;
+    the weight's batch stride 0): 33 = 3 x 11, 65 = 5 x 13 rows (a DDTree-32 / -64 verify), 37 = three blocks of
+    13 at rows 0, 12 and 24. Why: cuBLAS answers <= 16 rows with its GEMV-like gemmSN kernel and 17+
     rows with split-K kernels and a reduce, ~2x slower in a graph (ncu). Alone the blocks win only the K = 768
     product at 33 rows (12.7 -> 10.1 us; the LM head 256 -> 4096 loses, 13.3 -> 15.8), yet in the round they
     made DDTree-32 0.7-1.1 % and DDTree-64 0.8 % faster in two A/B runs (H100; blocks for K >= 512 only: no gain),
     so they are on (docs/PERFORMANCE.md, thirtieth session). From 17 rows, not 33, since the thirty-second session:
     at 32 rows cuBLAS's own pick for the dense down (K = 768) was an 8-block kernel of 27.4 us against 7.2 for two
     16-row blocks (ncu, H100), and DDTree-31 ran 2.8 % faster with the blocks, DDTree-16 1.8 %. Only for weights
-    that L2 holds: every block reads the weight again. ``out`` C-contiguous."""
+    that L2 holds: every block reads the weight again. ``out`` C-contiguous.
+    Overlapping blocks (fortieth session): an overlapped row is written by two blocks with the same bits (cuBLAS's
+    per-row result does not depend on the row's place in its block: tests/kernels/test_gemm_cublas.py), and one
+    call replaces the second call for the rows left, which cost 1-6.6 us a product (H100, graph replays; budgets
+    36 and 40 ran slower than 32 and 44 for it). ``accumulate`` (out += ..) would add an overlapped row twice: it
+    keeps disjoint blocks and the second call. ``limit``: blocks of at most that many rows (0: ROW_BLOCKS;
+    kernels/gemm_choice.py times 8 and 1 as well)."""
+    M = a.shape[0]
+    nb, m, s = _block_layout(M, ROW_BLOCKS_OVERLAP and not accumulate, limit)
+    _strided_blocks(a, b, out, accumulate, nb, m, s)
+    done = (nb - 1) * s + m
+    if done < M:
+        gemm(a[done:], b, out[done:], accumulate)
+    return out
+
+
+def _strided_blocks(a, b, out, accumulate: bool, nb: int, m: int, s: int) -> None:
+    """One strided batched call: rows i s .. i s + m - 1 of ``out`` (=, or += with ``accumulate``) ``a``'s same
+    rows @ ``b``, for i < nb (the weight's batch stride 0)."""
     M, K = a.shape
     N = b.shape[1]
-    nb = -(-M // ROW_BLOCKS)
-    m = -(-M // nb)
-    full = M // m
     st = _handle(m, K)
     b, op_b, ld_b = _operand(b, K, N)
     a, op_a, ld_a = _operand(a, M, K)
     row = a.strides[0] // 4 if op_a == _OP_N else 1              # element stride between a's rows
     beta = st["one"] if accumulate else st["zero"]
     _check(st["lib"].cublasSgemmStridedBatched(
-        st["handle"], op_b, op_a, N, m, K, ctypes.byref(st["one"]), b.data.ptr, ld_b, 0, a.data.ptr, ld_a, m * row,
-        ctypes.byref(beta), out.data.ptr, N, m * N, full), "cublasSgemmStridedBatched")
-    if full * m < M:
-        gemm(a[full * m:], b, out[full * m:], accumulate)
-    return out
+        st["handle"], op_b, op_a, N, m, K, ctypes.byref(st["one"]), b.data.ptr, ld_b, 0, a.data.ptr, ld_a, s * row,
+        ctypes.byref(beta), out.data.ptr, N, s * N, nb), "cublasSgemmStridedBatched")
 
 
 def gemm_batched(a, b, out):

@@ -100,13 +100,14 @@ def test_gemm_accumulate_is_beta_one():
         _cublas.gemm(x, w.T, _rand(rng, 16, 256)[:, ::2], accumulate=True)
 
 
-@pytest.mark.parametrize("M", [16, 17, 32, 33, 40, 65, 80, 81])
+@pytest.mark.parametrize("M", [16, 17, 32, 33, 37, 40, 47, 65, 80, 81])
 @pytest.mark.parametrize("layout", ["row-major", "transposed", "strided rows"])
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_row_blocks_match_one_call(monkeypatch, M, layout, accumulate):
-    """17-80 rows run as a strided batch of equal <= 16-row blocks (+ one call for the rows left: 17 = 9 + 8,
-    40 = 2 x 14 + 12) and give the one-call product (ROW_BLOCKS = 0), for every layout of a and with accumulate;
-    16 and 81 rows take the one call either way."""
+    """17-80 rows run as a strided batch of <= 16-row blocks and give the one-call product (ROW_BLOCKS = 0), for
+    every layout of a and with accumulate. Rows equal blocks cannot share take overlapping blocks (17 = 9 at rows 0
+    and 8, 37 = 13 at rows 0, 12, 24, 47 = 4 x 14 at stride 11) or, with accumulate, disjoint blocks and one call
+    for the rows left (37 = 2 x 13 + 11); 16 and 81 rows take the one call either way."""
     rng = np.random.default_rng(M)
     K, N = 96, 200
     if layout == "row-major":
@@ -121,6 +122,29 @@ def test_row_blocks_match_one_call(monkeypatch, M, layout, accumulate):
     monkeypatch.setattr(_cublas, "ROW_BLOCKS", 0)
     want = kd.backend.to_host(_cublas.gemm(a, w.T, base.copy(), accumulate))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("K, N", [(256, 1536), (256, 4096), (96, 200)])
+@pytest.mark.parametrize("m", [9, 13])
+@pytest.mark.parametrize("layout", ["row-major", "transposed"])
+def test_a_row_block_row_does_not_depend_on_its_place(K, N, m, layout):
+    """What overlapping row blocks rely on: a row's product has the same bits at every place in its block (two
+    blocks write an overlapped row; both must write the same value). Every row at every place: the same rows
+    shifted by j = 0 .. m - 1 through disjoint blocks of m rows. (768 such cases, shapes of 64-7168 x 100-4096,
+    found no exception on an H100: docs/PERFORMANCE.md, fortieth session.)"""
+    cp = kd.backend.cp
+    rng = np.random.default_rng(m)
+    nb = 3
+    rows = nb * m + m
+    x = _rand(rng, rows, K) if layout == "row-major" else _rand(rng, K, rows).T
+    w = _rand(rng, N, K)
+    outs = []
+    for j in range(m):
+        o = cp.empty((nb * m, N), np.float32)
+        _cublas._strided_blocks(x[j:j + nb * m], w.T, o, False, nb, m, m)
+        outs.append(kd.backend.to_host(o))
+    for j in range(1, m):
+        np.testing.assert_array_equal(outs[j][:nb * m - j], outs[0][j:], err_msg=f"shift {j}")
 
 
 @pytest.mark.parametrize("M, blocks", [(16, False), (17, True), (32, True), (80, True), (81, False)])
