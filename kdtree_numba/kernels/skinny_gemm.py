@@ -26,7 +26,9 @@ Example: x = [[1, 2]], w = [[3, 4], [5, 6]] -> out = [[11, 17]]: one patch (its 
 32: zeros); lanes 0 and 1 of the first hold k = 0 and 1; after the reduce-scatter lane 0 holds 1*3 + 2*4 = 11
 (value 0: row 0, column 0) and lane 1 holds 1*5 + 2*6 = 17.
 
-Where it pays (``pays``, which gemm.linear asks on the cuda backend), measured on the H200 (docs/PERFORMANCE.md,
+Where it runs: a tree verify's products (17-80 rows) run what kernels/gemm_choice.py times fastest for their shape -
+this kernel or cuBLAS over row blocks - with this kernel as the default where ``pays``; products of more rows run it
+where ``pays``. Where it pays, measured on the H200 (docs/PERFORMANCE.md,
 2026-12-04; graph replays of one product against cuBLAS on the same arrays, same process):
   - 17-65 rows, K <= 256, up to 512 columns (the verify's q_a/kv_a, q_b, o_proj, router + shared gate/up and
     shared down; at 128 rows, the prefill's narrowest): 0.6-4.4 us less than cuBLAS's 8-12 us per product;
@@ -65,7 +67,7 @@ _XN, _WN = U * RW, U * CW                # sizes of the load buffers (numba want
 WARPS = 2 if SIM else 4                  # warps per block (the simulator: one patch, its two K slices)
 K_WARPS = 2                              # warps that split one patch's K (WARPS // K_WARPS patches a block)
 
-MIN_ROWS = 17                            # gemm.linear takes this kernel for M >= MIN_ROWS,
+MIN_ROWS = 17                            # gemm.linear takes this kernel (gemm_choice: by default) for M >= MIN_ROWS,
 MAX_OUTPUTS = 65 * 512                   # M * N <= MAX_OUTPUTS
 MAX_K = 256                              # and K <= MAX_K (the module docstring's measurements)
 

@@ -1,0 +1,124 @@
+"""Which kernel runs a tree verify's GEMM: each candidate timed once per shape on the GPU, the fastest kept.
+
+    out[i, j] (+)= sum_k a[i, k] * b[k, j]          a [M, K], b [K, N] (b = w.T of an HF weight), 17 <= M <= 80
+
+A DDTree verify multiplies budget + 1 rows (17-80 rows: budgets 16-79) by weights that L2 holds. Such a product
+costs latency, not arithmetic. Which kernel is fastest depends on the shape in ways no simple rule caught. cuBLAS
+runs a strided batch of row blocks with its GEMV-like gemmSN kernel for some shapes and with a 32 x 32-tile kernel
+of a few dozen blocks (about 2x slower) for others. Graph replays of one product at 33 rows, H100, us (fortieth
+session, docs/PERFORMANCE.md; "blocks 16" is the strided batch of <= 16-row blocks):
+
+    product (K -> N)                 skinny   blocks 16   blocks 8   rows   (16 rows, one call: the chain's)
+    q_a + kv_a        256 -> 240       3.39      6.68        3.15     3.06     2.75
+    q_b               128 -> 384       3.32      4.52        2.98     3.41     2.36
+    o_proj +=         256 -> 256       3.62      3.01          -      3.18     2.97
+    router + shared   256 -> 392       3.54      3.25        3.86     4.29     2.80
+    shared down +=    192 -> 256       3.45      5.77          -      2.95     2.78
+
+Candidates (``CANDIDATES``): ``skinny`` (kernels/skinny_gemm.py; K <= skinny_gemm.MAX_K, unit strides along k and
+along out's columns) and cuBLAS strided batches over row blocks of at most 16, 8 and 1 rows (``_cublas._row_blocks``
+with ``limit``; blocks overlap where equal ones leave rows over, or with ``accumulate`` one call takes those rows).
+The first product of each shape, layout and ``accumulate`` that runs outside a graph capture times every candidate:
+CALLS back-to-back calls into a scratch output, captured as a CUDA graph; the median of REPS replays. The fastest
+is kept unless the default is within MARGIN of it (a choice that flipped between processes on noise would change
+the last bits of the logits). The default is the fixed rule that ran before this module: skinny where
+``skinny_gemm.pays``, else 16-row blocks. From then on the shape always runs its choice, directly and in captured
+graphs, so a captured round replays exactly what the direct round ran. A capture that meets an untimed shape runs
+the default, and keeps it. ``TUNE = False``: always the default (an A/B switch). ``choices()``: what was timed and kept.
+Example (the trained pair's DDTree-32 verify, H100): the first 33-row o_proj product (+=) times skinny 3.82,
+blocks 16 3.27, blocks 8 10.09 (four 7-row blocks and a call for the 5 rows left), rows 3.40 us and keeps blocks
+16 for every later one; q_a + kv_a keeps rows, q_b blocks 8, the shared expert's down rows, the LM head blocks 16.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import backend
+from . import _cublas, skinny_gemm
+
+TUNE = True                 # time the candidates of each new shape (False: the default rule always)
+MARGIN = 0.05               # a candidate replaces the default only when the default is this much slower
+CALLS = 20                  # back-to-back calls in the timed graph
+REPS = 7                    # graph replays; the median's per-call time is the candidate's
+CANDIDATES = ("skinny", "blocks 16", "blocks 8", "rows")
+_LIMITS = {"blocks 16": 0, "blocks 8": 8, "rows": 1}
+_chosen: dict = {}          # key -> (name, {candidate: us})
+
+
+def applies(M: int, K: int, N: int, out) -> bool:
+    """Whether ``gemm.linear`` asks this module (cuda backend): 17-80 rows (``_cublas``'s row-block range), a
+    weight L2 holds (K N <= ROW_BLOCKS_WEIGHT), ``out`` C-contiguous (what the row blocks write)."""
+    return (_cublas.ROW_BLOCKS_MIN <= M <= 5 * _cublas.ROW_BLOCKS and K * N <= _cublas.ROW_BLOCKS_WEIGHT
+            and out.flags.c_contiguous)
+
+
+def _skinny_fits(a, b, out) -> bool:
+    """The skinny kernel reads a and w = b.T along k and writes out along its columns, K <= MAX_K."""
+    return a.shape[1] <= skinny_gemm.MAX_K and a.strides[1] == 4 and b.strides[0] == 4 and out.strides[1] == 4
+
+
+def _default(a, b, out) -> str:
+    M, K = a.shape
+    return "skinny" if skinny_gemm.pays(M, K, b.shape[1]) and _skinny_fits(a, b, out) else "blocks 16"
+
+
+def _run(name: str, a, b, out, accumulate: bool):
+    if name == "skinny":
+        return skinny_gemm.run(a, b.T, out, accumulate)
+    return _cublas._row_blocks(a, b, out, accumulate, _LIMITS[name])
+
+
+def pick(times: dict, default: str, margin: float = MARGIN) -> str:
+    """The fastest candidate of ``times`` (us), or ``default`` when it is within ``margin`` of that one.
+    Example: pick({"skinny": 3.6, "blocks 16": 3.0}, "skinny") -> "blocks 16"; with 3.1 for skinny -> "skinny"."""
+    best = min(times, key=times.get)
+    return default if times.get(default, np.inf) <= times[best] * (1 + margin) else best
+
+
+def _time_us(fn) -> float:
+    """Device time of one ``fn()`` in us: CALLS calls captured as a CUDA graph on the backend stream, the median
+    of REPS replays (two direct calls first: compiles, cuBLAS handles and workspaces outside the capture)."""
+    cp = backend.cp
+    stream = backend.stream
+    fn()
+    fn()
+    stream.begin_capture()
+    try:
+        for _ in range(CALLS):
+            fn()
+    finally:
+        graph = stream.end_capture()
+    graph.launch(stream)
+    times = []
+    for _ in range(REPS):
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record(stream)
+        graph.launch(stream)
+        end.record(stream)
+        end.synchronize()
+        times.append(1e3 * cp.cuda.get_elapsed_time(start, end) / CALLS)
+    return float(np.median(times))
+
+
+def run(a, b, out, accumulate: bool = False):
+    """``out (+)= a @ b`` with this shape's chosen kernel (module docstring), timing the candidates first when the
+    shape is new and no capture is running. Arguments as ``_cublas.gemm``'s (checked by the caller)."""
+    default = _default(a, b, out)
+    if not TUNE:
+        return _run(default, a, b, out, accumulate)
+    key = (a.shape, b.shape, a.strides, b.strides, bool(accumulate))
+    if key not in _chosen:
+        if backend.stream.is_capturing():          # untimed in a capture: the default, from now on too (a later
+            _chosen[key] = (default, {})           # direct call must run what the graph replays)
+            return _run(default, a, b, out, accumulate)
+        scratch = backend.cp.zeros_like(out)
+        times = {name: _time_us(lambda: _run(name, a, b, scratch, accumulate)) for name in CANDIDATES
+                 if name != "skinny" or _skinny_fits(a, b, out)}
+        _chosen[key] = (pick(times, default), times)
+    return _run(_chosen[key][0], a, b, out, accumulate)
+
+
+def choices() -> list[dict]:
+    """What was timed so far: per shape (M, K, N, accumulate) the candidates' us and the kept one."""
+    return [dict(M=k[0][0], K=k[0][1], N=k[1][1], accumulate=k[4], chosen=name, us=times)
+            for k, (name, times) in _chosen.items()]
