@@ -317,8 +317,11 @@ print(f"\nverify per round / AR step = {per_round['verify'] / ar_step:.2f}x; a r
 # trip to memory, not two - DDTree-32 +2.7 % tokens/s, docs/PERFORMANCE.md.) Below, the five steps in NumPy (a row
 # per lane), then the kernel itself.
 # (The verify's wider products - the dense MLP's, the LM head's - have too many outputs for it; there
-# `kernels/_cublas.py` cuts a 33- or 65-row product into equal blocks of <= 16 rows in one batched call, since
-# cuBLAS runs 16 rows with a GEMV-like kernel rather than split-K.)
+# `kernels/_cublas.py` cuts a 33- or 65-row product into blocks of <= 16 rows in one batched call, since cuBLAS
+# runs 16 rows with a GEMV-like kernel rather than split-K. Which of the two is faster depends on the shape in ways
+# no rule caught - cuBLAS's batched kernel is 2x slower for some shapes - so on the GPU `kernels/gemm_choice.py`
+# times the skinny kernel and cuBLAS over blocks of <= 16, 8 and 1 rows once per shape and keeps the fastest:
+# DDTree-32 +2.7 %.)
 
 # %%
 section("the reduce-scatter of the skinny GEMM, in NumPy: 32 lanes x 32 partial sums")
@@ -342,9 +345,9 @@ got = kd.backend.to_host(skinny_gemm.skinny_linear(kd.backend.asarray(x_small), 
                                                    kd.backend.empty((9, 5), np.float32)))   # the kernel (sim, cuda)
 check_true(f"skinny_linear on {kd.backend.name} == x @ w.T (9 x 37 x 5)",
            np.allclose(got, x_small @ w_small.T, rtol=1e-5, atol=1e-5), "a warp per 8 x 4 outputs")
-print(f"gemm.linear takes it on the GPU for M >= {skinny_gemm.MIN_ROWS}, M x N <= {skinny_gemm.MAX_OUTPUTS}, "
+print(f"on the GPU it is gemm.linear's default for M >= {skinny_gemm.MIN_ROWS}, M x N <= {skinny_gemm.MAX_OUTPUTS}, "
       f"K <= {skinny_gemm.MAX_K}: a 65-token verify's q_a/kv_a, q_b, o_proj, router and shared-expert products "
-      f"(docs/PERFORMANCE.md: the verify 10 % shorter).")
+      f"(docs/PERFORMANCE.md: the verify 10 % shorter), and one candidate of gemm_choice at 17-80 rows.")
 
 # %% [markdown]
 # ## What this means, honestly
@@ -367,7 +370,9 @@ print(f"gemm.linear takes it on the GPU for M >= {skinny_gemm.MIN_ROWS}, M x N <
 #   chain) on HumanEval/0-7, and over all 164 held-out prompts at 5699 (budget 32) vs 2455 tokens/s: 2.32x, 1.22x
 #   the chain (docs/PERFORMANCE.md, 2026-12-04, nineteenth and twentieth sessions). With today's shipped drafter
 #   (tau 5.62 at budget 32) and a faster plain step: 6723 vs 2849 tokens/s, 2.35x, 1.16x the chain (2026-12-05,
-#   twenty-seventh session); with the drafter shipped after it (tau 5.55; 5.79 as counted then) on an H100: 7253 vs 2876, 2.52x, 1.21x.
+#   twenty-seventh session); with the drafter shipped after it (tau 5.55; 5.79 as counted then) on an H100: 7253 vs
+#   2876, 2.52x, 1.21x; with the verify's GEMMs on the kernel timed fastest per shape: 7552 vs 2903, 2.60x, 1.24x
+#   (fortieth session).
 #   A tiny model never leaves that regime. For a model large enough to be bandwidth-bound (section 1: a Kimi-K2
 #   dense layer) the roofline says the same on bf16 tensor cores: 65 tokens cost ~1.0x one token (~2.7x in fp32
 #   on CUDA cores, where T = 65 is past the ridge at T ~ 24; 16 tokens ~1.0x).
