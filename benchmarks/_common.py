@@ -205,6 +205,19 @@ def table(title: str, header: list[str], rows: list[list]) -> str:
     return text
 
 
+def gemm_choice_table() -> None:
+    """The kernel ``kernels/gemm_choice.py`` kept for each tree-verify GEMM shape this process timed (us per
+    candidate), as a table; nothing where no shape was timed (host backends, TUNE = False)."""
+    from kdtree_numba.kernels import gemm_choice
+
+    rows = [[e["M"], e["K"], e["N"], "+=" if e["accumulate"] else "=", e["chosen"]]
+            + [f"{e['us'][c]:.2f}" if c in e["us"] else "-" for c in gemm_choice.CANDIDATES]
+            for e in gemm_choice.choices()]
+    if rows:
+        table("GEMM kernels kept by kernels/gemm_choice.py (us per call, graph replays)",
+              ["M", "K", "N", "out", "kept"] + list(gemm_choice.CANDIDATES), rows)
+
+
 def save(name: str) -> None:
     out = os.environ.get("OUT") or os.path.join(os.getcwd(), "bench_results")
     os.makedirs(out, exist_ok=True)

@@ -15,7 +15,8 @@ under its constants). Then ``--rounds`` x ``--passes`` passes, **each pass throu
 2026-12-05), and alternating pass by pass puts the drift on every configuration alike, where running each
 configuration's passes in a block put it on the later ones. Reported: tokens/s of the median pass, ratios as the
 median of the per-pass ratios - between methods, and each method against the first configuration in the same pass
-- and how many generations differed from plain decoding's tokens (expected 0: greedy).
+- and how many generations differed from plain decoding's tokens (expected 0: greedy). On cuda a last table lists
+the kernel kernels/gemm_choice.py kept for each tree-verify GEMM shape (timed under the configurations that tune).
 To compare two checkouts instead, run this script from each: it imports the package beside its own folder.
 Example (2026-12-04, H200, the default pair): tree verifies on v3 against v2 gave DDTree-32 4641 / 4923 and
 4752 / 4760 tokens/s in two rounds (docs/PERFORMANCE.md, eighteenth session).
@@ -28,7 +29,7 @@ import time
 
 import numpy as np
 
-from _common import RESULTS, args, fail_args, kd, save, table
+from _common import RESULTS, args, fail_args, gemm_choice_table, kd, save, table
 
 from kdtree_numba.argtypes import whole, whole_list  # noqa: E402
 
@@ -171,4 +172,5 @@ table(f"Graph-replayed generation ({kd.backend.name}), HumanEval/0-{n_prompts - 
       ["config"] + [f"{m} tokens/s" for m in methods] + [f"{m} / AR / chain" for m in tree] +
       ["chain / AR", f"vs {first.name if first else '-'} ({' / '.join(methods)}, per pass)", "mismatches vs AR"],
       rows)
+gemm_choice_table()
 save("ab_replay")

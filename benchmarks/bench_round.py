@@ -21,6 +21,8 @@ out negative for two of five). bench_replay.py compares direct and replayed deco
     PYTHONPATH=$PWD KDTREE_BACKEND=cuda python3 benchmarks/bench_round.py
     PYTHONPATH=$PWD KDTREE_BACKEND=cuda python3 benchmarks/bench_round.py --budgets 32,36,40,44
 
+On cuda a last table lists the kernel kernels/gemm_choice.py kept for each verify GEMM shape, with its candidates'
+times.
 ``--budgets`` (default 16,32,64,256): the DDTree budgets, a row each; the DFlash chain is always the last row. The
 second command asks which stage makes budgets 36 and 40 slower than 32 and 44 (docs/PERFORMANCE.md, thirty-ninth
 session).
@@ -29,7 +31,7 @@ import time
 
 import numpy as np
 
-from _common import args, kd, save, steady_pair, table
+from _common import args, gemm_choice_table, kd, save, steady_pair, table
 
 from kdtree_numba.argtypes import whole_list  # noqa: E402
 from kdtree_numba.decode.trace import STAGES  # noqa: E402
@@ -70,4 +72,5 @@ for label, kw in [(f"DDTree, budget {b}", dict(budget=b)) for b in a.budgets] + 
 table(f"One replayed DDTree round of the trained pair ({kd.backend.name}), greedy, steady state ({n} -> {2 * n} "
       "tokens)", ["method", "tau", "wall ms/round", "stage sum ms", "wall / stage sum",
                   f"before the clock ms ({n} tok)", "clock less device rounds ms"] + [f"{s} ms" for s in STAGES], rows)
+gemm_choice_table()
 save("bench_round")
