@@ -24,7 +24,9 @@ is kept unless the default is within MARGIN of it (a choice that flipped between
 the last bits of the logits). The default is the fixed rule that ran before this module: skinny where
 ``skinny_gemm.pays``, else 16-row blocks. From then on the shape always runs its choice, directly and in captured
 graphs, so a captured round replays exactly what the direct round ran. A capture that meets an untimed shape runs
-the default, and keeps it. ``TUNE = False``: always the default (an A/B switch). ``choices()``: what was timed and kept.
+the default, and keeps it. ``TUNE = False``: always the default - an A/B switch, and what an expert-parallel
+target of 2+ ranks sets (parallel/expert_parallel.py: ranks that replicate a layer must run the same kernels, which
+a timing per process does not promise). ``choices()``: what was timed and kept.
 Example (the trained pair's DDTree-32 verify, H100): the first 33-row o_proj product (+=) times skinny 3.82,
 blocks 16 3.27, blocks 8 10.09 (four 7-row blocks and a call for the 5 rows left), rows 3.40 us and keeps blocks
 16 for every later one; q_a + kv_a keeps rows, q_b blocks 8, the shared expert's down rows, the LM head blocks 16.

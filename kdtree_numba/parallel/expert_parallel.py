@@ -38,7 +38,7 @@ import dataclasses
 import numpy as np
 
 from .. import backend
-from ..kernels import moe_grouped_gemm, moe_routing, swiglu
+from ..kernels import gemm_choice, moe_grouped_gemm, moe_routing, swiglu
 from ..model.target import Target
 from .communicator import Communicator, FakeGroup, check_rank, check_world
 
@@ -218,7 +218,9 @@ def ep_moe_all_to_all(h, layer: dict, cfg, comm: Communicator):
 class ExpertParallelTarget(Target):
     """A Target whose MoE layers hold one rank's experts and run ``ep_moe`` over ``comm``; every other weight
     array is shared with the source target (not copied). ``kd.generate`` runs on it unchanged; every rank must
-    make the same calls in the same order (greedy decoding and a deterministic drafter do)."""
+    make the same calls in the same order (greedy decoding and a deterministic drafter do). A sharded target of 2+
+    ranks turns the process's GEMM timing off (``gemm_choice.TUNE = False``: the fixed rule, the same kernels on
+    every rank), so the replicated layers agree bit for bit across ranks."""
 
     def __init__(self, target: Target, rank: int, world: int, comm: Communicator, reduce: str = "tokens"):
         if not isinstance(target, Target):
@@ -238,6 +240,8 @@ class ExpertParallelTarget(Target):
             super().__init__(target.config, target.w, layers)
         self.tokenizer = target.tokenizer
         self.rank, self.world, self.comm, self.reduce = rank, world, comm, reduce
+        if world > 1:               # the ranks replicate the router, attention and LM head and must compute them
+            gemm_choice.TUNE = False  # bit for bit alike: a kernel timed fastest per process may differ by rank
 
     def _moe(self, L, h, out=None):
         return ep_moe(h, L, self.config, self.comm, reduce=self.reduce, out=out)

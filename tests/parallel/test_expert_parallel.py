@@ -61,6 +61,18 @@ def test_shard_holds_its_slice_and_shares_the_rest(targets, numpy_backend):
         shard_experts(targets["default"].layers[0], 0, 2)
 
 
+def test_two_or_more_ranks_turn_the_gemm_timing_off(targets, numpy_backend, monkeypatch):
+    """Ranks replicate the router, attention and LM head: they must run the same GEMM kernels, which a kernel timed
+    fastest per process (kernels/gemm_choice.py) does not promise - a sharded target of 2+ ranks takes the fixed
+    rule for its process; one rank keeps the timing."""
+    from kdtree_numba.kernels import gemm_choice
+    monkeypatch.setattr(gemm_choice, "TUNE", True)
+    shard_target(targets["default"], 0, 1)
+    assert gemm_choice.TUNE
+    shard_target(targets["default"], 1, 2, FakeGroup(2).communicators()[1])
+    assert not gemm_choice.TUNE
+
+
 def test_wrong_shard_or_mode_is_refused(targets, numpy_backend):
     t = targets["default"]
     L, h = moe_layer(t), np.zeros((3, t.config.hidden_size), np.float32)
