@@ -24,8 +24,8 @@ out negative for two of five). bench_replay.py compares direct and replayed deco
 On cuda a last table lists the kernel kernels/gemm_choice.py kept for each verify GEMM shape, with its candidates'
 times.
 ``--budgets`` (default 16,32,64,256): the DDTree budgets, a row each; the DFlash chain is always the last row. The
-second command asks which stage makes budgets 36 and 40 slower than 32 and 44 (docs/PERFORMANCE.md, thirty-ninth
-session).
+second command showed why budgets 36 and 40 ran slower than 32 and 44: a second cuBLAS call for the rows
+equal row blocks left, now overlapping blocks (docs/PERFORMANCE.md, fortieth session).
 """
 import time
 
