@@ -54,14 +54,9 @@ def applies(M: int, K: int, N: int, out) -> bool:
             and out.flags.c_contiguous)
 
 
-def _skinny_fits(a, b, out) -> bool:
-    """The skinny kernel reads a and w = b.T along k and writes out along its columns, K <= MAX_K."""
-    return a.shape[1] <= skinny_gemm.MAX_K and a.strides[1] == 4 and b.strides[0] == 4 and out.strides[1] == 4
-
-
 def _default(a, b, out) -> str:
     M, K = a.shape
-    return "skinny" if skinny_gemm.pays(M, K, b.shape[1]) and _skinny_fits(a, b, out) else "blocks 16"
+    return "skinny" if skinny_gemm.pays(M, K, b.shape[1]) and skinny_gemm.reads(a, b, out) else "blocks 16"
 
 
 def _run(name: str, a, b, out, accumulate: bool):
@@ -105,17 +100,17 @@ def _time_us(fn) -> float:
 def run(a, b, out, accumulate: bool = False):
     """``out (+)= a @ b`` with this shape's chosen kernel (module docstring), timing the candidates first when the
     shape is new and no capture is running. Arguments as ``_cublas.gemm``'s (checked by the caller)."""
-    default = _default(a, b, out)
     if not TUNE:
-        return _run(default, a, b, out, accumulate)
+        return _run(_default(a, b, out), a, b, out, accumulate)
     key = (a.shape, b.shape, a.strides, b.strides, bool(accumulate))
     if key not in _chosen:
+        default = _default(a, b, out)
         if backend.stream.is_capturing():          # untimed in a capture: the default, from now on too (a later
             _chosen[key] = (default, {})           # direct call must run what the graph replays)
             return _run(default, a, b, out, accumulate)
         scratch = backend.cp.zeros_like(out)
         times = {name: _time_us(lambda: _run(name, a, b, scratch, accumulate)) for name in CANDIDATES
-                 if name != "skinny" or _skinny_fits(a, b, out)}
+                 if name != "skinny" or skinny_gemm.reads(a, b, out)}
         _chosen[key] = (pick(times, default), times)
     return _run(_chosen[key][0], a, b, out, accumulate)
 

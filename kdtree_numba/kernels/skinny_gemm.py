@@ -77,6 +77,13 @@ def pays(m: int, k: int, n: int) -> bool:
     return m >= MIN_ROWS and m * n <= MAX_OUTPUTS and k <= MAX_K
 
 
+def reads(a, b, out) -> bool:
+    """Whether ``out (+)= a @ b`` has the layout this kernel reads: a [m, k] and w = b.T along k, out along its
+    columns (float32 strides of 4 bytes), k <= MAX_K. Example: a weight's transposed view b = w.T of a row-major
+    w [n, k] fits; b = w2 of a row-major w2 [k, n] does not (b.strides[0] = 4 n)."""
+    return a.shape[1] <= MAX_K and a.strides[1] == 4 and b.strides[0] == 4 and out.strides[1] == 4
+
+
 def skinny_ref(x, w, out=None, accumulate: bool = False):
     """NumPy reference: ``x @ w.T`` (added onto ``out`` when ``accumulate``), float32."""
     y = np.matmul(x, w.T, dtype=np.float32)

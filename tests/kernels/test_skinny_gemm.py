@@ -62,6 +62,18 @@ def test_rule_takes_the_verify_not_the_draft_or_a_step():
     assert not sg.pays(65, 256, 1536) and not sg.pays(65, 256, 4096)   # too many outputs
 
 
+def test_reads_takes_a_transposed_weight_only():
+    """The layout test both gemm.linear and gemm_choice use: w [n, k] row-major seen as b = w.T, K <= MAX_K."""
+    x = np.zeros((33, 256), np.float32)
+    w = np.zeros((384, 256), np.float32)
+    out = np.zeros((33, 384), np.float32)
+    assert sg.reads(x, w.T, out)
+    assert not sg.reads(x, np.ascontiguousarray(w.T), out)             # b row-major [k, n]: k is not contiguous
+    assert not sg.reads(x[:, ::2], w[:, ::2].T, out)                      # x strided along k
+    big = np.zeros((33, sg.MAX_K + 1), np.float32)
+    assert not sg.reads(big, np.zeros((384, sg.MAX_K + 1), np.float32).T, out)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("M,K,N", [(65, 256, 240), (33, 128, 384), (17, 192, 256), (128, 256, 256)])
 def test_linear_matches_cublas_where_the_kernel_pays(M, K, N):
