@@ -250,6 +250,22 @@ def asarray(a, dtype=None):
     return np.ascontiguousarray(_device_to_host(a) if is_device(a) else a, dtype=dtype)
 
 
+def upload(dst, host) -> None:
+    """Copy the host array ``host`` into the backend array ``dst`` (same shape and dtype; ``dst`` C-contiguous). On
+    cuda one host-to-device copy on ``stream``, queued behind its work (``host`` may be reused as soon as this
+    returns) - where ``dst[...] = asarray(host)`` costs an allocation, a copy and a kernel, and ``dst[...] = v`` a
+    kernel per array: a decode program writes its per-generation inputs with one upload. Example:
+    upload(state, np.array([7, 1], np.int32)) for a device int32 [2] ``state``."""
+    host = np.ascontiguousarray(host, dtype=dst.dtype)
+    if host.shape != dst.shape:
+        raise ValueError(f"upload: host shape {host.shape} does not match the destination's {dst.shape}")
+    if is_device(dst):
+        bind_stream()
+        dst.set(host, stream=stream)
+    else:
+        dst[...] = host
+
+
 def to_host(a) -> np.ndarray:
     """NumPy copy (device arrays) or the array itself (host arrays)."""
     return _device_to_host(a) if is_device(a) else np.asarray(a)

@@ -77,17 +77,16 @@ class _RoundProgram(Program):
         super().__init__(target, drafter)
         L = drafter.depth
         self.target, self.drafter, self.budget, self.L = target, drafter, budget, L
-        self.sampler = sampling.settings(0.0, 0)                            # (T [1], seed [2]): set by begin
         self.cache = target.new_cache(rows)
         drafter.reserve(rows + L + 1)                                       # + the padded path's rows
         self.s = _RoundState(L, K, budget, rows)
-        self.start = backend.empty((1,), np.int32)                          # state [1] each
+        self.counters = backend.empty((2,), np.int32)                       # start and round (state [1] each):
+        self.start, self.round = self.counters[0:1], self.counters[1:2]      # views of one array, one upload
         self.root = self.s.verify_ids[:1]                                   # the verify's first id: no copy
         self.draft_root = drafter.root_slot()                               # the draft's: the round end writes both
         feats = drafter.feature_layers                                      # the accepted path's features [L + 1, nH]
         self.path_feats = backend.empty((L + 1, len(feats) * target.config.hidden_size), np.float32) \
             if feats else None
-        self.round = backend.empty((1,), np.int32)
         self.first = backend.empty((1,), np.int32)                          # the prefill's token (-1: NaN)
         self.r: dict = {}                                                   # arrays passed from stage to stage
         self.stages = [self._draft, self._topk, self._build, self._verify, self._accept, self._compact]
@@ -102,11 +101,10 @@ class _RoundProgram(Program):
         drafter's context, the first root (``first``; clamped to >= 0 in ``root`` and the draft's slot); the
         state for round 1. Reads nothing: returns the end mark after which ``first`` may be read, so round 1
         queues behind the prefill without the host waiting between them."""
-        sampling.settings(temperature, seed, out=self.sampler)
+        self.set_sampler(temperature, seed)
         self.prefill(prompt)
         self.drafter.length = len(prompt)            # the context it observed (rows past it are scratch)
-        self.start[...] = len(prompt)
-        self.round[...] = 1
+        backend.upload(self.counters, np.array([len(prompt), 1], np.int32))      # start, round
         self.s.rounds = []
         return backend.mark()
 

@@ -7,6 +7,7 @@ A CUDA graph replays fixed shapes, so the prompt is padded to its *bucket*, a po
     Tb = bucket(target, n) = max(PREFILL_MIN, 2^ceil(log2 n))       rows the captured forward runs
     ids  [Tb]  int32    the prompt, then PAD (token 0) up to Tb
     last [1]   int32    n - 1: the one row whose logits are computed (the target reads it on the device)
+                        (ids and last: views of one array, written by one host-to-device copy a prefill)
 
     logits [1, V], hiddens = target.forward(ids, cache, 0, hidden_layers, logits_at=last)
     then(logits, hiddens, last)  the program's follow-up (the first token, drawn at position last; the drafter's
@@ -62,8 +63,10 @@ class _Bucket:
     """One bucket's device inputs and its forward (direct, or the replay of its graph once captured)."""
 
     def __init__(self, rows: int, forward):
-        self.ids = backend.zeros((rows,), np.int32)                         # [Tb] prompt + PAD
-        self.last = backend.zeros((1,), np.int32)                           # [1] n - 1
+        self.inputs = backend.zeros((rows + 1,), np.int32)                  # [Tb + 1]: ids, then last - one upload
+        self.ids = self.inputs[:rows]                                       # [Tb] prompt + PAD
+        self.last = self.inputs[rows:]                                      # [1] n - 1
+        self.host = np.zeros(rows + 1, np.int32)                            # its host side
         self.forward = lambda: forward(self.ids, self.last)
         self.run = self.forward
         self.direct_only = False                                            # True once a capture failed
@@ -92,10 +95,10 @@ class Prefill:
         b = self.buckets.get(rows)
         if b is None:
             b = self.buckets[rows] = _Bucket(rows, self._padded)
-        padded = np.zeros(rows, np.int32)                                   # [Tb] PAD = token 0
-        padded[:n] = prompt
-        b.ids[...] = backend.asarray(padded)
-        b.last[...] = n - 1
+        b.host[:n] = prompt                                                 # [Tb] PAD = token 0, then n - 1
+        b.host[n:rows] = 0
+        b.host[rows] = n - 1
+        backend.upload(b.inputs, b.host)
         b.run()
         if b.run == b.forward and backend.name == "cuda" and not b.direct_only:
             try:

@@ -8,7 +8,7 @@ A decode step's only inputs live in four device int32 arrays (the *state*), neve
     pos  [1]   its position = the cache row it writes (prompt length + tokens emitted - 1)
     step [1]   tokens emitted so far = the row of ``out`` the next choice goes to
     out  [n]   the emitted tokens (-1 where a row of logits held NaN)
-    T, seed    the sampler's settings (sampling.settings: float64 [1], uint32 [2]), set by each generation
+    T, seed    the sampler's settings (sampling.settings: float64 [1], uint32 [2]), written when they change
 
     step():  logits = target.forward(tok, cache, start=pos)       # [1, V]; kernels read pos on the device
              choice = choose_tokens(logits, T, seed, stream=pos)    # argmax or seeded Gumbel-max, drawn at
@@ -80,6 +80,15 @@ class Program:
     def __init__(self, *models):
         self.models = models
         self.held: list = []
+        self.sampler = sampling.settings(0.0, 0)                            # (T [1], seed [2]): set_sampler
+        self._sampler_values = (0.0, 0)
+
+    def set_sampler(self, temperature: float, seed: int) -> None:
+        """The sampler's device settings for this generation, written only when they differ from the last ones
+        (two host-to-device writes a generation saved where the settings repeat, as a benchmark's do)."""
+        if (temperature, seed) != self._sampler_values:
+            sampling.settings(temperature, seed, out=self.sampler)
+            self._sampler_values = (temperature, seed)
 
     def hold(self) -> None:
         self.held = weight_arrays(*self.models)
@@ -118,13 +127,12 @@ class _StepProgram(Program):
     def __init__(self, target, capacity: int):
         super().__init__(target)
         self.target = target
-        self.sampler = sampling.settings(0.0, 0)                            # (T [1], seed [2]): set by begin
         self.cache = target.new_cache(capacity)
         self.out = backend.full((capacity,), -1, np.int32)                   # [capacity] emitted tokens
         self.choice = backend.empty((1,), np.int32)
-        self.tok = backend.empty((1,), np.int32)                             # state [1] each
-        self.pos = backend.empty((1,), np.int32)
-        self.step = backend.empty((1,), np.int32)
+        self.tok = backend.empty((1,), np.int32)                             # state [1] each; pos and step are
+        self.counters = backend.empty((2,), np.int32)                        # views of one array: one upload
+        self.pos, self.step = self.counters[0:1], self.counters[1:2]
         self.run = self._step
         self.prefill = Prefill(target, self.cache, (), self._first)
         self.hold()
@@ -132,10 +140,9 @@ class _StepProgram(Program):
     def begin(self, prompt, temperature: float, seed: int) -> None:
         """The sampler's settings; the prefill (padded and replayed per length bucket: prefill_replay.py) and the
         first token: out[0], then tok, pos = len(prompt), step = 1."""
-        sampling.settings(temperature, seed, out=self.sampler)
+        self.set_sampler(temperature, seed)
         self.prefill(prompt)
-        self.pos[...] = len(prompt)
-        self.step[...] = 1
+        backend.upload(self.counters, np.array([len(prompt), 1], np.int32))      # pos, step
 
     def _first(self, logits, _hiddens, last) -> None:
         sampling.choose_tokens(logits, *self.sampler, last, out=self.choice)               # logits [1, V]

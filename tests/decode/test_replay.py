@@ -40,7 +40,7 @@ def test_one_program_serves_every_temperature_and_seed(numpy_backend):
     """The sampler's settings live on the device: a kept program (on cuda: its graph) serves any temperature and
     seed, each generation equal to direct decoding."""
     target = kd.tiny_target(0)
-    for temperature, seed in [(0.0, 0), (0.8, 1), (0.8, 2), (1.3, 2 ** 50)]:
+    for temperature, seed in [(0.0, 0), (0.8, 1), (0.8, 2), (0.8, 2), (1.3, 2 ** 50), (0.0, 0)]:   # repeats: kept
         want = kd.generate(target, PROMPT, 12, temperature=temperature, seed=seed).tokens
         assert kd.generate(target, PROMPT, 12, temperature=temperature, seed=seed, replay=True).tokens == want
     assert len(target._programs) == 1
