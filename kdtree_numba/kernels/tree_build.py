@@ -75,7 +75,10 @@ level then sorts them in global memory - slower, still exact. A smaller ``capaci
 candidates are appended after them): ``wtab[copy, request, entry]`` float64 weight, and ``itab[copy, FIELD,
 request, entry]`` int32 with FIELD = DEPTH, RANK (r_d, the rank at the node's own depth), PARENT (tree parent's
 entry, -1 = the root), RECORD_PARENT (entry, -1 = none), RECORD_DEPTH (1 + the record parent's, 1 without one).
-Device functions receive a copy as the tuple ``nodes = (weight, depth, rank, parent, rparent, rdepth)``.
+Device functions receive a copy as the tuple ``nodes = (weight, depth, rank, parent, rparent, rdepth)``. The chain
+(up to RANK_SORT nodes) and the heap path need no second copy: their table is a tuple of shared arrays the level
+loop's sort would use (``small`` in ``_build_kernel``), so the walks up the parents that write the paths read shared
+memory, not global (a 15-deep node's walk was 15 dependent global loads).
 
 **Cost model.** A block spends its time waiting on instruction fetch, barriers and round trips, not on arithmetic
 (B = 256, 16 requests, H200, ncu), so the kernel is written for few instructions and few barriers: unsigned
@@ -130,7 +133,7 @@ from .. import backend
 from . import _checks
 from .primitives import block_min, block_prefix_sum
 from .tree import Tree
-from .tree_heap import ROW_FLOATS, _heap_fits, _heap_lanes, _heap_pays, heap_fits, heap_pays
+from .tree_heap import HEAP_BUDGET, ROW_FLOATS, _heap_fits, _heap_lanes, _heap_pays, heap_fits, heap_pays
 from .tree_order import _before, _pops_before, _record_parent
 
 MAX_BUDGET = 1024
@@ -143,6 +146,8 @@ SORT_CACHE = 2048         # candidates sorted with their keys in shared memory (
 RANK_SORT = 64            # up to this many candidates: rank sort; above: bitonic (128 measured no faster at
                           # B = 64 and 256, R = 16)
 assert ROW_FLOATS == SORT_CACHE           # tree_heap stages its rows as float64 into the kernel's sort_w
+assert HEAP_BUDGET <= RANK_SORT and 3 * RANK_SORT <= MAX_BUDGET   # ... and keeps its node table (up to RANK_SORT
+                                          # nodes, as the chain's) in ranked_w / _rdepth / _node and chain_slot
 SLOW_CHAINS, BITONIC = 1, 2   # TreeBuilder modes (tests): walk every chain in order / always sort by bitonic
 LEVELS = 4                # TreeBuilder mode (tests): the level loop even where the heap path would run
 HEAP = 8                  # TreeBuilder mode (tests): the heap path wherever it fits, however shallow the tree (where
@@ -860,13 +865,21 @@ def _build_kernel(lp, ids, budget, cap, wtab, itab, scratch, out_i, out_logw, pa
         e = uint32(e + nt)
     _load_row(lp_rows[1], lp_req, uint32(0), n_lp)
     cuda.syncthreads()
+    # the chain's and the heap's node table (up to RANK_SORT nodes): shared arrays the level loop's sort would use
+    # (module docstring, "The node table")
+    small = (ranked_w, ranked_rdepth, ranked_node, chain_slot[:RANK_SORT], chain_slot[RANK_SORT:2 * RANK_SORT],
+             chain_slot[2 * RANK_SORT:3 * RANK_SORT])
     if K == uint32(1):                       # a chain: no search (module docstring)
-        n_top = _chain_nodes(lp_req, L, B, nodes, stats, r, slow_state)
-        _write_outputs(r, B, n_top, nodes, ids, out_i, out_logw, paths, path_depth, n_out)
+        if min(B, L) <= uint32(RANK_SORT):
+            n_top = _chain_nodes(lp_req, L, B, small, stats, r, slow_state)
+            _write_outputs(r, B, n_top, small, ids, out_i, out_logw, paths, path_depth, n_out)
+        else:
+            n_top = _chain_nodes(lp_req, L, B, nodes, stats, r, slow_state)
+            _write_outputs(r, B, n_top, nodes, ids, out_i, out_logw, paths, path_depth, n_out)
         return
     if _heap_fits(L, K, B) and (mode & HEAP or (mode == 0 and _heap_pays(lp_req, L, K, B, sort_w))):
-        n_top = _heap_lanes(lp_req, sort_w, L, K, B, nodes, sim_fbuf, sim_ibuf, slow_state)    # the heap itself
-        _write_outputs(r, B, n_top, nodes, ids, out_i, out_logw, paths, path_depth, n_out)
+        n_top = _heap_lanes(lp_req, sort_w, L, K, B, small, sim_fbuf, sim_ibuf, slow_state)    # the heap itself
+        _write_outputs(r, B, n_top, small, ids, out_i, out_logw, paths, path_depth, n_out)
         return
     n_top = uint32(0)                        # |G| (every thread keeps it)
     tau = -math.inf                          # the smallest weight in G

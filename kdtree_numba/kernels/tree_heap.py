@@ -22,9 +22,10 @@ processes on one machine) the heap path took 10.9-11.2 / 15.6-16.1 / 25.3-27.3 u
 13.5-14.1 / 19.9-20.8 / 32.6-33.1 (~0.31 us a pop against ~0.39); the level loop 11.2-129 against 12.5-132.
 
 Shapes: the request's log-prob rows ``lp_req`` [L * K] float32 (each row sorted descending), staged as float64
-into the build kernel's shared ``sort_w`` (ROW_FLOATS entries, unused by the heap path otherwise); the node table
-(``tree_build._node_table``) receives the popped nodes at entries 0 .. n - 1 in pop order. Thread mapping: warp 0
-of the build kernel's block; the other warps wait at the closing barrier.
+into the build kernel's shared ``sort_w`` (ROW_FLOATS entries, unused by the heap path otherwise); a node table of
+shared arrays (HEAP_BUDGET entries: the build kernel's ``small`` table) receives the popped nodes at entries 0 ..
+n - 1 in pop order, so a tie's walk and ``tree_build._write_outputs``' walks up the parents read shared memory.
+Thread mapping: warp 0 of the build kernel's block; the other warps wait at the closing barrier.
 """
 import math
 
@@ -168,9 +169,10 @@ def _push_logprobs(rows, W, L, d, rk):
     the last depth are read but not used: the child of a depth-L node, depth L + 1, reads row L - 1), so the three
     loads go out at once and never past the buffer, even at L W = ROW_FLOATS."""
     last = uint32(W - uint32(1))
-    base = uint32((min(d, L) - uint32(1)) * W)
-    return (rows[base + min(rk, last)], rows[base + min(rk + uint32(1), last)],
-            rows[min(d, L - uint32(1)) * W])
+    nxt = uint32(rk + uint32(1))
+    base = uint32(uint32(min(d, L) - uint32(1)) * W)
+    return (rows[uint32(base + min(rk, last))], rows[uint32(base + min(nxt, last))],
+            rows[uint32(min(d, uint32(L - uint32(1))) * W)])
 
 
 @cuda.jit(device=True, inline=True)
@@ -182,7 +184,7 @@ def _push_weights(w, lps, W, L, d, rk):
     (``_heap_lanes``). Example (rows [[-0.1, -2.5], [-0.2, -1.8]], W = 2, L = 2): node (0), w = -0.1 -> (-2.5,
     -0.3); node (0,1), w = -1.9 -> (-inf, -inf)."""
     cur, nxt, first = lps
-    sw = (w - cur) + nxt if rk + uint32(1) < W and nxt > -math.inf else -math.inf
+    sw = (w - cur) + nxt if uint32(rk + uint32(1)) < W and nxt > -math.inf else -math.inf
     cw = w + first if d < L and first > -math.inf else -math.inf
     return sw, cw
 
@@ -197,7 +199,8 @@ def _heap_lanes(lp_req, rows, L, K, B, nodes, fbuf, ibuf, count):
     nodes ahead of each, and one gather (shfl from lane src) shifts the rest. A node's pushes are computed when it
     is pushed (``_push_logprobs`` before the comparisons, ``_push_weights`` after the gather), so a pop starts from
     lane 0's four values without a load or an add in between: ~210 instructions a pop instead of ~160 (the SASS),
-    on a shorter dependent path. Table entries 0 .. n - 1 receive the popped nodes in pop order (what
+    on a shorter dependent path; 202 since its sums and compares are kept to 32 bits and the table is shared
+    (the loop's hot path, ``benchmarks/ptxas_report.py --sass``, sm_90). Table entries 0 .. n - 1 receive the popped nodes in pop order (what
     ``tree_build._write_outputs`` reads); log-probs are read from rows staged in shared memory as float64 (L x
     min(K, B + 1) entries: a popped node's rank is below B, so a sibling's at most B). No level statistics:
     ``stats`` stays 0.
@@ -245,26 +248,26 @@ def _heap_lanes(lp_req, rows, L, K, B, nodes, fbuf, ibuf, count):
             # entry n seen by every lane's tie comparisons below (a child's walk starts at its parent, entry n)
             warp_sync()
             sk = int32(hk + int32(256)) if sw > -math.inf else int32(-1)          # the sibling (-1: none)
-            ck = _pack(d + uint32(1), 0, n) if cw > -math.inf else int32(-1)      # the first child
+            ck = _pack(uint32(d + uint32(1)), 0, n) if cw > -math.inf else int32(-1)   # the first child
             # what the two new nodes will push in turn depends on the popped node alone: the loads go out here,
             # the adds follow the gather, so both overlap the comparisons, ballots and shuffles between
-            s_lp = _push_logprobs(rows, W, L, d, rk + uint32(1))
-            c_lp = _push_logprobs(rows, W, L, d + uint32(1), uint32(0))
+            rk1 = uint32(rk + uint32(1))                 # the sibling's rank, the child's depth (32-bit: numba
+            d1 = uint32(d + uint32(1))                   # widens sums to 64 bits, and compares of those cost twice)
+            s_lp = _push_logprobs(rows, W, L, d, rk1)
+            c_lp = _push_logprobs(rows, W, L, d1, uint32(0))
             # three orders by weight - the child before the sibling, this lane's node before each - and equal
             # weights (rare) settled by rank tuples in one loop over a bit mask, so the tie walk is compiled once
             behind = lane > 0 and fk >= 0                # lanes 1.. hold the nodes left after the pop
             c_first = ck >= 0 and (sk < 0 or cw > sw)
             f_c = behind and ck >= 0 and fw > cw
             f_s = behind and sk >= 0 and fw > sw
-            ties = uint32(0)
-            if behind and ck >= 0 and fw == cw:
-                ties |= uint32(1)
+            ties = uint32(uint32(1) if behind and ck >= 0 and fw == cw else uint32(0))
             if behind and sk >= 0 and fw == sw:
-                ties |= uint32(2)
+                ties = uint32(ties | uint32(2))
             if ck >= 0 and sk >= 0 and cw == sw:
-                ties |= uint32(4)
+                ties = uint32(ties | uint32(4))
             while ties != uint32(0):
-                j = ties & (~ties + uint32(1))               # the lowest tie left
+                j = uint32(ties & uint32(~ties + uint32(1)))   # the lowest tie left
                 kx = ck if j == uint32(4) else fk
                 ky = ck if j == uint32(1) else sk
                 less = _leaf_tuple_less(kx >> 16, (kx >> 8) & 255, (kx & 255) - 1, ky >> 16, (ky >> 8) & 255,
@@ -275,7 +278,7 @@ def _heap_lanes(lp_req, rows, L, K, B, nodes, fbuf, ibuf, count):
                     f_s = less
                 else:
                     c_first = less
-                ties ^= j
+                ties = uint32(ties ^ j)
             aw = sw                                      # a: the first of the two in pop order, b: the other
             ak = sk
             bw = cw
@@ -294,8 +297,8 @@ def _heap_lanes(lp_req, rows, L, K, B, nodes, fbuf, ibuf, count):
             gk = _lane_read(fk, min(src, int32(31)), ibuf)
             gsw = _lane_read(fsw, min(src, int32(31)), fbuf)
             gcw = _lane_read(fcw, min(src, int32(31)), fbuf)
-            s_sw, s_cw = _push_weights(sw, s_lp, W, L, d, rk + uint32(1))
-            c_sw, c_cw = _push_weights(cw, c_lp, W, L, d + uint32(1), uint32(0))
+            s_sw, s_cw = _push_weights(sw, s_lp, W, L, d, rk1)
+            c_sw, c_cw = _push_weights(cw, c_lp, W, L, d1, uint32(0))
             a_sw = c_sw if c_first else s_sw
             a_cw = c_cw if c_first else s_cw
             b_sw = s_sw if c_first else c_sw

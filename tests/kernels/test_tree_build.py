@@ -107,6 +107,20 @@ def test_chain_shortcut(budget):
         np.testing.assert_array_equal(H(builder.probes)[0], want.probes)
 
 
+@pytest.mark.parametrize("L, budget", [(70, 70), (70, 20)])
+def test_long_chain_table(L, budget):
+    """A chain of more than RANK_SORT nodes keeps its node table in global memory, a shorter one (even of a deep
+    draft) in shared memory: both give the heap's tree and paths."""
+    assert L > tb.RANK_SORT
+    lp = -np.linspace(0.01, 0.7, L, dtype=np.float32)[:, None]          # [L, 1]
+    ids = np.arange(L, dtype=np.int32)[:, None]
+    out = tb.TreeBuilder(1, L, 1, budget).build(kd.backend.asarray(lp[None]), kd.backend.asarray(ids[None]))
+    tree = out.to_trees()[0]
+    assert tree == tb.build_tree_ref(lp, ids, budget) and tree.n == budget
+    paths, _ = tree.paths(L)
+    np.testing.assert_array_equal(kd.backend.to_host(out.paths)[0, :budget + 1], paths)
+
+
 def test_inexact_telescoping_walks_chains_in_order():
     """W + lp[0] rounds here, so the heap's second child (W + lp[0] - lp[0]) + lp[1] differs in the last bit from
     W + lp[1]: the fast path must notice and walk the chain in the heap's order."""
