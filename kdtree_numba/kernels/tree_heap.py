@@ -199,11 +199,12 @@ def _heap_lanes(lp_req, rows, L, K, B, nodes, fbuf, ibuf, count):
     nodes ahead of each, and one gather (shfl from lane src) shifts the rest. A node's pushes are computed when it
     is pushed (``_push_logprobs`` before the comparisons, ``_push_weights`` after the gather), so a pop starts from
     lane 0's four values without a load or an add in between: ~210 instructions a pop instead of ~160 (the SASS),
-    on a shorter dependent path; 202 since its sums and compares are kept to 32 bits and the table is shared
-    (the loop's hot path, ``benchmarks/ptxas_report.py --sass``, sm_90). Table entries 0 .. n - 1 receive the popped nodes in pop order (what
-    ``tree_build._write_outputs`` reads); log-probs are read from rows staged in shared memory as float64 (L x
-    min(K, B + 1) entries: a popped node's rank is below B, so a sibling's at most B). No level statistics:
-    ``stats`` stays 0.
+    on a shorter dependent path; 202 since its sums and compares are kept to 32 bits and the table is shared (the
+    loop's hot path, ``benchmarks/ptxas_report.py --sass``, sm_90), which left a DDTree-32 build of the trained
+    pair's rows at the same 14.3 us (H100, docs/PERFORMANCE.md, forty-first session). Table entries 0 .. n - 1
+    receive the popped nodes in pop order (what ``tree_build._write_outputs`` reads); log-probs are read from rows
+    staged in shared memory as float64 (L x min(K, B + 1) entries: a popped node's rank is below B, so a sibling's
+    at most B). No level statistics: ``stats`` stays 0.
     Why 32 lanes hold every node that matters: after pop n (n + 1 popped) B - n - 1 pops remain, so a node at
     position >= B - n - 1 never pops (pushes only ever land ahead of it), and the frontier holds at most n + 2
     nodes; min(n + 2, B - n - 1) <= (B + 1) / 2 <= 32 for B <= HEAP_BUDGET = 64. A node shifted past lane 31 is one
