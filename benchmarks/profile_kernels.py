@@ -9,7 +9,9 @@ kernels a plain decode step or a DDTree round spends its time in.
 
 The first command generates twice untimed (compile, capture), then profiles a third generation (``--tokens``,
 default 20) between cudaProfilerStart / Stop, so ncu sees only replayed steps or rounds (their graph nodes are
-profiled one by one) plus the generation's prefill. ``--method``: ``ar`` (plain decoding), ``ddtree``
+profiled one by one) plus the generation's prefill; on stderr it names the kernel kernels/gemm_choice.py kept for
+each tree-verify GEMM shape, which this process timed for itself (under ncu the forty-first session saw other picks
+than a normal process's: docs/PERFORMANCE.md). ``--method``: ``ar`` (plain decoding), ``ddtree``
 (budget ``--budget``, default 64) or ``chain`` (the DFlash chain: DDTree's round with one draft per depth). ncu
 serialises the kernels and by default flushes the caches before each one, so its times run above the CUDA-event
 stage times of bench_round.py (a DDTree round ~10 %, a plain step, whose weights a warm L2 holds, ~1.6x): use
@@ -182,6 +184,11 @@ def profile(method: str, tokens: int, budget: int) -> None:
     kd.backend.synchronize()
     cupy.cuda.runtime.profilerStop()
     print(f"profiled: {method}, {len(g.tokens)} tokens, {len(g.rounds)} rounds", file=sys.stderr)
+    from kdtree_numba.kernels import gemm_choice
+    for e in gemm_choice.choices():     # the verify GEMMs' kernels this process timed and kept: they can differ
+        times = ", ".join(f"{c} {us:.2f}" for c, us in e["us"].items())          # between processes
+        print(f"gemm_choice: {e['M']} x {e['K']} -> {e['N']}{' +=' if e['accumulate'] else ''}: {e['chosen']}"
+              f" ({times} us)", file=sys.stderr)
 
 
 def main() -> None:
