@@ -5,7 +5,8 @@ about, with every output compared against plain decoding's.
     PYTHONPATH=$PWD KDTREE_BACKEND=cuda python3 benchmarks/ab_replay.py \\
         --config as-is --config v3:kdtree_numba.kernels.tree_verify.V3_MIN_HEADS=0 --rounds 2
 
-A configuration is ``NAME`` or ``NAME:MODULE.ATTR=VALUE[,MODULE.ATTR=VALUE..]`` (VALUE a Python literal); the
+A configuration is ``NAME`` or ``NAME:MODULE.ATTR=VALUE[,MODULE.ATTR=VALUE..]`` (VALUE a Python literal, commas
+inside its brackets or quotes its own: ``..gemm_choice.CANDIDATES=("skinny","rows")``); the
 attributes are set while the configuration runs and restored at the end. Each configuration first warms up under
 its constants (one untimed generation per prompt and method: compiles, captures) into replay programs of its own
 (``Config``: the model objects' kept programs are swapped per configuration, so each replays what was captured
@@ -36,6 +37,25 @@ from kdtree_numba.argtypes import whole, whole_list  # noqa: E402
 PROMPTS = os.path.join(os.path.dirname(kd.__file__), "default_model", "humaneval_prompts.jsonl")
 
 
+def _top_level_items(spec: str) -> list:
+    """``spec`` split at the commas outside brackets and quotes, so a value may be a tuple, list, dict or string
+    with commas of its own. Example: "m.A=(1, 2),m.B='x,y'" -> ["m.A=(1, 2)", "m.B='x,y'"]."""
+    items, depth, quote, start = [], 0, None, 0
+    for i, ch in enumerate(spec):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            items.append(spec[start:i])
+            start = i + 1
+    return items + [spec[start:]]
+
+
 def parse_config(text: str) -> tuple:
     """``(name, [(module, attribute, value), ..])`` from ``NAME[:MODULE.ATTR=VALUE,..]``; a one-line exit 2 for a
     module that does not import, an attribute it lacks or a value that is not a literal. Example:
@@ -44,7 +64,7 @@ def parse_config(text: str) -> tuple:
     if not name:
         fail_args(f"--config: expected NAME[:MODULE.ATTR=VALUE,..], got {text!r}")
     sets = []
-    for item in filter(None, spec.split(",")):
+    for item in filter(None, _top_level_items(spec)):
         path, eq, value = item.partition("=")
         module, _, attr = path.rpartition(".")
         if not eq or not module or not attr:

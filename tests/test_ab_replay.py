@@ -15,7 +15,8 @@ def ab(tmp_path, *argv):
 
 
 def test_two_configurations_alternate_pass_by_pass_with_identical_tokens(tmp_path):
-    r = ab(tmp_path, "--config", "as-is", "--config", "v3:kdtree_numba.kernels.tree_verify.V3_MIN_HEADS=0",
+    r = ab(tmp_path, "--config", "as-is", "--config", "v3:kdtree_numba.kernels.tree_verify.V3_MIN_HEADS=0,"
+           "kdtree_numba.kernels.gemm_choice.CANDIDATES=('rows', 'blocks 16')",     # a value with its own comma
            "--rounds", "2", "--passes", "1", "--budgets", "8")
     assert r.returncode == 0, r.stderr[-2000:]
     runs = json.load(open(tmp_path / "ab_replay.json"))["runs"]
