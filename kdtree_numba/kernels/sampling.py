@@ -259,8 +259,8 @@ def settings(temperature: float, seed: int, out=None) -> tuple:
     seed = _checks.integer(seed, "seed", lo=0, hi=2 ** 64 - 1)
     t = backend.empty((1,), np.float64) if out is None else out[0]
     s = backend.empty((2,), np.uint32) if out is None else out[1]
-    t[...] = temperature
-    s[...] = backend.asarray(np.array([seed & M32, seed >> 32], np.uint32))
+    backend.upload(t, np.array([temperature], np.float64))                 # one host-to-device copy each,
+    backend.upload(s, np.array([seed & M32, seed >> 32], np.uint32))       # no kernel
     return t, s
 
 
