@@ -320,8 +320,8 @@ print(f"\nverify per round / AR step = {per_round['verify'] / ar_step:.2f}x; a r
 # `kernels/_cublas.py` cuts a 33- or 65-row product into blocks of <= 16 rows in one batched call, since cuBLAS
 # runs 16 rows with a GEMV-like kernel rather than split-K. Which of the two is faster depends on the shape in ways
 # no rule caught - cuBLAS's batched kernel is 2x slower for some shapes - so on the GPU `kernels/gemm_choice.py`
-# times the skinny kernel and cuBLAS over blocks of <= 16, 8 and 1 rows (and 33 rows as three overlapping
-# 15-row blocks) once per shape and keeps the fastest: DDTree-32 +2.7 %.)
+# times the skinny kernel and cuBLAS over blocks of <= 16, 8 and 1 rows once per shape and keeps the fastest:
+# DDTree-32 +2.7 %.)
 
 # %%
 section("the reduce-scatter of the skinny GEMM, in NumPy: 32 lanes x 32 partial sums")

@@ -7,8 +7,7 @@ arithmetic counts, and the project's kernels are the stages around it. On the GP
 ``_cublas`` (not ``cupy.matmul``, which refuses to run inside a CUDA-graph capture), so a captured decode step runs
 the same GEMMs as a direct one - except where latency is all there is: a tree verify's products (17-80 rows, a
 weight L2 holds) run the kernel ``gemm_choice`` timed fastest for their shape - ``skinny_gemm`` (one launch, no
-split-K) or cuBLAS over row blocks of <= 16, 8 or 1 rows in one batched call (``_cublas._row_blocks``; or the
-fewest, widest blocks of <= 16 rows: ``gemm_choice.wide_layout``) - and
+split-K) or cuBLAS over row blocks of <= 16, 8 or 1 rows in one batched call (``_cublas._row_blocks``) - and
 other products of 17+ rows and a few hundred columns go to ``skinny_gemm`` where ``skinny_gemm.pays`` says it
 measured faster.
 ``matmul_tiled`` is here to show how a GEMM uses shared memory:
