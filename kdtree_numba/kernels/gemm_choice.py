@@ -17,13 +17,13 @@ session, docs/PERFORMANCE.md; "blocks 16" is the strided batch of <= 16-row bloc
 
 Candidates (``CANDIDATES``): ``skinny`` (kernels/skinny_gemm.py; K <= skinny_gemm.MAX_K, unit strides along k and
 along out's columns), cuBLAS strided batches over row blocks of at most 16, 8 and 1 rows (``_cublas._row_blocks``
-with ``limit``; blocks overlap where equal ones leave rows over, or with ``accumulate`` one call takes those rows),
-and "wide 16": the fewest blocks of up to 16 rows, each as wide as it can be (``wide_layout``: 33 rows as 15-row
-blocks at rows 0, 9 and 18, where "blocks 16" runs 3 x 11 - cuBLAS picks its kernel by the block's rows), for
-products that write ``out`` (no ``accumulate``) where its layout differs. The first product of each shape, layout
-and ``accumulate`` that runs outside a graph capture times every candidate (``_time_all``): CALLS back-to-back
-calls into a scratch output captured as a CUDA graph per candidate, then REPS rounds replaying each graph once in
-turn, each candidate's median (interleaved: drift hits all alike). The fastest
+with ``limit``; blocks overlap where equal ones leave rows over, or with ``accumulate`` one call takes those rows).
+(A fifth, the fewest and widest blocks of <= 16 rows - 33 rows as 15-row blocks at rows 0, 9 and 18 - was
+kept only for q_b, 0.04 us faster, and the round did not gain: dropped, forty-second session.) The first product of
+each shape, layout and ``accumulate`` that runs outside a graph capture times every candidate (``_time_all``): CALLS
+back-to-back calls into a scratch output captured as a CUDA graph per candidate, then REPS rounds replaying each
+graph once in turn, each candidate's median (interleaved, so drift hits all alike; timed one after another, four
+re-timings in one process kept the same kernels, H100). The fastest
 is kept unless the default is within MARGIN of it (a choice that flipped between processes on noise would change
 the last bits of the logits). The default is the fixed rule that ran before this module: skinny where
 ``skinny_gemm.pays``, else 16-row blocks. From then on the shape always runs its choice, directly and in captured
@@ -46,8 +46,8 @@ TUNE = True                 # time the candidates of each new shape (False: the 
 MARGIN = 0.05               # a candidate replaces the default only when the default is this much slower
 CALLS = 20                  # back-to-back calls in the timed graph
 REPS = 9                    # rounds of graph replays, each candidate's graph once a round; its median is its time
-CANDIDATES = ("skinny", "blocks 16", "wide 16", "blocks 8", "rows")
-_LIMITS = {"blocks 16": 0, "blocks 8": 8, "rows": 1}   # _cublas._row_blocks' limit ("wide 16": wide_layout)
+CANDIDATES = ("skinny", "blocks 16", "blocks 8", "rows")
+_LIMITS = {"blocks 16": 0, "blocks 8": 8, "rows": 1}   # _cublas._row_blocks' limit
 _chosen: dict = {}          # key -> (name, {candidate: us})
 
 
@@ -63,43 +63,15 @@ def _default(a, b, out) -> str:
     return "skinny" if skinny_gemm.pays(M, K, b.shape[1]) and skinny_gemm.reads(a, b, out) else "blocks 16"
 
 
-def wide_layout(M: int, limit: int = _cublas.ROW_BLOCKS) -> tuple:
-    """``(nb, m, s)`` of the "wide 16" candidate: the fewest blocks of at most ``limit`` rows, each as wide as it can
-    be, block i at rows i s .. i s + m - 1, overlapping where they must (written rows only: no ``accumulate``):
-    from nb = ceil(M / limit) up, s = ceil((M - limit) / (nb - 1)), m = M - (nb - 1) s <= limit, the first nb
-    whose blocks leave no gap (s <= m). Why: cuBLAS picks its kernel by the block's rows; at 11-row blocks (33 =
-    3 x 11, "blocks 16") it runs a 32 x 32-tile kernel for small weights, at 16 rows its GEMV-like gemmSN.
-    Examples: 33 -> (3, 15, 9): rows 0-14, 9-23, 18-32; 37 -> (3, 15, 11); 48 -> (3, 16, 16); 17 -> (2, 16, 1);
-    78 -> (6, 13, 13) (five blocks would leave a gap)."""
-    nb = -(-M // limit)
-    while nb > 1:
-        s = -(-(M - limit) // (nb - 1))
-        if M - (nb - 1) * s >= s:
-            return nb, M - (nb - 1) * s, s
-        nb += 1
-    return 1, M, M
-
-
-def candidates(a, b, out, accumulate: bool) -> list:
-    """The candidates that can run ``out (+)= a @ b``: the skinny kernel where it reads this layout, "wide 16"
-    where it writes (no ``accumulate``: an overlapped row would be added twice) and differs from "blocks 16"."""
-    M = a.shape[0]
-    names = []
-    for name in CANDIDATES:
-        if name == "skinny" and not skinny_gemm.reads(a, b, out):
-            continue
-        if name == "wide 16" and (accumulate or wide_layout(M) == _cublas._block_layout(M, True)):
-            continue
-        names.append(name)
-    return names
+def candidates(a, b, out) -> list:
+    """The candidates that can run ``out (+)= a @ b``: all but the skinny kernel where it cannot read this layout
+    (``skinny_gemm.reads``)."""
+    return [name for name in CANDIDATES if name != "skinny" or skinny_gemm.reads(a, b, out)]
 
 
 def _run(name: str, a, b, out, accumulate: bool):
     if name == "skinny":
         return skinny_gemm.run(a, b.T, out, accumulate)
-    if name == "wide 16":
-        _cublas._strided_blocks(a, b, out, accumulate, *wide_layout(a.shape[0]))
-        return out
     return _cublas._row_blocks(a, b, out, accumulate, _LIMITS[name])
 
 
@@ -154,7 +126,7 @@ def run(a, b, out, accumulate: bool = False):
             return _run(default, a, b, out, accumulate)
         scratch = backend.cp.zeros_like(out)
         times = _time_all({name: (lambda name=name: _run(name, a, b, scratch, accumulate))
-                           for name in candidates(a, b, out, accumulate)})
+                           for name in candidates(a, b, out)})
         _chosen[key] = (pick(times, default), times)
     return _run(_chosen[key][0], a, b, out, accumulate)
 
