@@ -17,6 +17,9 @@
 - ``view2d(a, off, rows, cols)``: ``a[off : off + rows * cols].reshape(rows, cols)`` for a 1-D float32 array (a
   tile carved out of dynamic shared memory, which numba gives as one 1-D array); no copy, no bounds check.
 - ``shared_address(a)``: the 32-bit shared-memory address of a shared array's first element.
+- ``lds4(a, off)``: ``a.flat[off : off + 4]`` of a float32 shared array as a 4-tuple, one ``ld.shared.v4.f32``
+  (LDS.128; ``off`` a multiple of 4 from a 16-byte aligned array): a quarter of the load instructions of four
+  scalar loads, which numba's compiler does not merge.
 - ``ldmatrix_x4(addr)``: the warp-wide ``ldmatrix.sync.aligned.m8n8.x4.shared.b16``, ``addr`` this lane's row
   address (a ``shared_address`` + 4 x a float offset, 16-byte aligned): lanes 8 i .. 8 i + 7 name the 8 rows
   (16 bytes = 4 floats each) of matrix i, and lane 4 g + t receives word t of row g of each of the four matrices -
@@ -78,6 +81,10 @@ if SIM:
     @cuda.jit(device=True)
     def copy_async_wait():
         pass
+
+    @cuda.jit(device=True)
+    def lds4(a, off):
+        return a[off], a[off + 1], a[off + 2], a[off + 3]
 
     def view2d(a, off, rows, cols):
         return a[off:off + rows * cols].reshape(rows, cols)
@@ -252,6 +259,24 @@ else:
         def codegen(context, builder, sig, args):
             return _shared32(context, builder, sig.args[0], args[0])      # pure: LLVM may hoist it
         return types.uint32(a), codegen
+
+    @intrinsic
+    def lds4(typingctx, a, off):
+        if not (isinstance(a, types.Array) and a.dtype == types.float32 and isinstance(off, types.Integer)):
+            return None
+        ret = types.UniTuple(types.float32, 4)
+
+        def codegen(context, builder, sig, args):
+            i32 = ir.IntType(32)
+            off32 = builder.trunc(context.cast(builder, args[1], sig.args[1], types.int64), i32)
+            addr = builder.add(_shared32(context, builder, sig.args[0], args[0]), builder.mul(off32, ir.Constant(i32, 4)))
+            fnty = ir.FunctionType(ir.LiteralStructType([ir.FloatType()] * 4), [i32])
+            # volatile, with a memory clobber: it reads what copies and barriers publish (a pure asm could be
+            # hoisted across the barrier)
+            res = builder.call(ir.InlineAsm(fnty, "ld.shared.v4.f32 {$0, $1, $2, $3}, [$4];", "=f,=f,=f,=f,r,~{memory}",
+                                            side_effect=True), [addr])
+            return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(4)])
+        return ret(a, off), codegen
 
     @intrinsic
     def bulk_copy(typingctx, dst, dst_off, src, src_off, nbytes, mbar):
