@@ -347,7 +347,7 @@ check_true(f"skinny_linear on {kd.backend.name} == x @ w.T (9 x 37 x 5)",
            np.allclose(got, x_small @ w_small.T, rtol=1e-5, atol=1e-5), "a warp per 8 x 4 outputs")
 print(f"on the GPU it is gemm.linear's default for M >= {skinny_gemm.MIN_ROWS}, M x N <= {skinny_gemm.MAX_OUTPUTS}, "
       f"K <= {skinny_gemm.MAX_K}: a 65-token verify's q_a/kv_a, q_b, o_proj, router and shared-expert products "
-      f"(docs/PERFORMANCE.md: the verify 10 % shorter), and one candidate of gemm_choice at 17-80 rows.")
+      f"(docs/PERFORMANCE.md: the verify 10 % shorter), and one candidate of gemm_choice at 16-80 rows.")
 
 # %% [markdown]
 # ## What this means, honestly

@@ -269,7 +269,8 @@ else:
         def codegen(context, builder, sig, args):
             i32 = ir.IntType(32)
             off32 = builder.trunc(context.cast(builder, args[1], sig.args[1], types.int64), i32)
-            addr = builder.add(_shared32(context, builder, sig.args[0], args[0]), builder.mul(off32, ir.Constant(i32, 4)))
+            addr = builder.add(_shared32(context, builder, sig.args[0], args[0]),
+                               builder.mul(off32, ir.Constant(i32, 4)))
             fnty = ir.FunctionType(ir.LiteralStructType([ir.FloatType()] * 4), [i32])
             # volatile, with a memory clobber: it reads what copies and barriers publish (a pure asm could be
             # hoisted across the barrier)

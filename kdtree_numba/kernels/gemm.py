@@ -5,11 +5,11 @@
 The model's GEMMs go to cuBLAS/NumPy: a hand-written fp32 GEMM does not beat the vendor library at sizes where
 arithmetic counts, and the project's kernels are the stages around it. On the GPU they call cuBLAS through
 ``_cublas`` (not ``cupy.matmul``, which refuses to run inside a CUDA-graph capture), so a captured decode step runs
-the same GEMMs as a direct one - except where latency is all there is: a tree verify's products (17-80 rows, a
-weight L2 holds) run the kernel ``gemm_choice`` timed fastest for their shape - ``skinny_gemm`` (one launch, no
-split-K) or cuBLAS over row blocks of <= 16, 8 or 1 rows in one batched call (``_cublas._row_blocks``) - and
-other products of 17+ rows and a few hundred columns go to ``skinny_gemm`` where ``skinny_gemm.pays`` says it
-measured faster.
+the same GEMMs as a direct one - except where latency is all there is: the products of a draft or a verify (16-80 rows,
+a weight L2 holds) run the kernel ``gemm_choice`` timed fastest for their shape - ``skinny_gemm`` (one launch, no
+split-K), ``wide_gemm`` (the weight read once per 36-row panel), cuBLAS's one call or cuBLAS over row blocks of
+<= 16, 8 or 1 rows in one batched call (``_cublas._row_blocks``) - and other products of 17+ rows and a few
+hundred columns go to ``skinny_gemm`` where ``skinny_gemm.pays`` says it measured faster.
 ``matmul_tiled`` is here to show how a GEMM uses shared memory:
 
 Mapping (matmul_tiled): one TILE x TILE block per TILE x TILE tile of C; the block walks the K axis in steps of
@@ -65,7 +65,7 @@ def _product(a, b, out, accumulate: bool = False):
         return out
     if a.ndim == 2:
         M, K = a.shape
-        if gemm_choice.applies(M, K, b.shape[1], out):  # a tree verify's rows: the kernel timed fastest
+        if gemm_choice.applies(M, K, b.shape[1], out):  # a draft's or a verify's rows: the one timed fastest
             return gemm_choice.run(a, b, out, accumulate)
         if skinny_gemm.pays(M, K, b.shape[1]) and skinny_gemm.reads(a, b, out):
             return skinny_gemm.run(a, b.T, out, accumulate)

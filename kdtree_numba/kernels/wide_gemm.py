@@ -3,35 +3,45 @@
     out[i, j] = sum_k x[i, k] * w[j, k]            (or out[i, j] += ..., ``accumulate``)
 
 A DDTree-32 verify runs its LM head as 33 rows x 256 -> 4096 columns. cuBLAS answers that as a strided batch of
-three 11-row blocks - each block reads the whole 4 MB weight - at ~11 us on an H100, against ~7.5 us for the
-chain's 16 rows in one call (docs/PERFORMANCE.md, forty-second session); the skinny kernel reads x and w in 8 x 4
-patches and re-reads the weight for every 8 rows (18 us). The arithmetic is 35 MFLOP and the weight 4 MB: a few us
-of an H100's FP32 lanes and L2. This kernel reads every weight element from memory once for all the rows of a panel
-and splits K over the warps of a block, so that even a few hundred columns give every SM a few warps:
+three 11-row blocks - each block reads the whole 4 MB weight - at ~11 us on an H100, against ~7.4 us for the
+chain's 16 rows in one call; the skinny kernel works in 8 x 4 patches and re-reads the weight for every 8 rows
+(18 us). The arithmetic is 35 MFLOP and the weight 4 MB: a few us of an H100's FP32 lanes and L2. This kernel
+stages a panel of x and a tile of w in shared memory once and splits K over the warps of a block:
 
-Mapping: block b_x owns the column tile [NT b_x, NT b_x + NT) (NT = CG * CT = 32 columns) of the row panel
-[PANEL b_y, PANEL b_y + PANEL) (PANEL = RG * RT = 36 rows); its KS warps take one slice of K each (slices of ks =
-4 ceil(K / (4 KS)), warp s the slice [s ks, (s + 1) ks)). Lane l = CG rg + cg (cg = l % CG, rg = l // CG) holds an
-RT x CT register tile: rows r_i = rg + RG i, columns c_j = cg + CG j (i < RT, j < CT) - lanes of one rg read the
-same x values (one L1 broadcast), lanes of one cg the same w values. Per step of U = 4 k's a lane issues its
-U (RT + CT) loads before the first of its U RT CT multiply-adds (a slice's last ks % U k's one at a time). A row
-past M reads row M - 1 and a column past N column N - 1 instead of testing every load: their sums are never
-written. Then the KS warps' partial sums go through shared
-memory and each thread of the block adds the KS partials of a few outputs, slice 0 first - always that order, so
-the same bits every run - and writes them.
+Mapping: block (b_x, b_y) owns columns [NT b_x, NT b_x + NT) (NT = CG CT = 32) of the row panel [PANEL b_y,
+PANEL b_y + PANEL) (PANEL = RG RT = 36 rows). Per chunk of KC = 256 k's its KS = 8 warps first copy the panel's
+rows and the tile's columns into shared memory (a warp per row, its lanes along k: 16-byte ``cp.async`` copies,
+coalesced; a row past M copies row M - 1 and a column past N column N - 1 - their sums are never written - and k's
+past K are zero-filled), one barrier; then warp s multiplies its slice of the chunk (ks = 4 ceil(chunk / (4 KS))
+k's from s ks). Lane l = CG rg + cg (cg = l % CG, rg = l // CG) holds an RT x CT register tile: rows rg + RG i,
+columns cg + CG j. Per step of U = 4 k's it loads each of its rows' and columns' 4 k's as one 16-byte LDS.128
+(``_intrinsics.lds4``) - lanes of one rg read the same x words (a broadcast), the 8 column groups hit 8 different
+bank quads (LD = KC + 4 floats a row) - then makes its 4 RT CT multiply-adds. At the end the KS warps' partial sums
+go through the same shared memory and each thread adds the KS slices of a few outputs, slice 0 first - always that
+order: the same bits every run.
 Shapes: x [M, K] float32 (k contiguous, rows may be strided), w [N, K] float32 (HF's [out, in]; k contiguous),
-out [M, N] float32 (columns contiguous). Grid: (ceil(N / NT), ceil(M / PANEL)), KS * 32 threads.
+out [M, N] float32 (columns contiguous). Grid: (ceil(N / NT), ceil(M / PANEL)), KS * 32 threads, SHARED_BYTES (70
+KB) of dynamic shared memory. One-float copies where K, a row stride or a start is not 16-byte aligned.
 Example: x = [[1, 2]], w = [[3, 4], [5, 6]] -> out = [[11, 17]]: one block; lane 0 (rg 0, cg 0) holds row 0 x
-column 0 and lane 1 (cg 1) row 0 x column 1; warp 0's slice is k = 0..3 (K = 2: k = 0, 1), the other warps' slices
-are empty (zeros): out[0, 0] = 1*3 + 2*4 + 0 = 11, out[0, 1] = 1*5 + 2*6 + 0 = 17.
+column 0 and lane 1 (cg 1) row 0 x column 1; warp 0's slice is k = 0..3 (k = 2, 3 zero-filled), the other warps'
+slices are empty: out[0, 0] = 1*3 + 2*4 = 11, out[0, 1] = 1*5 + 2*6 = 17.
 
-Where it runs: a candidate of kernels/gemm_choice.py (which times it against cuBLAS and the skinny kernel per shape)
-wherever ``reads`` holds.
+Where it runs: a candidate of kernels/gemm_choice.py, which times it against cuBLAS and the skinny kernel per
+shape wherever ``reads`` holds. Measured on an H100 (docs/PERFORMANCE.md, forty-third session; graph replays of one
+product, us): the LM head (256 -> 4096) at 33 rows 8.45 against cuBLAS's 11.07, at 65 rows 15.82 against 16.35.
+It loses where N is a few hundred (8-12 blocks: ~7 us against ~3), at K = 768 (16.6 against 5.3) and at 16 rows
+(a 36-row panel of 16: the LM head 11.44 against 7.40).
+Variants measured and dropped (same run): x and w read straight from global memory, no staging (the LM head at
+33 rows 11.99 us: a warp's loads touch 4-8 lines each); KS = 4 (8.78); 16-column tiles (12.29); 8 columns a lane
+(9.13); 20-row panels (10.38 at 33 rows; but 6.78 at 16 rows, and the dense gate/up at 33 rows in two panels 5.95
+against cuBLAS's 6.77 - a second compiled kernel; the panel height as a launch argument instead, with the loops
+tested against it, ran the LM head at 33 rows in 10.72 us and was dropped).
+ptxas (sm_90): 160 registers, no spills; the inner loop 144 FFMA, 13 LDS.128 and ~40 other instructions a step.
 """
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda, float32, uint64
+from numba import cuda, float32
 
 from .. import backend
 from . import _checks
@@ -47,13 +57,11 @@ U = 4                                    # k steps whose loads are issued togeth
 KS = 2 if SIM else 8                     # warps of a block, each one slice of K (the simulator: two)
 _XN, _WN, _AN = U * RT, U * CT, RT * CT  # load buffers and accumulators (numba wants constant sizes)
 _OUT = 32 * _AN                          # outputs of a block's tile
-_PART = KS * _OUT                        # the partial sums of a block's KS slices
-KC = 256                                 # staged: the k's of one chunk in shared memory
-LD = KC + 4                              # staged: a shared row's floats (= 4 mod 8: no bank conflicts, 16-byte rows)
-STAGED_BYTES = 4 * (PANEL + NT) * LD     # staged: the x panel's and the w tile's chunk (the sums reuse it)
-ALIGN = None if SIM else 16              # staged: dynamic shared memory's alignment (16-byte copies)
-STAGED = True                            # run the staged kernel (False: the plain one)
-assert 4 * _PART <= STAGED_BYTES          # the staged kernel's sums fit where its chunk was
+KC = 256                                 # the k's of one chunk in shared memory
+LD = KC + 4                              # a shared row's floats (= 4 mod 8: no bank conflicts; 16-byte rows)
+SHARED_BYTES = 4 * (PANEL + NT) * LD     # the x panel's and the w tile's chunk (the partial sums reuse it)
+ALIGN = None if SIM else 16              # dynamic shared memory's alignment (16-byte copies)
+assert 4 * KS * _OUT <= SHARED_BYTES     # the KS slices' partial sums fit where the chunk was
 
 
 def reads(a, b, out) -> bool:
@@ -64,54 +72,7 @@ def reads(a, b, out) -> bool:
 
 
 @cuda.jit
-def _wide_kernel(xf, ldx, M, wf, ldw, N, K, out, accumulate):
-    part = cuda.shared.array(_PART, float32)          # [slice, t * 32 + lane]: every warp's partial sums
-    warp = cuda.threadIdx.x // 32
-    lane = cuda.threadIdx.x % 32
-    row0 = cuda.blockIdx.y * PANEL + lane // CG         # this lane's rows: row0 + RG i
-    col0 = cuda.blockIdx.x * NT + lane % CG             # and columns: col0 + CG j
-    ks = -(-K // (U * KS)) * U                          # a warp's slice of K: whole steps of U
-    k_lo = min(K, warp * ks)
-    k_hi = min(K, k_lo + ks)
-    k_mid = k_lo + (k_hi - k_lo) // U * U
-    xo = cuda.local.array(RT, uint64)                   # where row i starts in xf; a row past M reads row M - 1
-    for i in range(RT):                                 # (its sums are never written: no test per load)
-        xo[i] = uint64(min(row0 + RG * i, M - 1) * ldx)
-    wo = cuda.local.array(CT, uint64)                   # where column j starts in wf; past N: column N - 1
-    for j in range(CT):
-        wo[j] = uint64(min(col0 + CG * j, N - 1) * ldw)
-    acc = cuda.local.array(_AN, float32)                # acc[i * CT + j]: rows row0 + RG i, columns col0 + CG j
-    for t in range(_AN):
-        acc[t] = float32(0.0)
-    xv = cuda.local.array(_XN, float32)                 # [U, RT] x values of U k steps
-    wv = cuda.local.array(_WN, float32)                 # [U, CT] w values of U k steps
-    for k0 in range(k_lo, k_mid, U):
-        for u in range(U):                              # every load first ...
-            ku = uint64(k0 + u)                         # unsigned: no negative-index test and select per load
-            for i in range(RT):
-                xv[u * RT + i] = xf[xo[i] + ku]
-            for j in range(CT):
-                wv[u * CT + j] = wf[wo[j] + ku]
-        for u in range(U):                              # ... then the U RT CT multiply-adds
-            for i in range(RT):
-                for j in range(CT):
-                    acc[i * CT + j] += xv[u * RT + i] * wv[u * CT + j]
-    for k in range(k_mid, k_hi):                        # a slice's last k's, one at a time
-        for i in range(RT):
-            xv[i] = xf[xo[i] + uint64(k)]
-        for j in range(CT):
-            wv[j] = wf[wo[j] + uint64(k)]
-        for i in range(RT):
-            for j in range(CT):
-                acc[i * CT + j] += xv[i] * wv[j]
-    for t in range(_AN):
-        part[warp * _OUT + t * 32 + lane] = acc[t]
-    cuda.syncthreads()
-    _write_sums(part, out, M, N, accumulate)
-
-
-@cuda.jit
-def _staged_kernel(xf, ldx, M, wf, ldw, N, K, out, accumulate, vec):
+def _wide_kernel(xf, ldx, M, wf, ldw, N, K, out, accumulate, vec):
     dyn = cuda.shared.array(0, float32, alignment=ALIGN)  # [PANEL + NT, LD]: x rows, then w columns, one chunk
     warp = cuda.threadIdx.x // 32
     lane = cuda.threadIdx.x % 32
@@ -234,10 +195,7 @@ def run(x, w, out, accumulate: bool = False):
         ldx, ldw = x.strides[0] // 4, w.strides[0] // 4
         grid = (-(-N // NT), -(-M // PANEL))
         xf, wf = _flat(x, (M - 1) * ldx + K), _flat(w, (N - 1) * ldw + K)
-        if STAGED:
-            vec = K % 4 == 0 and ldx % 4 == 0 and ldw % 4 == 0 and _aligned(x) and _aligned(w)
-            backend.launch(_staged_kernel, grid, 32 * KS, xf, ldx, M, wf, ldw, N, K, out, bool(accumulate), vec,
-                           shared=STAGED_BYTES)
-        else:
-            backend.launch(_wide_kernel, grid, 32 * KS, xf, ldx, M, wf, ldw, N, K, out, bool(accumulate))
+        vec = K % 4 == 0 and ldx % 4 == 0 and ldw % 4 == 0 and _aligned(x) and _aligned(w)
+        backend.launch(_wide_kernel, grid, 32 * KS, xf, ldx, M, wf, ldw, N, K, out, bool(accumulate), vec,
+                       shared=SHARED_BYTES)
     return out

@@ -15,10 +15,13 @@ def test_pick_keeps_the_default_within_the_margin():
     assert gemm_choice.pick({"blocks 16": 3.0, "rows": 2.0}, "skinny") == "rows"            # default not timed
 
 
-def test_candidates_leave_out_the_skinny_kernel_where_it_cannot_read_the_layout():
+def test_candidates_leave_out_the_kernels_that_cannot_read_the_layout():
     x, out = np.zeros((33, 256), np.float32), np.zeros((33, 240), np.float32)
     assert gemm_choice.candidates(x, np.zeros((240, 256), np.float32).T, out) == list(gemm_choice.CANDIDATES)
-    assert "skinny" not in gemm_choice.candidates(x, np.zeros((256, 240), np.float32), out)
+    left = gemm_choice.candidates(x, np.zeros((256, 240), np.float32), out)     # b row-major: k not contiguous
+    assert left == ["blocks 16", "blocks 8", "rows"]
+    long_k = np.zeros((33, 768), np.float32)                                    # past the skinny kernel's MAX_K
+    assert gemm_choice.candidates(long_k, np.zeros((240, 768), np.float32).T, out)[-1] == "wide"
 
 
 def _operands(M, K, N, seed=0):

@@ -14,22 +14,19 @@ def _run(x, w, out=None, accumulate=False):
     return xp.to_host(wg.wide_linear(xp.asarray(x), xp.asarray(w), out_d, accumulate))
 
 
-@pytest.fixture(params=[True, False], ids=["staged", "plain"])
-def variant(request, monkeypatch):
-    monkeypatch.setattr(wg, "STAGED", request.param)
-    return request.param
-
-
-@pytest.mark.parametrize("K", [3, 13, 21, 24])   # one warp's slice only; both slices ragged; a U step past K; 16-byte copies
-def test_ragged_shapes_match_numpy(kernel_backend, variant, K):
+@pytest.mark.parametrize("M,K", [(wg.PANEL + 2, 3), (wg.PANEL + 2, 13), (wg.PANEL + 2, 21), (wg.PANEL + 2, 24),
+                                 (9, 24)])
+def test_ragged_shapes_match_numpy(kernel_backend, M, K):
+    """K: one warp's slice; both ragged; a U step past K; 16-byte copies. M: a second row panel, ragged; less than
+    one. N: a second column tile, ragged."""
     rng = np.random.default_rng(K)
-    M, N = wg.PANEL + 2, wg.NT + 3                  # a second row panel and a second column tile, both ragged
+    N = wg.NT + 3
     x = rng.standard_normal((M, K)).astype(np.float32)
     w = rng.standard_normal((N, K)).astype(np.float32)
     np.testing.assert_allclose(_run(x, w), x @ w.T, rtol=1e-5, atol=1e-5)
 
 
-def test_k_in_chunks(kernel_backend, variant):
+def test_k_in_chunks(kernel_backend):
     """K past one staged chunk (KC): two chunks and a ragged third, 16-byte copies and one-float ones."""
     rng = np.random.default_rng(5)
     for K in (2 * wg.KC + 8, wg.KC + 3):
@@ -38,16 +35,16 @@ def test_k_in_chunks(kernel_backend, variant):
         np.testing.assert_allclose(_run(x, w), x @ w.T, rtol=1e-5, atol=1e-4)
 
 
-def test_accumulate_adds_onto_out(kernel_backend, variant):
+def test_accumulate_adds_onto_out(kernel_backend):
     rng = np.random.default_rng(7)
     x = rng.standard_normal((3, 10)).astype(np.float32)
     w = rng.standard_normal((5, 10)).astype(np.float32)
     base = rng.standard_normal((3, 5)).astype(np.float32)
-    np.testing.assert_allclose(_run(x, w, out=base.copy(), accumulate=True), base + x @ w.T, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(_run(x, w, out=base.copy()), x @ w.T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(_run(x, w, base.copy(), True), base + x @ w.T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(_run(x, w, base.copy(), False), x @ w.T, rtol=1e-5, atol=1e-5)
 
 
-def test_strided_rows(kernel_backend, variant):
+def test_strided_rows(kernel_backend):
     rng = np.random.default_rng(3)
     xx = rng.standard_normal((2, 30)).astype(np.float32)
     w = rng.standard_normal((3, 9)).astype(np.float32)
@@ -56,7 +53,7 @@ def test_strided_rows(kernel_backend, variant):
     np.testing.assert_allclose(got, xx[:, 1:10] @ w.T, rtol=1e-5, atol=1e-5)
 
 
-def test_docstring_example(kernel_backend, variant):
+def test_docstring_example(kernel_backend):
     assert _run(np.array([[1, 2]], np.float32), np.array([[3, 4], [5, 6]], np.float32)).tolist() == [[11, 17]]
 
 
@@ -72,7 +69,7 @@ def test_reads_takes_a_transposed_weight_only():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("M,K,N", [(33, 256, 4096), (33, 256, 1536), (16, 256, 4096), (65, 768, 256)])
-def test_matches_cublas_at_the_verify_shapes(variant, M, K, N):
+def test_matches_cublas_at_the_verify_shapes(M, K, N):
     """The LM head and the dense gate/up at the DDTree-32 verify's 33 rows and the chain's 16, the dense down (K
     = 768) at 65: cuBLAS's product to rounding, and the same bits on a second run (a fixed order of the slices)."""
     rng = np.random.default_rng(M + N)
@@ -80,9 +77,9 @@ def test_matches_cublas_at_the_verify_shapes(variant, M, K, N):
     w = kd.backend.asarray(rng.standard_normal((N, K)).astype(np.float32))
     base = kd.backend.asarray(rng.standard_normal((M, N)).astype(np.float32))
     want = _cublas.gemm(x, w.T, base.copy(), accumulate=True)
-    got = kd.backend.to_host(wg.wide_linear(x, w, out=base.copy(), accumulate=True))
+    got = kd.backend.to_host(wg.wide_linear(x, w, base.copy(), True))
     np.testing.assert_allclose(got, kd.backend.to_host(want), rtol=1e-5, atol=1e-4)
-    again = kd.backend.to_host(wg.wide_linear(x, w, out=base.copy(), accumulate=True))
+    again = kd.backend.to_host(wg.wide_linear(x, w, base.copy(), True))
     assert np.array_equal(got, again)
 
 
