@@ -52,6 +52,17 @@ def out_array(out, arg: str, shape: tuple, dtype, strided: bool = False):
     return array(out, arg, dtype=dtype, shape=shape, strided=strided)
 
 
+def linear_operands(x, w, out, accumulate: bool):
+    """The operands of ``out (+)= x @ w.T`` checked (the skinny and wide GEMMs' launchers): x [M, K] and w [N, K]
+    float32 (rows may be strided), out [M, N] (allocated when None; an array is required with ``accumulate``).
+    Returns (x, w, out)."""
+    x = array(x, "x", dtype=np.float32, ndim=2, strided=True)
+    w = array(w, "w", dtype=np.float32, ndim=2, shape=(None, x.shape[1]), strided=True)
+    if accumulate and out is None:
+        raise ValueError("out: accumulate=True adds onto out, expected an array, got None")
+    return x, w, out_array(out, "out", (x.shape[0], w.shape[0]), np.float32, strided=True)
+
+
 def integer(value, arg: str, lo: int | None = None, hi: int | None = None) -> int:
     """A Python int within [lo, hi] (bools and floats are refused)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):

@@ -175,11 +175,7 @@ def skinny_linear(x, w, out=None, accumulate: bool = False):
     """``out = x @ w.T`` (``out += x @ w.T`` with ``accumulate``) on the current backend, whatever its shape (the
     rule ``pays`` is gemm.linear's, not this function's): x [M, K], w [N, K], out [M, N] (allocated when None),
     float32; rows may be strided. Bad arguments raise ValueError naming them. Returns ``out``."""
-    x = _checks.array(x, "x", dtype=np.float32, ndim=2, strided=True)
-    w = _checks.array(w, "w", dtype=np.float32, ndim=2, shape=(None, x.shape[1]), strided=True)
-    if accumulate and out is None:
-        raise ValueError("out: accumulate=True adds onto out, expected an array, got None")
-    out = _checks.out_array(out, "out", (x.shape[0], w.shape[0]), np.float32, strided=True)
+    x, w, out = _checks.linear_operands(x, w, out, accumulate)
     return run(x, w, out, accumulate)
 
 

@@ -45,6 +45,7 @@ from numba import cuda, float32
 
 from .. import backend
 from . import _checks
+from .skinny_gemm import skinny_ref
 from ._intrinsics import SIM, copy_async, copy_async_wait, lds4
 
 CG = 8                                   # column groups of a warp's lanes (lane % CG)
@@ -148,27 +149,14 @@ def _write_sums(part, out, M, N, accumulate):
                 out[r, c] = v
 
 
-def wide_ref(x, w, out=None, accumulate: bool = False):
-    """NumPy reference: ``x @ w.T`` (added onto ``out`` when ``accumulate``), float32."""
-    y = np.matmul(x, w.T, dtype=np.float32)
-    if out is None:
-        return y
-    if accumulate:
-        out += y
-    else:
-        out[...] = y
-    return out
+wide_ref = skinny_ref                    # NumPy reference: the same product, ``x @ w.T`` (+ ``out``), float32
 
 
 def wide_linear(x, w, out=None, accumulate: bool = False):
     """``out = x @ w.T`` (``out += x @ w.T`` with ``accumulate``) on the current backend, whatever its shape: x [M, K]
     (rows may be strided, k contiguous on the GPU), w [N, K], out [M, N] (allocated when None), float32. Bad arguments
     raise ValueError naming them. Returns ``out``."""
-    x = _checks.array(x, "x", dtype=np.float32, ndim=2, strided=True)
-    w = _checks.array(w, "w", dtype=np.float32, ndim=2, shape=(None, x.shape[1]), strided=True)
-    if accumulate and out is None:
-        raise ValueError("out: accumulate=True adds onto out, expected an array, got None")
-    out = _checks.out_array(out, "out", (x.shape[0], w.shape[0]), np.float32, strided=True)
+    x, w, out = _checks.linear_operands(x, w, out, accumulate)
     return run(x, w, out, accumulate)
 
 

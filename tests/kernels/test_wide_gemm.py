@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import kdtree_numba as kd
-from kdtree_numba.kernels import _cublas, wide_gemm as wg
+from kdtree_numba.kernels import _cublas, skinny_gemm as sg, wide_gemm as wg
 
 
 def _run(x, w, out=None, accumulate=False):
@@ -83,15 +83,17 @@ def test_matches_cublas_at_the_verify_shapes(M, K, N):
     assert np.array_equal(got, again)
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda: wg.wide_linear(np.ones((3, 4), np.float32), np.ones((2, 5), np.float32)), r"w: expected shape \(\*, 4\)"),
-    (lambda: wg.wide_linear(np.ones((3, 4), np.float64), np.ones((2, 4), np.float32)), "x: expected dtype float32"),
-    (lambda: wg.wide_linear(np.ones(4, np.float32), np.ones((2, 4), np.float32)), "x: expected 2 dimensions"),
-    (lambda: wg.wide_linear(np.ones((3, 4), np.float32), np.ones((2, 4), np.float32), np.ones((3, 3), np.float32)),
-     r"out: expected shape \(3, 2\)"),
-    (lambda: wg.wide_linear(np.ones((3, 4), np.float32), np.ones((2, 4), np.float32), accumulate=True),
-     "out: accumulate=True adds onto out"),
+@pytest.mark.parametrize("fn", [sg.skinny_linear, wg.wide_linear], ids=["skinny", "wide"])
+@pytest.mark.parametrize("args, kwargs, message", [
+    (((3, 4), (2, 5)), {}, r"w: expected shape \(\*, 4\)"),
+    (((3, 4), (2, 4)), {"x_dtype": np.float64}, "x: expected dtype float32"),
+    (((4,), (2, 4)), {}, "x: expected 2 dimensions"),
+    (((3, 4), (2, 4)), {"out": (3, 3)}, r"out: expected shape \(3, 2\)"),
+    (((3, 4), (2, 4)), {"accumulate": True}, "out: accumulate=True adds onto out"),
 ])
-def test_bad_arguments_name_themselves(call, message, numpy_backend):
+def test_bad_arguments_name_themselves(fn, args, kwargs, message, numpy_backend):
+    """Both few-row GEMM launchers (skinny_gemm, wide_gemm) check their operands the same way (_checks)."""
+    x = np.ones(args[0], kwargs.get("x_dtype", np.float32))
+    out = np.ones(kwargs["out"], np.float32) if "out" in kwargs else None
     with pytest.raises(ValueError, match=message):
-        call()
+        fn(x, np.ones(args[1], np.float32), out, kwargs.get("accumulate", False))
