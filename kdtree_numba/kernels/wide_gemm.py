@@ -66,10 +66,12 @@ assert 4 * KS * _OUT <= SHARED_BYTES     # the KS slices' partial sums fit where
 
 
 def reads(a, b, out) -> bool:
-    """Whether ``out (+)= a @ b`` has the layout this kernel reads: a [m, k] and w = b.T along k, out along its
-    columns (float32 strides of 4 bytes). Example: b = w.T of a row-major w [n, k] fits; a row-major b [k, n]
-    does not (b.strides[0] = 4 n)."""
-    return a.strides[1] == 4 and b.strides[0] == 4 and out.strides[1] == 4
+    """Whether ``out (+)= a @ b`` has the layout this kernel reads - a [m, k] and w = b.T along k, out along its
+    columns (float32 strides of 4 bytes) - and this GPU lets a block opt into SHARED_BYTES of shared memory (sm_75
+    gives 64 KB: not there). Example: b = w.T of a row-major w [n, k] fits; a row-major b [k, n] does not
+    (b.strides[0] = 4 n)."""
+    return (a.strides[1] == 4 and b.strides[0] == 4 and out.strides[1] == 4
+            and backend.shared_optin() >= SHARED_BYTES)
 
 
 @cuda.jit

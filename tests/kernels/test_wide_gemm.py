@@ -67,6 +67,16 @@ def test_reads_takes_a_transposed_weight_only():
     assert not wg.reads(x[:, ::2], w[:, ::2].T, out)                      # x strided along k
 
 
+def test_not_offered_where_a_block_cannot_have_its_shared_memory(monkeypatch):
+    """gemm_choice asks ``reads``: on a GPU whose blocks opt into less than SHARED_BYTES (sm_75: 64 KB) the kernel is
+    no candidate, instead of a launch that the device refuses."""
+    x, w, out = np.zeros((33, 256), np.float32), np.zeros((4096, 256), np.float32), np.zeros((33, 4096), np.float32)
+    monkeypatch.setattr(kd.backend, "shared_optin", lambda: 64 * 1024)
+    assert not wg.reads(x, w.T, out)
+    monkeypatch.setattr(kd.backend, "shared_optin", lambda: wg.SHARED_BYTES)
+    assert wg.reads(x, w.T, out)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("M,K,N", [(33, 256, 4096), (33, 256, 1536), (16, 256, 4096), (65, 768, 256)])
 def test_matches_cublas_at_the_verify_shapes(M, K, N):
