@@ -82,9 +82,12 @@ def test_captured_rounds_equal_direct_rounds_on_the_gpu(temperature):
         got = kd.generate(target, ids, 96, replay=True, **kw)
         assert got.settings["replay"] == "cuda graphs"
         assert got.tokens == want.tokens == plain
-        # stamps inside the graph: every replayed round's verify took time, and the stages fit in the wall clock
+        # stamps inside the graph: every round's verify took time, and the replayed rounds' stages fit in the wall
+        # clock. Round 1 of a program's first generation runs directly before the clock starts (ddtree_replay.py):
+        # its stamps span the host's compiles and gemm_choice's first timings of its shapes (tens of ms), so it
+        # is left out of the sum.
         assert all(r.times["verify"] > 0 for r in got.rounds)
-        assert 0 < sum(sum(r.times.values()) for r in got.rounds) < 1e3 * got.seconds
+        assert 0 < sum(sum(r.times.values()) for r in got.rounds[1:]) < 1e3 * got.seconds
         _same_rounds(want, got)
 
 
