@@ -17,14 +17,18 @@ Example: logits [[0, 2, -1, 1]], bias 0, 1 group, top-2, norm, scale 1 -> idx [[
 
 Grouping: ``group_by_expert(idx, E)`` sorts the T*k assignments (a = t*k + j) by expert, stably: ``counts[e]``,
 ``offsets`` (exclusive prefix, [E+1]), ``order`` (assignment ids, expert-major) and ``slot`` (its inverse: where
-assignment a sits in ``order``). Execution gathers x[order // k], runs each expert's GEMMs on its contiguous slice
-and ``combine`` adds the weighted rows back per token in a fixed order (no atomics: deterministic).
+assignment a sits in ``order``). Execution gathers x[order // k] (``gather_rows``), runs each expert's GEMMs on its
+contiguous slice and ``combine`` adds the weighted rows back per token in a fixed order (no atomics: deterministic).
 Faster variant ``_route_warp_kernel`` (used on a real GPU): one *warp* per token, four tokens per block. Lane l
 owns experts l, l + 32, ...; each of the k rounds is a lane-local scan plus a 5-step ``shfl_xor`` arg-max
 (primitives.warp_argmax), with no block barrier, and only the owning lane ever touches an expert's slot (the
 taken mark needs no sync). The block version took 269 us for Kimi's 4096 x 384 top-8 on the H200 (8 rounds x 8
 barriers per token); see docs/PERFORMANCE.md for the warp version. The simulator has no warp shuffles, so it
 runs the block version; the GPU tests check the warp version against the same reference.
+
+Gathering: ``gather_rows(x, order, k)`` = x[order // k] [T*k, H], expert-major: one launch, grid (assignment, column
+chunk of the block's threads), each thread copies one float. (Until 2026-12-06 the model ran CuPy's ``order // k``
+and ``take``: two launches a MoE layer.)
 
 Mapping (grouping): one launch, one block per expert (``_group_kernel``): e's offset = the number of assignments
 of lower experts (a block reduction, primitives.smem_sum; until 2026-12-05 a count launch came first and the
@@ -288,6 +292,15 @@ def _group_kernel(flat, counts, offsets, order, slot):
 
 
 @cuda.jit
+def _gather_kernel(x, order, k, out):
+    """Block (r, c): out[r, c B + t] = x[order[r] // k, c B + t] for thread t of B (columns past H: none)."""
+    r = cuda.blockIdx.x
+    col = cuda.blockIdx.y * cuda.blockDim.x + cuda.threadIdx.x
+    if col < out.shape[1]:
+        out[r, col] = x[order[r] // k, col]
+
+
+@cuda.jit
 def _combine_kernel(expert_out, weights, slot, accumulate, out):
     k = weights.shape[1]
     H = out.shape[1]
@@ -367,6 +380,29 @@ def group_by_expert(idx, n_experts: int):
     threads = _pow2_at_least(flat.size, backend.block_size(MAX_THREADS, 8))          # one scan chunk if it fits
     backend.launch(_group_kernel, n_experts, threads, flat, counts, offsets, order, slot)
     return counts, offsets, order, slot
+
+
+def gather_rows_ref(x, order, k: int):
+    """x[order // k]: assignment a = t k + j reads token t's row."""
+    return np.asarray(x)[np.asarray(order) // k]
+
+
+def gather_rows(x, order, k: int, out=None):
+    """The rows of the experts' input, expert-major: out[r] = x[order[r] // k] (``order`` from ``group_by_expert``,
+    k the experts a token chose). x [T, H] float32 (rows may be strided), order [T*k] int32 (each entry < T*k),
+    out [T*k, H] (allocated when None). Returns ``out``. Example: x rows [a, b], k 2, order [1, 3, 0, 2] -> rows
+    [a, b, a, b] (token 0's second assignment first)."""
+    x = _checks.array(x, "x", dtype=np.float32, ndim=2, strided=True)
+    k = _checks.integer(k, "k", lo=1)
+    T, Hd = x.shape
+    order = _checks.array(order, "order", dtype=np.int32, shape=(T * k,))
+    out = _checks.out_array(out, "out", (T * k, Hd), np.float32)
+    if backend.name == "numpy":
+        out[...] = gather_rows_ref(x, order, k)
+    elif T and Hd:
+        threads = backend.block_size(256, 32)
+        backend.launch(_gather_kernel, (T * k, -(-Hd // threads)), threads, x, order, k, out)
+    return out
 
 
 def combine(expert_out, weights, slot, out=None):

@@ -353,7 +353,7 @@ class Target:
         idx, w = moe_routing.route(logits, L["bias"], k, cfg.n_group, cfg.topk_group,
                                    cfg.norm_topk_prob, cfg.routed_scaling_factor)     # [T, k] each
         counts, offsets, order, slot = moe_routing.group_by_expert(idx, cfg.n_routed_experts)
-        xs = backend.xp.take(h, order // k, axis=0)                                   # [T*k, H] expert-major
+        xs = moe_routing.gather_rows(h, order, k)                                     # [T*k, H] expert-major
         # offsets stay on the device: each grouped GEMM finds its experts' rows there (no host sync). On the
         # simulator the GEMMs run in NumPy, like gemm.linear's (the kernel is tested on its own at tiny shapes).
         tiles = moe_grouped_gemm.tile_table(offsets, sim_kernel=False)                # [E+1] row tiles per expert

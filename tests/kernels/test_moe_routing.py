@@ -83,7 +83,10 @@ def test_group_by_expert_and_combine_round_trip(T, k, E, used):
     for e in range(E):                                                  # stable: token order within an expert
         assert np.all(np.diff(order[offsets[e]:offsets[e + 1]]) > 0)
     x = rng.standard_normal((T, Hd)).astype(np.float32)
-    ys = x[order // k] * 2.0                                            # "expert output": 2x its input row
+    xs = H(mr.gather_rows(x, order, k))                                 # the experts' input rows, expert-major
+    np.testing.assert_array_equal(xs, x[order // k])
+    assert not np.array_equal(xs, x[np.arange(T * k) // k])             # the grouping moved rows
+    ys = xs * 2.0                                                       # "expert output": 2x its input row
     w = rng.random((T, k)).astype(np.float32)
     got = H(mr.combine(ys, w, slot))
     np.testing.assert_allclose(got, 2.0 * x * w.sum(1, keepdims=True), rtol=1e-5)
@@ -98,6 +101,9 @@ def test_group_by_expert_and_combine_round_trip(T, k, E, used):
     (lambda: mr.route(np.zeros((2, 6), np.float32), np.zeros(5, np.float32), 2), r"bias: expected shape \(6\)"),
     (lambda: mr.route(np.zeros((2, 6), np.float32), np.zeros(6, np.float32), 2, 2, 3), "topk_group: expected an integer <= 2"),
     (lambda: mr.group_by_expert(np.zeros((2, 2), np.int64), 4), "idx: expected dtype int32"),
+    (lambda: mr.gather_rows(np.zeros((2, 4), np.float32), np.zeros(3, np.int32), 2), r"order: expected shape \(4\)"),
+    (lambda: mr.gather_rows(np.zeros((2, 4), np.float32), np.zeros(4, np.int32), 0), "k: expected an integer >= 1"),
+    (lambda: mr.gather_rows(np.zeros((2, 4), np.float64), np.zeros(4, np.int32), 2), "x: expected dtype float32"),
 ])
 def test_bad_input(call, arg):
     with pytest.raises(ValueError, match=arg):
