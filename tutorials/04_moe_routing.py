@@ -166,8 +166,9 @@ check("group tie -> lower group (1): experts [2, 3], kernel", got_g[0], np.array
 #
 # To run each expert once on all of its tokens, the T*k assignments `a = t*k + j` are sorted by expert, stably
 # (`group_by_expert`): `counts[e]`, `offsets` (exclusive prefix sums, [E+1]), `order` (assignment ids,
-# expert-major) and its inverse `slot` (where assignment a sits in `order`). The model gathers `x[order // k]`,
-# runs expert e's two GEMMs on rows `offsets[e] .. offsets[e+1]`, and `combine` adds each token's k results back:
+# expert-major) and its inverse `slot` (where assignment a sits in `order`). The model gathers `x[order // k]`
+# (`gather_rows`, one launch), runs expert e's two GEMMs on rows `offsets[e] .. offsets[e+1]`, and `combine` adds
+# each token's k results back:
 #
 #     out[t] = sum_j w[t, j] * expert_out[slot[t*k + j]]        (j = 0..k-1 in order: deterministic, no atomics)
 #
