@@ -409,10 +409,10 @@ def _group(idx, n_experts: int, tile_rows: int):
     flat = idx.reshape(-1)
     order = backend.empty((flat.size,), np.int32)
     slot = backend.empty((flat.size,), np.int32)
-    tiles = backend.zeros((n_experts + 1,), np.int32) if tile_rows else backend.empty((1,), np.int32)
     if flat.size == 0:
         return (backend.zeros((n_experts,), np.int32), backend.zeros((n_experts + 1,), np.int32), order, slot,
-                tiles if tile_rows else None)
+                backend.zeros((n_experts + 1,), np.int32) if tile_rows else None)
+    tiles = backend.empty((n_experts + 1,) if tile_rows else (1,), np.int32)     # every entry written (tiled)
     counts = backend.empty((n_experts,), np.int32)
     offsets = backend.empty((n_experts + 1,), np.int32)
     threads = _pow2_at_least(flat.size, backend.block_size(MAX_THREADS, 8))          # one scan chunk if it fits

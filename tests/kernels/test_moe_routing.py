@@ -99,6 +99,14 @@ def test_group_by_expert_and_combine_round_trip(T, k, E, used):
     np.testing.assert_allclose(H(acc), 1 + got, rtol=1e-5)
 
 
+def test_grouping_no_assignments():
+    """No tokens: every count, offset and tile is 0 (nothing launched), tiled or not."""
+    got = [H(a) for a in mr.group_by_expert_tiled(np.zeros((0, 2), np.int32), 5, 16)]
+    for a in (got[0], got[1], got[4]):
+        assert a.shape in ((5,), (6,)) and not a.any()
+    assert got[2].size == got[3].size == 0
+
+
 @pytest.mark.parametrize("call, arg", [
     (lambda: mr.route(np.zeros((2, 6), np.float32), np.zeros(6, np.float32), 2, 4, 1), "n_group: 4 does not divide"),
     (lambda: mr.route(np.zeros((2, 6), np.float32), np.zeros(6, np.float32), 5, 3, 1), "top_k: expected an integer <= 2"),
