@@ -1,8 +1,9 @@
 """Per-kernel device time of one graph-replayed generation of the default pair, from NVIDIA Nsight Compute: which
 kernels a plain decode step or a DDTree round spends its time in.
 
+    python3 benchmarks/profile_kernels.py --save-picks picks.json --budget 64     # on the GPU machine, no ncu
     ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv --page raw \\
-        python3 benchmarks/profile_kernels.py --method ddtree > ddtree.csv          # on the GPU machine
+        python3 benchmarks/profile_kernels.py --method ddtree --picks picks.json > ddtree.csv
     python3 benchmarks/profile_kernels.py --summarize ddtree.csv                    # anywhere
     python3 benchmarks/profile_kernels.py --summarize ar.csv chain.csv ddtree.csv   # side by side, per kernel
     python3 benchmarks/profile_kernels.py --summarize chain.csv ddtree.csv --aligned  # launch by launch
@@ -10,8 +11,11 @@ kernels a plain decode step or a DDTree round spends its time in.
 The first command generates twice untimed (compile, capture), then profiles a third generation (``--tokens``,
 default 20) between cudaProfilerStart / Stop, so ncu sees only replayed steps or rounds (their graph nodes are
 profiled one by one) plus the generation's prefill; on stderr it names the kernel kernels/gemm_choice.py kept for
-each tree-verify GEMM shape, which this process timed for itself (under ncu the forty-first session saw other picks
-than a normal process's: docs/PERFORMANCE.md). ``--method``: ``ar`` (plain decoding), ``ddtree``
+each few-row GEMM shape. Under ncu that timing is skewed (the forty-first and forty-fourth sessions saw other picks
+than a normal process's, e.g. the draft's 16-row fc on a kernel 2x slower: docs/PERFORMANCE.md), so first
+``--save-picks FILE`` times every shape in a normal process - one generation of plain decoding, the chain and
+DDTree at ``--budget`` - and saves gemm_choice's table, and ``--picks FILE`` loads it into the profiled process,
+whose GEMMs then run those kernels. ``--method``: ``ar`` (plain decoding), ``ddtree``
 (budget ``--budget``, default 64) or ``chain`` (the DFlash chain: DDTree's round with one draft per depth). ncu
 serialises the kernels and by default flushes the caches before each one, so its times run above the CUDA-event
 stage times of bench_round.py (a DDTree round ~10 %, a plain step, whose weights a warm L2 holds, ~1.6x): use
@@ -32,6 +36,8 @@ import re
 import statistics
 import sys
 from collections import defaultdict
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the package beside this folder
 
 def fail(message: str) -> None:
     """One line on stderr, exit status 2 (bad input, like the project's CLI)."""
@@ -166,16 +172,46 @@ def aligned(paths: list, top: int) -> None:
     print(f"| **all** | | {sum(x[2] for x in a):.1f} | | {sum(x[2] for x in b):.1f} | {sum(diff):+.1f} | |")
 
 
-def profile(method: str, tokens: int, budget: int) -> None:
-    import cupy
+PROMPT = 'def running_mean(xs):\n    """Return the running mean of a list of numbers."""\n'
 
+
+def _method_kwargs(method: str, drafter, budget: int) -> dict:
+    return {"ar": dict(replay=True), "chain": dict(replay=True, drafter=drafter, chain=True),
+            "ddtree": dict(replay=True, drafter=drafter, budget=budget)}[method]
+
+
+def _on_gpu():
     import kdtree_numba as kd
     if kd.backend.name != "cuda":
         fail("profiling needs a GPU (KDTREE_BACKEND=cuda)")
+    return kd
+
+
+def save_picks(path: str, tokens: int, budget: int) -> None:
+    """gemm_choice's table after one generation of every method (every few-row GEMM shape timed), saved to path."""
+    kd = _on_gpu()
+    from kdtree_numba.kernels import gemm_choice
     target, drafter = kd.load_default()
-    prompt = target.tokenizer.encode('def running_mean(xs):\n    """Return the running mean of a list of numbers."""\n')
-    kw = {"ar": dict(replay=True), "chain": dict(replay=True, drafter=drafter, chain=True),
-          "ddtree": dict(replay=True, drafter=drafter, budget=budget)}[method]
+    prompt = target.tokenizer.encode(PROMPT)
+    for method in sorted(MARKERS):
+        kd.generate(target, prompt, tokens, **_method_kwargs(method, drafter, budget))
+    print(f"saved the kernels kept for {gemm_choice.save(path)} GEMM shapes to {path}", file=sys.stderr)
+
+
+def profile(method: str, tokens: int, budget: int, picks: str | None = None) -> None:
+    from kdtree_numba.kernels import gemm_choice
+    if picks:                                                   # checked before the GPU is: a bad file is named
+        try:
+            n = gemm_choice.load(picks)
+        except ValueError as e:
+            fail(f"--picks: {e}")
+    kd = _on_gpu()
+    import cupy
+    if picks:
+        print(f"loaded the kernels kept for {n} GEMM shapes from {picks}", file=sys.stderr)
+    target, drafter = kd.load_default()
+    prompt = target.tokenizer.encode(PROMPT)
+    kw = _method_kwargs(method, drafter, budget)
     for _ in range(2):                                          # compile, capture; then the programs are kept
         kd.generate(target, prompt, tokens, **kw)
     kd.backend.synchronize()
@@ -184,7 +220,6 @@ def profile(method: str, tokens: int, budget: int) -> None:
     kd.backend.synchronize()
     cupy.cuda.runtime.profilerStop()
     print(f"profiled: {method}, {len(g.tokens)} tokens, {len(g.rounds)} rounds", file=sys.stderr)
-    from kdtree_numba.kernels import gemm_choice
     for e in gemm_choice.choices():     # the verify GEMMs' kernels this process timed and kept: they can differ
         times = ", ".join(f"{c} {us:.2f}" for c, us in e["us"].items())          # between processes
         print(f"gemm_choice: {e['M']} x {e['K']} -> {e['N']}{' +=' if e['accumulate'] else ''}: {e['chosen']}"
@@ -201,20 +236,31 @@ def main() -> None:
     p.add_argument("--top", type=int, default=25, help="kernels listed by --summarize (default 25)")
     p.add_argument("--aligned", action="store_true",
                    help="with two CSVs of the same kernels a unit: compare them launch by launch")
+    p.add_argument("--save-picks", metavar="FILE",
+                   help="time every few-row GEMM shape in this (normal) process and save gemm_choice's table")
+    p.add_argument("--picks", metavar="FILE", help="run the GEMM kernels a --save-picks table kept (under ncu)")
     a = p.parse_args()
     for name in ("tokens", "budget", "top"):
         if getattr(a, name) < 1:
             p.error(f"--{name}: {getattr(a, name)} is not a positive integer")
     if a.aligned and not a.summarize:
         p.error("--aligned: compares two --summarize CSVs")
-    if a.aligned:
+    if (a.picks or a.save_picks) and a.summarize:
+        p.error("--picks / --save-picks: for a profiling run, not with --summarize")
+    if a.picks and a.save_picks:
+        p.error("--picks / --save-picks: one or the other (save in a normal process, load in the profiled one)")
+    if a.picks and not os.path.isfile(a.picks):
+        p.error(f"--picks: {a.picks!r} is not a file")
+    if a.save_picks:
+        save_picks(a.save_picks, a.tokens, a.budget)
+    elif a.aligned:
         aligned(a.summarize, a.top)
     elif a.summarize and len(a.summarize) == 1:
         summarize(a.summarize[0], a.top)
     elif a.summarize:
         compare(a.summarize, a.top)
     else:
-        profile(a.method, a.tokens, a.budget)
+        profile(a.method, a.tokens, a.budget, a.picks)
 
 
 if __name__ == "__main__":

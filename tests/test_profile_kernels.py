@@ -125,3 +125,17 @@ def test_aligned_refuses_rounds_that_do_not_line_up(tmp_path):
     for r, why in ((aligned(tmp_path / "a.csv", tmp_path / "b.csv"), "do not line up"),
                    (aligned(tmp_path / "a.csv"), "expected two CSVs")):
         assert r.returncode == 2 and why in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_picks_are_checked_before_the_gpu_is(tmp_path):
+    """--picks names a file that is not a gemm_choice table in one line, exit 2 - on a machine without a GPU too;
+    --picks with --summarize, or a missing file, is a usage error."""
+    (tmp_path / "bad.json").write_text("{}")
+    r = subprocess.run([sys.executable, SCRIPT, "--method", "chain", "--picks", str(tmp_path / "bad.json")],
+                       capture_output=True, text=True, env={**os.environ, "KDTREE_BACKEND": "numpy"})
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "--picks:" in r.stderr and "expected a gemm_choice table" in r.stderr
+    for extra in (["--summarize", str(tmp_path / "bad.json")], []):
+        r = subprocess.run([sys.executable, SCRIPT, "--picks", str(tmp_path / ("bad.json" if extra else "no.json"))]
+                           + extra, capture_output=True, text=True)
+        assert r.returncode == 2 and "--picks" in r.stderr.splitlines()[-1]

@@ -34,7 +34,11 @@ that meets an untimed shape runs the default, and keeps it. ``TUNE = False``: al
 and what an expert-parallel target of 2+ ranks sets (parallel/expert_parallel.py: ranks that replicate a layer
 must run the same kernels, which a timing per process does not promise). ``MIN_ROWS``: the fewest rows timed
 (16; at 17, the fortieth to forty-second sessions' rule, the draft and the chain's verify ran cuBLAS's one call,
-and the chain was 4.6 % slower: forty-third session). ``choices()``: what was timed and kept.
+and the chain was 4.6 % slower: forty-third session). ``choices()``: what was timed and kept. ``save(path)`` /
+``load(path)``: the table as JSON, so a process that must not time - one under NVIDIA Nsight Compute, whose
+interception made gemm_choice keep other kernels than a normal process (forty-first and forty-fourth sessions,
+docs/PERFORMANCE.md) - runs the kernels a normal process timed (benchmarks/profile_kernels.py ``--save-picks`` /
+``--picks``).
 Example (the trained pair, H100): the first 33-row o_proj product (+=) of a DDTree-32 verify times skinny 3.83,
 blocks 16 3.27, blocks 8 10.04 (four 7-row blocks and a call for the 5 rows left), rows 3.41, wide 7.74 us and
 keeps blocks 16 for every later one; at 33 rows q_a + kv_a keeps rows, q_b blocks 8, the shared expert's down
@@ -42,9 +46,12 @@ rows, the LM head wide; at 16 rows (the draft, the chain) o_proj, q_a + kv_a and
 """
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from .. import backend
+from ..atomic_file import write_text_atomic
 from . import _cublas, skinny_gemm, wide_gemm
 
 TUNE = True                 # time the candidates of each new shape (False: the default rule always)
@@ -147,3 +154,40 @@ def choices() -> list[dict]:
     """What was timed so far: per shape (M, K, N, accumulate) the candidates' us and the kept one."""
     return [dict(M=k[0][0], K=k[0][1], N=k[1][1], accumulate=k[4], chosen=name, us=times)
             for k, (name, times) in _chosen.items()]
+
+
+_KEY_FIELDS = ("a_shape", "b_shape", "a_strides", "b_strides")
+
+
+def save(path) -> int:
+    """The table timed so far (every shape's key, kept kernel and candidates' us) as JSON at ``path``, written
+    atomically; returns the number of shapes. ``load`` reads it back."""
+    entries = [dict(zip(_KEY_FIELDS, map(list, k[:4])), accumulate=k[4], chosen=name, us=times)
+               for k, (name, times) in _chosen.items()]
+    write_text_atomic(path, json.dumps({"gemm_choice": entries}, indent=1) + "\n")
+    return len(entries)
+
+
+def load(path) -> int:
+    """Add the shapes of a ``save``d table to this process's, replacing any it timed: those shapes run the saved
+    kernels from now on, untimed. Returns the number of shapes. A file that is not such a table, or names a kernel
+    that is not in ``CANDIDATES``, raises ValueError naming the path and the entry; nothing is added then."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            entries = json.load(f)["gemm_choice"]
+        if not isinstance(entries, list):
+            raise TypeError
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: expected a gemm_choice table written by gemm_choice.save ({e!r:.80})") from None
+    table = {}
+    for i, e in enumerate(entries):
+        try:
+            key = tuple(tuple(int(v) for v in e[f]) for f in _KEY_FIELDS) + (bool(e["accumulate"]),)
+            if len(key[0]) != 2 or len(key[1]) != 2 or e["chosen"] not in CANDIDATES:
+                raise ValueError
+            table[key] = (e["chosen"], {str(c): float(us) for c, us in e["us"].items()})
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise ValueError(f"{path}: entry {i} is not a gemm_choice shape with one of {CANDIDATES} kept: "
+                             f"{str(e)[:120]}") from None
+    _chosen.update(table)
+    return len(table)

@@ -24,6 +24,28 @@ def test_candidates_leave_out_the_kernels_that_cannot_read_the_layout():
     assert gemm_choice.candidates(long_k, np.zeros((240, 768), np.float32).T, out)[-1] == "wide"
 
 
+def test_a_saved_table_loads_back_and_a_bad_one_adds_nothing(tmp_path, monkeypatch):
+    """save / load: the table of a normal process, for one under ncu (anywhere: no GPU needed)."""
+    key = ((33, 256), (256, 240), (1024, 4), (4, 1024), False)
+    monkeypatch.setattr(gemm_choice, "_chosen", {key: ("rows", {"rows": 3.29, "blocks 16": 6.89})})
+    assert gemm_choice.save(tmp_path / "picks.json") == 1
+    monkeypatch.setattr(gemm_choice, "_chosen", {})
+    assert gemm_choice.load(tmp_path / "picks.json") == 1
+    assert gemm_choice._chosen == {key: ("rows", {"rows": 3.29, "blocks 16": 6.89})}
+    assert gemm_choice.choices()[0]["chosen"] == "rows"
+    (tmp_path / "bad.json").write_text('{"gemm_choice": [{"a_shape": [33, 256], "b_shape": [256, 240], '
+                                       '"a_strides": [1024, 4], "b_strides": [4, 1024], "accumulate": true, '
+                                       '"chosen": "cublas-lt", "us": {}}]}')
+    (tmp_path / "not.json").write_text("[1, 2]")
+    monkeypatch.setattr(gemm_choice, "_chosen", {})
+    for name, why in (("bad.json", "entry 0 is not a gemm_choice shape"), ("not.json", "expected a gemm_choice "
+                                                                                        "table"),
+                      ("missing.json", "expected a gemm_choice table")):
+        with pytest.raises(ValueError, match=why):
+            gemm_choice.load(tmp_path / name)
+    assert gemm_choice._chosen == {}
+
+
 def _operands(M, K, N, seed=0):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((M, K)).astype(np.float32)
