@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import kdtree_numba as kd
-from kdtree_numba.kernels import (kv_compaction, logprobs, mla_attention, moe_routing, rmsnorm, rope, swiglu, tree,
-                                  tree_build, tree_verify)
+from kdtree_numba.kernels import (kv_compaction, logprobs, mla_attention, moe_grouped_gemm, moe_routing, rmsnorm, rope,
+                                  swiglu, tree, tree_build, tree_verify)
 
 from .helpers import poisoned, softmax_logprobs
 
@@ -49,9 +49,10 @@ def test_routing_kimi_shape():
     ds, ds_bias = np.ascontiguousarray(logits[:999, :256]), np.ascontiguousarray(bias[:256])   # DeepSeek-V3 groups
     idx, w = moe_routing.route(ds, ds_bias, 8, 8, 4, True, 2.5)
     assert (H(idx) == moe_routing.route_ref(ds, ds_bias, 8, 8, 4, True, 2.5)[0]).mean() > 0.999
-    got = [H(a) for a in moe_routing.group_by_expert(idx, 256)]                 # 7992 assignments: 32 chunks
-    for g, want in zip(got, moe_routing.group_by_expert_ref(H(idx), 256)):    # counts, offsets, order, slot
-        np.testing.assert_array_equal(g, want)
+    got = [H(a) for a in moe_routing.group_by_expert_tiled(idx, 256, 16)]      # 7992 assignments: 32 chunks
+    want = moe_routing.group_by_expert_ref(H(idx), 256)                       # counts, offsets, order, slot
+    for g, w in zip(got, want + (moe_grouped_gemm.tile_table_ref(want[1], 16),)):    # and the tile table
+        np.testing.assert_array_equal(g, w)
 
 
 def test_attention_large_and_split():

@@ -384,9 +384,11 @@ check_true("v4 only for a short K and few rows: (130, 8, 256) -> v4, (130, 8, 10
 # `Target._moe` (`kdtree_numba/model/target.py`) chains the stages without reading anything back to the host:
 #
 #     idx, w = route(logits, bias, k, ...)                       # [T, k] experts and weights (tutorial 04)
-#     counts, offsets, order, slot = group_by_expert(idx, E)     # expert-major order of the T*k assignments
+#     counts, offsets, order, slot, tiles = group_by_expert_tiled(idx, E, TM)
+#                                                                # expert-major order of the T*k assignments, and
+#                                                                # the tile table [E+1] (shared by both GEMMs) from
+#                                                                # the same launch: tile_table's sums, per block
 #     xs  = gather_rows(h, order, k)                             # [T*k, H] the token rows h[order // k]
-#     tiles = tile_table(offsets)                                # [E+1], shared by both GEMMs
 #     gu  = grouped_linear(xs,  experts_gu,   offsets, tiles)    # [T*k, 2I]
 #     act = swiglu(gu)                                           # [T*k, I]   (tutorial 03)
 #     ys  = grouped_linear(act, experts_down, offsets, tiles)    # [T*k, H]
@@ -397,7 +399,7 @@ check_true("v4 only for a short K and few rows: (130, 8, 256) -> v4, (130, 8, 10
 # `w * down(swiglu(gate_up(x)))`.
 
 # %%
-section("the MoE layer: route -> group -> gather -> grouped gate/up -> swiglu -> grouped down -> combine")
+section("the MoE layer: route -> group (+ tiles) -> gather -> grouped gate/up -> swiglu -> grouped down -> combine")
 T, E, k, Hd, I = (64, 64, 8, 512, 256) if LARGE else (4, 6, 2, 16, 8)
 Rm = rng(args, 1306)                                                           # the same draws on every backend
 h = Rm.standard_normal((T, Hd)).astype(np.float32)                             # [T, H] the layer's input
@@ -408,9 +410,8 @@ w_down = (Rm.standard_normal((E, Hd, I)) / np.sqrt(I)).astype(np.float32)      #
 hd = kd.backend.asarray(h)                                                     # [T, H] on the device
 with spy() as s, stopwatch() as t:
     idx, w = moe_routing.route(logits, bias, k)                                # [T, k] each
-    counts, offsets, order, slot = moe_routing.group_by_expert(idx, E)
+    counts, offsets, order, slot, tiles = moe_routing.group_by_expert_tiled(idx, E, mg.TM)   # tiles [E+1]
     xs = moe_routing.gather_rows(hd, order, k)                                 # [T*k, H] expert-major
-    tiles = mg.tile_table(offsets)                                             # [E+1]
     gu = mg.grouped_linear(xs, w_gu, offsets, tiles=tiles)                     # [T*k, 2I]
     act = swiglu.swiglu(gu)                                                    # [T*k, I]
     ys = mg.grouped_linear(act, w_down, offsets, tiles=tiles)                  # [T*k, H]

@@ -41,10 +41,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda, float32, int32
+from numba import cuda, float32, int32, int64
 
 from .. import backend
-from . import _checks
+from . import _checks, moe_grouped_gemm
 from .primitives import argmax_beats, smem_argmax, smem_prefix_sum, smem_sum, warp_argmax, warp_bcast
 
 MAX_EXPERTS = 1024
@@ -255,24 +255,43 @@ def _route_warp_kernel(logits, bias, top_k, n_group, topk_group, norm, scale, id
 
 
 @cuda.jit
-def _group_kernel(flat, counts, offsets, order, slot):
+def _group_kernel(flat, counts, offsets, order, slot, tile_rows, tiles):
     """Block e of E: e's offset = the number of assignments of a lower expert (one pass over ``flat`` and a block
     reduction, primitives.smem_sum: no count launch and no scan of counts), then e's assignments, in index order,
     to order[offset ..] and their positions to ``slot`` (a block-wide prefix scan, primitives.smem_prefix_sum, over
     chunks of blockDim assignments: one chunk while T*k <= blockDim), and counts[e] / offsets[e] (offsets[E] too,
-    by the last block) from where the scan ended. Example: flat [2, 0, 2, 1], E 3: block 2 counts 2 assignments
-    below it (offset 2) and writes order[2:4] = [0, 2], slot[0] = 2, slot[2] = 3, counts[2] = 2."""
+    by the last block) from where the scan ended. With ``tile_rows`` > 0 also the grouped GEMM's tile table:
+    tiles[e] = sum over e' < e of ceil(count[e'] / tile_rows), from a shared histogram of the lower experts filled
+    in the same pass, reduced in the same smem_sum (the two sums packed into one int64: count + tiles << 32).
+    Example: flat [2, 0, 2, 1], E 3: block 2 counts 2 assignments below it (offset 2) and writes order[2:4] =
+    [0, 2], slot[0] = 2, slot[2] = 3, counts[2] = 2; with tile_rows 1, tiles[2] = 2 and tiles[3] = 4."""
     e = cuda.blockIdx.x
     tid = cuda.threadIdx.x
     nthreads = cuda.blockDim.x
     scan = cuda.shared.array(MAX_THREADS, int32)
+    red = cuda.shared.array(MAX_THREADS, int64)
+    hist = cuda.shared.array(MAX_EXPERTS, int32)        # assignments of each lower expert (tile_rows > 0)
+    tiled = tile_rows > 0                               # the same for the whole block (barriers below)
+    if tiled:
+        for i in range(tid, e, nthreads):
+            hist[i] = 0
+        cuda.syncthreads()
     n = flat.shape[0]
     c = 0
     for a in range(tid, n, nthreads):
-        if flat[a] < e:
+        f = flat[a]
+        if f < e:
             c += 1
-    first = smem_sum(c, scan)
-    cuda.syncthreads()                                    # everyone has read the sum before scan is reused
+            if tiled:
+                cuda.atomic.add(hist, f, 1)
+    t = 0
+    if tiled:
+        cuda.syncthreads()                                # the histogram is complete
+        for i in range(tid, e, nthreads):
+            t += (hist[i] + tile_rows - 1) // tile_rows
+    both = smem_sum(int64(c) + (int64(t) << 32), red)
+    first = int32(both & 0xFFFFFFFF)
+    t_first = int32(both >> 32)
     base = first
     for start in range(0, n, nthreads):
         a = start + tid
@@ -287,8 +306,12 @@ def _group_kernel(flat, counts, offsets, order, slot):
     if tid == 0:
         counts[e] = base - first
         offsets[e] = first
+        if tiled:
+            tiles[e] = t_first
         if e == cuda.gridDim.x - 1:
             offsets[e + 1] = base
+            if tiled:
+                tiles[e + 1] = t_first + (base - first + tile_rows - 1) // tile_rows
 
 
 @cuda.jit
@@ -364,22 +387,37 @@ def route(router_logits, bias, top_k: int, n_group: int = 1, topk_group: int = 1
 
 def group_by_expert(idx, n_experts: int):
     """Stable grouping of the assignments by expert: (counts [E], offsets [E+1], order [T*k], slot [T*k]), int32."""
+    return _group(idx, n_experts, 0)[:4]
+
+
+def group_by_expert_tiled(idx, n_experts: int, tile_rows: int):
+    """``group_by_expert`` and, from the same launch, the grouped GEMM's tile table: (counts, offsets, order, slot,
+    tiles [E+1]) with tiles = ``moe_grouped_gemm.tile_table_ref(offsets, tile_rows)`` (expert e's row tiles of
+    ``tile_rows`` rows are tiles[e] .. tiles[e+1] - 1) - a MoE layer's tile-table launch saved. Example: idx
+    [[2], [0], [2], [1]], E 3, tile_rows 1 -> offsets [0, 1, 2, 4], tiles [0, 1, 2, 4]."""
+    return _group(idx, n_experts, _checks.integer(tile_rows, "tile_rows", lo=1))
+
+
+def _group(idx, n_experts: int, tile_rows: int):
     idx = _checks.array(idx, "idx", dtype=np.int32, ndim=2)
-    n_experts = _checks.integer(n_experts, "n_experts", lo=1)
+    n_experts = _checks.integer(n_experts, "n_experts", lo=1, hi=MAX_EXPERTS)
     if backend.name == "numpy":
         if idx.size and (idx.min() < 0 or idx.max() >= n_experts):
             raise ValueError(f"idx: expert ids must lie in [0, {n_experts}), got [{idx.min()}, {idx.max()}]")
-        return group_by_expert_ref(idx, n_experts)
+        got = group_by_expert_ref(idx, n_experts)
+        return got + (moe_grouped_gemm.tile_table_ref(got[1], tile_rows) if tile_rows else None,)
     flat = idx.reshape(-1)
     order = backend.empty((flat.size,), np.int32)
     slot = backend.empty((flat.size,), np.int32)
     if flat.size == 0:
-        return backend.zeros((n_experts,), np.int32), backend.zeros((n_experts + 1,), np.int32), order, slot
+        return (backend.zeros((n_experts,), np.int32), backend.zeros((n_experts + 1,), np.int32), order, slot,
+                backend.zeros((n_experts + 1,), np.int32) if tile_rows else None)
+    tiles = backend.empty((n_experts + 1,) if tile_rows else (1,), np.int32)     # every entry written (tiled)
     counts = backend.empty((n_experts,), np.int32)
     offsets = backend.empty((n_experts + 1,), np.int32)
     threads = _pow2_at_least(flat.size, backend.block_size(MAX_THREADS, 8))          # one scan chunk if it fits
-    backend.launch(_group_kernel, n_experts, threads, flat, counts, offsets, order, slot)
-    return counts, offsets, order, slot
+    backend.launch(_group_kernel, n_experts, threads, flat, counts, offsets, order, slot, tile_rows, tiles)
+    return counts, offsets, order, slot, tiles if tile_rows else None
 
 
 def gather_rows_ref(x, order, k: int):

@@ -352,11 +352,12 @@ class Target:
             out = self._shared_expert(L, shared_gu, out)     # second stream) - [T, H] (+)= shared(h)
         idx, w = moe_routing.route(logits, L["bias"], k, cfg.n_group, cfg.topk_group,
                                    cfg.norm_topk_prob, cfg.routed_scaling_factor)     # [T, k] each
-        counts, offsets, order, slot = moe_routing.group_by_expert(idx, cfg.n_routed_experts)
+        # offsets stay on the device: each grouped GEMM finds its experts' rows there (no host sync), through the
+        # tile table [E+1] the grouping writes in its launch. On the simulator the GEMMs run in NumPy, like
+        # gemm.linear's (the kernel is tested on its own at tiny shapes).
+        counts, offsets, order, slot, tiles = moe_routing.group_by_expert_tiled(idx, cfg.n_routed_experts,
+                                                                                moe_grouped_gemm.TM)
         xs = moe_routing.gather_rows(h, order, k)                                     # [T*k, H] expert-major
-        # offsets stay on the device: each grouped GEMM finds its experts' rows there (no host sync). On the
-        # simulator the GEMMs run in NumPy, like gemm.linear's (the kernel is tested on its own at tiny shapes).
-        tiles = moe_grouped_gemm.tile_table(offsets, sim_kernel=False)                # [E+1] row tiles per expert
         gu = moe_grouped_gemm.grouped_linear(xs, L["experts_gu"], offsets, tiles=tiles,
                                              sim_kernel=False)                        # [T*k, 2I]
         act = swiglu.swiglu(gu)                                                       # [T*k, I]

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import kdtree_numba as kd
-from kdtree_numba.kernels import moe_routing as mr
+from kdtree_numba.kernels import moe_grouped_gemm, moe_routing as mr
 
 pytestmark = pytest.mark.usefixtures("kernel_backend")
 H = kd.backend.to_host
@@ -78,6 +78,10 @@ def test_group_by_expert_and_combine_round_trip(T, k, E, used):
     rc, ro, rorder, rslot = mr.group_by_expert_ref(idx, E)
     for got, want in ((counts, rc), (offsets, ro), (order, rorder), (slot, rslot)):
         np.testing.assert_array_equal(got, want)
+    for tile_rows in (1, 3, 16):                                        # the tile table from the same launch
+        tiled = [H(a) for a in mr.group_by_expert_tiled(idx, E, tile_rows)]
+        for got, want in zip(tiled, (rc, ro, rorder, rslot, moe_grouped_gemm.tile_table_ref(ro, tile_rows))):
+            np.testing.assert_array_equal(got, want)
     flat = idx.reshape(-1)
     assert np.all(np.diff(flat[order]) >= 0)                            # expert-major
     for e in range(E):                                                  # stable: token order within an expert
@@ -95,12 +99,21 @@ def test_group_by_expert_and_combine_round_trip(T, k, E, used):
     np.testing.assert_allclose(H(acc), 1 + got, rtol=1e-5)
 
 
+def test_grouping_no_assignments():
+    """No tokens: every count, offset and tile is 0 (nothing launched), tiled or not."""
+    got = [H(a) for a in mr.group_by_expert_tiled(np.zeros((0, 2), np.int32), 5, 16)]
+    for a in (got[0], got[1], got[4]):
+        assert a.shape in ((5,), (6,)) and not a.any()
+    assert got[2].size == got[3].size == 0
+
+
 @pytest.mark.parametrize("call, arg", [
     (lambda: mr.route(np.zeros((2, 6), np.float32), np.zeros(6, np.float32), 2, 4, 1), "n_group: 4 does not divide"),
     (lambda: mr.route(np.zeros((2, 6), np.float32), np.zeros(6, np.float32), 5, 3, 1), "top_k: expected an integer <= 2"),
     (lambda: mr.route(np.zeros((2, 6), np.float32), np.zeros(5, np.float32), 2), r"bias: expected shape \(6\)"),
     (lambda: mr.route(np.zeros((2, 6), np.float32), np.zeros(6, np.float32), 2, 2, 3), "topk_group: expected an integer <= 2"),
     (lambda: mr.group_by_expert(np.zeros((2, 2), np.int64), 4), "idx: expected dtype int32"),
+    (lambda: mr.group_by_expert_tiled(np.zeros((2, 2), np.int32), 4, 0), "tile_rows: expected an integer >= 1"),
     (lambda: mr.gather_rows(np.zeros((2, 4), np.float32), np.zeros(3, np.int32), 2), r"order: expected shape \(4\)"),
     (lambda: mr.gather_rows(np.zeros((2, 4), np.float32), np.zeros(4, np.int32), 0), "k: expected an integer >= 1"),
     (lambda: mr.gather_rows(np.zeros((2, 4), np.float64), np.zeros(4, np.int32), 2), "x: expected dtype float32"),
