@@ -423,59 +423,33 @@ def block_size(gpu: int, sim: int = 32) -> int:
 
 # ---------------------------------------------------------------------------------------------------- branches
 BRANCHES = True                      # cuda: a ``branch`` block runs on a side stream; False: in order on ``stream``
-_side: list = []                     # the side streams, made as branches need them
-_held: dict = {}                     # side stream ptr -> the Branch holding it (its work not yet joined into the root)
+_side: list = []                     # the side stream (made at the first branch)
 
 
 class Branch:
-    """What ``branch()`` yields: ``join()`` makes the current stream wait for the branch's launches (cuda); a no-op
-    on the host backends, where the block ran in order. Call it before anything reads what the branch wrote.
-    ``streams``: the side streams whose work this branch holds - its own and those of the branches joined into it;
-    they are reused by later branches only once their work has been joined into the root stream (the one no branch
-    holds), so a branch never queues behind another's unjoined work."""
+    """What ``branch()`` yields: ``join()`` makes the main stream wait for the branch's launches (cuda); a no-op on
+    the host backends, where the block ran in order. Call it before anything reads what the branch wrote."""
 
     def __init__(self):
         self._done = None
-        self.streams: list = []
 
     def join(self) -> None:
-        if self._done is None:
-            return
-        stream.wait_event(self._done)
-        self._done = None
-        owner = _held.get(stream.ptr)            # the branch whose stream joins this one, or None: the root
-        for s in self.streams:
-            if owner is None:
-                del _held[s.ptr]
-            else:
-                _held[s.ptr] = owner
-        if owner is not None:
-            owner.streams += self.streams
-        self.streams = []
-
-
-def _free_side():
-    """A side stream no branch holds (a new one when every one is held)."""
-    for s in _side:
-        if s.ptr not in _held:
-            return s
-    _side.append(cp.cuda.Stream(non_blocking=True))
-    return _side[-1]
+        if self._done is not None:
+            stream.wait_event(self._done)
+            self._done = None
 
 
 @contextlib.contextmanager
 def branch():
-    """Run the block's device work beside what the current stream does next: on cuda the block's launches (numba
+    """Run the block's device work beside what the main stream does next: on cuda the block's launches (numba
     kernels, CuPy and cuBLAS work) go to a side stream that first waits for everything issued so far, and the
-    yielded ``Branch``'s ``join()`` makes the stream current at the join wait for them. Under a CUDA graph capture
-    the two waits become the graph's edges, so a replayed graph runs the branch's kernels concurrently with the main
-    line's: a few small kernels that each fill a handful of SMs (the MoE's shared expert next to its routed experts)
-    cost their latency once instead of one after the other. Branches nest: a branch opened inside another gets a
-    stream of its own (``_free_side``), so a tree verify's row groups (model/target.py) each keep their inner
-    branches. The host backends run the block in order (join: no-op); ``BRANCHES = False`` does the same on cuda
-    (an A/B switch). Every branch must be joined before its results are read and before a capture ends (CUDA
-    refuses to end a capture with unjoined work). Not for concurrent use by several host threads: the process has
-    one main stream.
+    yielded ``Branch``'s ``join()`` makes the main stream wait for them. Under a CUDA graph capture the two waits
+    become the graph's edges, so a replayed graph runs the branch's kernels concurrently with the main line's: a
+    few small kernels that each fill a handful of SMs (the MoE's shared expert next to its routed experts) cost
+    their latency once instead of one after the other. The host backends run the block in order (join: no-op);
+    ``BRANCHES = False`` does the same on cuda (an A/B switch). Every branch must be joined before its results are
+    read and before a capture ends (CUDA refuses to end a capture with unjoined work). Not for concurrent use by
+    several host threads: the process has one main stream.
 
     >>> with backend.branch() as side:
     ...     write_cache(...)                 # the side stream
@@ -489,9 +463,9 @@ def branch():
         yield b
         return
     main = stream
-    side = _free_side()
-    _held[side.ptr] = b
-    b.streams.append(side)
+    if not _side:
+        _side.append(cp.cuda.Stream(non_blocking=True))
+    side = _side[0]
     fork = cp.cuda.Event(disable_timing=True)
     fork.record(main)
     side.wait_event(fork)

@@ -27,12 +27,6 @@ on the device, and a decode step or a tree verify needs no host read (so it can 
 A prefill chunk of more than 2048 assignments reads the counts once per layer and runs one cuBLAS GEMM per
 expert, which is faster there (moe_grouped_gemm.CUBLAS_ROWS).
 
-A tree verify of more than VERIFY_GROUP_ROWS rows runs in row groups (``_verify_groups``): everything but the
-attention is row by row, so per layer each group's stages (the last layer's output projection and feed-forward,
-this layer's norm, queries and latent rows) run on a stream of their own, concurrently, and one tree attention
-reads all rows. A DDTree-32 verify (33 rows) runs two groups of 16 and 17 rows: its GEMMs and MoE at the DFlash
-chain's row count, side by side.
-
 A target lives on the backend it was built on (``self.backend``); its methods run there whatever
 ``backend.use`` says.
 """
@@ -57,11 +51,6 @@ QKV_NORM_EPS = 1e-6   # HF's q_a_layernorm / kv_a_layernorm always use 1e-6
 # of the absorbed form's 2 (2 Lkv + R) (Kimi: 640 vs 2176), for 2 Lkv (P + Vd) N per key row to decompress.
 # Shorter chunks, decode steps and tree verifies stay absorbed (their cost is the latent's bytes).
 DECOMPRESSED_PREFILL_TOKENS = 128
-# A tree verify of more rows than this runs as row groups of at most this many rows, side by side
-# (``Target._verify_groups``, backend.branch): every stage but the attention is row by row, so the groups' GEMMs,
-# norms and MoE run at 16-17 rows each - where the DFlash chain's verify runs them - concurrently instead of one
-# 33-row kernel after another. 0: one group. The attention reads every group's rows and runs once.
-VERIFY_GROUP_ROWS = 17
 
 
 def _on_backend(method):
@@ -81,41 +70,6 @@ class TreeInput:
     paths: object
     depths: object
     max_depth: int
-
-
-def _tree_attention(q_abs, rows, start, tree: TreeInput, scale: float, lkv: int):
-    """kernels/tree_verify.tree_attention of ``q_abs [T, N, Lkv + R]`` over one layer's cache ``rows``."""
-    return tree_verify.tree_attention(q_abs, rows, start, tree.paths, tree.depths, scale, lkv,
-                                      max_depth=tree.max_depth)
-
-
-def _row_groups(T: int, group_rows: int) -> list:
-    """``T`` rows cut into ceil(T / group_rows) groups of near-equal size, as (first, end) pairs (one group when
-    ``group_rows`` is 0 or T fits). Example: _row_groups(33, 17) -> [(0, 16), (16, 33)]; (16, 17) -> [(0, 16)]."""
-    n = -(-T // group_rows) if group_rows else 1
-    n = max(1, min(n, T))
-    return [(g * T // n, (g + 1) * T // n) for g in range(n)]
-
-
-def _row_start(start, r0: int):
-    """The cache row of row ``r0`` of a forward that starts at ``start`` (an int, a device int32 [1] or an
-    (array, int) pair: kernels/_checks.device_int), in the same form, with no launch."""
-    if isinstance(start, tuple):
-        return start[0], start[1] + r0
-    return (start, r0) if hasattr(start, "shape") else start + r0
-
-
-def _side_by_side(fn, groups) -> None:
-    """fn(r0, r1) for every group, the first on the current stream and the others in branches opened before it
-    (so none waits for another's launches), all joined when this returns."""
-    joins = []
-    for r0, r1 in groups[1:]:
-        with backend.branch() as b:
-            fn(r0, r1)
-        joins.append(b)
-    fn(*groups[0])
-    for b in joins:
-        b.join()
 
 
 class Hiddens(dict):
@@ -300,14 +254,17 @@ class Target:
         x = embedding.embed(self.w["embed"], ids, check=check_ids)                   # [T, H]
         H = cfg.hidden_size
         hiddens = Hiddens(layers, backend.empty((T, len(layers) * H), x.dtype) if layers else None)  # [T, nH]
-        groups = _row_groups(T, VERIFY_GROUP_ROWS) if tree is not None and logits_at is None and not keep \
-            else [(0, T)]
-        if len(groups) > 1:
-            return self._verify_groups(x, groups, positions, base, cache, start, tree, hiddens)
         for i, L in enumerate(self.layers):                # the residual adds ride on the output GEMMs (beta = 1)
             h = rmsnorm.rmsnorm(x, L["in_norm"], cfg.rms_norm_eps)
             self._attention(i, L, h, positions, base, cache, start, tree, out=x)      # x += attention(h)
-            self._feed_forward(i, L, x, hiddens)                                      # x += ffn(norm(x))
+            h = rmsnorm.rmsnorm(x, L["post_norm"], cfg.rms_norm_eps)
+            if "gate" in L:
+                self._moe(L, h, out=x)                                                # x += moe(h)
+            else:
+                self._mlp(L["gu"], L["down"], h, out=x)                               # x += mlp(h)
+            for j in (j for j, k in enumerate(layers) if k == i):
+                hiddens[i] = hiddens.stacked[:, j * H:(j + 1) * H]                    # [T, H] view
+                hiddens[i][...] = x
         if logits_at is not None:
             x = backend.xp.take(x, logits_at, axis=0)                                # [k, H]
         elif keep:
@@ -318,18 +275,6 @@ class Target:
     def _attention(self, i, L, h, positions, base, cache, start, tree, out):
         """The attention output ``[T, H]``, added onto ``out`` (the residual stream) by the o_proj GEMM; RoPE at
         ``base + positions``."""
-        T = h.shape[0]
-        if tree is None and not hasattr(start, "shape") and T >= DECOMPRESSED_PREFILL_TOKENS:
-            q = self._queries(i, L, h, positions, base, cache, start, absorbed=False)         # [T, N, P+R]
-            o = self._decompressed_attention(L, q, positions, cache.layer(i)[:start + T])     # [T, N, Vd]
-            return gemm.linear(o.reshape(T, -1), L["o"], out=out, accumulate=True)
-        q_abs = self._queries(i, L, h, positions, base, cache, start)                # [T, N, Lkv+R]
-        return self._attention_output(L, self._attend(i, q_abs, cache, start, tree), out)
-
-    def _queries(self, i, L, h, positions, base, cache, start, absorbed: bool = True, q_abs=None):
-        """The rows' queries, their latent cache rows written (at ``start``: an int, a device int32 [1] or an
-        (array, int) pair, kernels/_checks.device_int) when this returns. ``absorbed``: ``[T, N, Lkv + R]``
-        [q_nope W_UK ; RoPE(q_rot)] (into ``q_abs`` when given); else q ``[T, N, P + R]`` as projected."""
         cfg = self.config
         T = h.shape[0]
         N, P, R, Lkv = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
@@ -345,82 +290,27 @@ class Target:
         else:
             q = gemm.linear(h, L["q"])
         q = q.reshape(T, N, P + R)                                                    # [T, N, P+R]
-        if not absorbed:
+        if tree is None and not hasattr(start, "shape") and T >= DECOMPRESSED_PREFILL_TOKENS:
             latent.join()
-            return q
-        if q_abs is None:
-            q_abs = backend.empty((T, N, Lkv + R), np.float32)                        # [T, N, Lkv+R]
+            o = self._decompressed_attention(L, q, positions, cache.layer(i)[:start + T])     # [T, N, Vd]
+            return gemm.linear(o.reshape(T, -1), L["o"], out=out, accumulate=True)
+
+        q_abs = backend.empty((T, N, Lkv + R), np.float32)                            # [T, N, Lkv+R]
         with backend.branch() as rot:                        # the rope columns beside the absorbed ones
             rope.apply_rope(q[:, :, P:], positions, self.inv_freq, self.rope_amp, out=q_abs[:, :, Lkv:],
                             base=base)
         gemm.bmm(q[:, :, :P].transpose(1, 0, 2), L["w_uk"], out=q_abs[:, :, :Lkv].transpose(1, 0, 2))
         rot.join()
         latent.join()                                                                 # the attention reads the rows
-        return q_abs
-
-    def _attend(self, i, q_abs, cache, start, tree):
-        """The absorbed attention's latent output ``o_lat [T, N, Lkv]``: causal (a step or a chunk) or over the
-        tree's paths."""
-        Lkv = self.config.kv_lora_rank
         if tree is None:
-            return mla_attention.mla_attention(q_abs, cache.layer(i), start, self.scale, Lkv)
-        return _tree_attention(q_abs, cache.layer(i), start, tree, self.scale, Lkv)
-
-    def _attention_output(self, L, o_lat, out):
-        """o_proj(concat_h(o_lat[h] @ W_UV[h]^T)) of ``o_lat [T, N, Lkv]``, added onto ``out [T, H]``."""
-        T, N, _ = o_lat.shape
-        o = backend.empty((T, N, self.config.v_head_dim), np.float32)                # [T, N, Vd]
+            o_lat = mla_attention.mla_attention(q_abs, cache.layer(i), start, self.scale, Lkv)
+        else:
+            o_lat = tree_verify.tree_attention(q_abs, cache.layer(i), start, tree.paths, tree.depths,
+                                               self.scale, Lkv, max_depth=tree.max_depth)
+        o = backend.empty((T, N, cfg.v_head_dim), np.float32)                        # [T, N, Vd]
         gemm.bmm(o_lat.transpose(1, 0, 2), L["w_uv_t"], out=o.transpose(1, 0, 2))    # per head, in place
         o = o.reshape(T, -1)                                                          # [T, N*Vd]
         return gemm.linear(o, L["o"], out=out, accumulate=True)                       # out += o W_o^T
-
-    def _feed_forward(self, i, L, x, hiddens, rows=slice(None)):
-        """x += the layer's MLP or MoE of rmsnorm(x) (``x [T, H]``: all rows, or the rows ``rows`` of the
-        forward's hidden streams); then the stream after layer i into ``hiddens`` where it was asked for."""
-        h = rmsnorm.rmsnorm(x, L["post_norm"], self.config.rms_norm_eps)
-        if "gate" in L:
-            self._moe(L, h, out=x)                                                    # x += moe(h)
-        else:
-            self._mlp(L["gu"], L["down"], h, out=x)                                   # x += mlp(h)
-        H = self.config.hidden_size
-        for j in (j for j, k in enumerate(hiddens.layers) if k == i):
-            hiddens[i] = hiddens.stacked[:, j * H:(j + 1) * H]                        # [T, H] view
-            hiddens[i][rows] = x
-
-    def _verify_groups(self, x, groups, positions, base, cache, start, tree, hiddens):
-        """A tree verify run as row groups (VERIFY_GROUP_ROWS): per layer, every group's row-wise stages - the
-        last layer's attention output and feed-forward, then this layer's norm and queries with their latent rows
-        - run side by side (the first group on the current stream, the others in branches), then one tree
-        attention over all rows. Same values as the one-group forward (up to the GEMM kernels the row counts
-        pick); returns (logits [T, V], hiddens).
-
-            layer i:  | group 0: [o_lat -> out, ffn] of i-1, norm, queries of i |  (concurrent)
-                      | group 1: the same for its rows                           |  -> tree attention of i"""
-        cfg = self.config
-        T = x.shape[0]
-        q_abs = backend.empty((T, cfg.num_attention_heads, cfg.kv_lora_rank + cfg.qk_rope_head_dim),
-                              np.float32)                                             # [T, N, Lkv+R]
-        logits = backend.empty((T, cfg.vocab_size), np.float32)                      # [T, V]
-        o_lat = None
-        for i in range(len(self.layers) + 1):
-            def rows(r0, r1, i=i, o_lat=o_lat):             # group r0 .. r1 - 1 of layer i (i = n: the head)
-                xs = x[r0:r1]                                                         # [Tg, H] view
-                if i:
-                    prev = self.layers[i - 1]
-                    self._attention_output(prev, o_lat[r0:r1], xs)
-                    self._feed_forward(i - 1, prev, xs, hiddens, slice(r0, r1))
-                if i == len(self.layers):
-                    h = rmsnorm.rmsnorm(xs, self.w["norm"], cfg.rms_norm_eps)
-                    gemm.linear(h, self.w["lm_head"], out=logits[r0:r1])             # [Tg, V]
-                    return
-                L = self.layers[i]
-                h = rmsnorm.rmsnorm(xs, L["in_norm"], cfg.rms_norm_eps)
-                self._queries(i, L, h, positions[r0:r1], base, cache, _row_start(start, r0),
-                              q_abs=q_abs[r0:r1])
-            _side_by_side(rows, groups)
-            if i < len(self.layers):
-                o_lat = self._attend(i, q_abs, cache, start, tree)                    # [T, N, Lkv]
-        return logits, hiddens
 
     def _decompressed_attention(self, L, q, positions, rows):
         """Causal attention of a prefill chunk in MLA's decompressed form: per head, keys [c W_UK[h]^T ; k_rot]
