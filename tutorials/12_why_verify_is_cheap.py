@@ -373,7 +373,8 @@ print(f"on the GPU it is gemm.linear's default for M >= {skinny_gemm.MIN_ROWS}, 
 #   twenty-seventh session); with the drafter shipped after it (tau 5.55; 5.79 as counted then) on an H100: 7253 vs
 #   2876, 2.52x, 1.21x; with the verify's GEMMs on the kernel timed fastest per shape: 7552 vs 2903, 2.60x, 1.24x
 #   (fortieth session); with the draft's and the chain's 16-row GEMMs timed too, which sped the chain up more:
-#   7903 vs 2919, 2.71x, 1.21x (forty-fourth session).
+#   7903 vs 2919, 2.71x, 1.21x (forty-fourth session); with one MoE launch fewer a layer: 8040 vs 2968, 2.71x,
+#   1.22x (forty-fifth).
 #   A tiny model never leaves that regime. For a model large enough to be bandwidth-bound (section 1: a Kimi-K2
 #   dense layer) the roofline says the same on bf16 tensor cores: 65 tokens cost ~1.0x one token (~2.7x in fp32
 #   on CUDA cores, where T = 65 is past the ridge at T ~ 24; 16 tokens ~1.0x).
