@@ -21,7 +21,8 @@ def test_quick_run_times_the_chain_and_a_tree_and_divides_by_the_chain(tmp_path)
     assert rows[0][-2] == "1.000"                               # the chain against itself
     for row in rows:
         stages, total = [float(x) for x in row[3:9]], float(row[9])
-        assert all(x > 0 for x in stages) and abs(sum(stages) - total) < 0.2   # the round is its stages' sum
+        # the round is its stages' sum, up to the rounding of 7 printed values to 0.1 us (< 7 x 0.05)
+        assert all(x > 0 for x in stages) and abs(sum(stages) - total) < 0.36
 
 
 def test_bad_arguments_are_one_line_errors(tmp_path):
