@@ -6,7 +6,9 @@ about, with every output compared against plain decoding's.
         --config as-is --config v3:kdtree_numba.kernels.tree_verify.V3_MIN_HEADS=0 --rounds 2
 
 A configuration is ``NAME`` or ``NAME:MODULE.ATTR=VALUE[,MODULE.ATTR=VALUE..]`` (VALUE a Python literal, commas
-inside its brackets or quotes its own: ``..gemm_choice.CANDIDATES=("skinny","rows")``); the
+inside its brackets or quotes its own: ``..gemm_choice.CANDIDATES=("skinny","rows")``; or ``@MODULE.NAME``, an
+object imported from a module on the path - e.g. an older version of a function, kept in a file of your own, in
+place of the package's: ``old:kdtree_numba.kernels.moe_routing.gather_rows=@my_old_kernels.gather_rows``); the
 attributes are set while the configuration runs and restored at the end. Each configuration first warms up under
 its constants (one untimed generation per prompt and method: compiles, captures) into replay programs of its own
 (``Config``: the model objects' kept programs are swapped per configuration, so each replays what was captured
@@ -57,8 +59,9 @@ def _top_level_items(spec: str) -> list:
 
 
 def parse_config(text: str) -> tuple:
-    """``(name, [(module, attribute, value), ..])`` from ``NAME[:MODULE.ATTR=VALUE,..]``; a one-line exit 2 for a
-    module that does not import, an attribute it lacks or a value that is not a literal. Example:
+    """``(name, [(module, attribute, value), ..])`` from ``NAME[:MODULE.ATTR=VALUE,..]`` (VALUE a literal or
+    ``@MODULE.NAME``: ``_imported``); a one-line exit 2 for a module that does not import, an attribute it lacks or
+    a value that is neither. Example:
     parse_config("v3:kdtree_numba.kernels.tree_verify.V3_MIN_HEADS=0") -> ("v3", [(<module>, "V3_MIN_HEADS", 0)])."""
     name, _, spec = text.partition(":")
     if not name:
@@ -69,17 +72,29 @@ def parse_config(text: str) -> tuple:
         module, _, attr = path.rpartition(".")
         if not eq or not module or not attr:
             fail_args(f"--config {name}: expected MODULE.ATTR=VALUE, got {item!r}")
-        try:
-            mod = importlib.import_module(module)
-        except ImportError as e:
-            fail_args(f"--config {name}: cannot import {module!r} ({e})")
-        if not hasattr(mod, attr):
-            fail_args(f"--config {name}: {module} has no attribute {attr!r}")
+        mod = _imported(name, module, attr)
+        if value.startswith("@"):
+            obj_module, _, obj = value[1:].rpartition(".")
+            if not obj_module or not obj:
+                fail_args(f"--config {name}: {attr}={value!r}: expected @MODULE.NAME")
+            sets.append((mod, attr, getattr(_imported(name, obj_module, obj), obj)))
+            continue
         try:
             sets.append((mod, attr, ast.literal_eval(value)))
         except (ValueError, SyntaxError):
-            fail_args(f"--config {name}: {attr}={value!r} is not a Python literal")
+            fail_args(f"--config {name}: {attr}={value!r} is not a Python literal (nor @MODULE.NAME)")
     return name, sets
+
+
+def _imported(config: str, module: str, attr: str):
+    """``module`` imported, with ``attr`` checked to exist in it; a one-line exit 2 otherwise."""
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as e:
+        fail_args(f"--config {config}: cannot import {module!r} ({e})")
+    if not hasattr(mod, attr):
+        fail_args(f"--config {config}: {module} has no attribute {attr!r}")
+    return mod
 
 
 def extra(p):

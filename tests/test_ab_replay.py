@@ -16,7 +16,9 @@ def ab(tmp_path, *argv):
 
 def test_two_configurations_alternate_pass_by_pass_with_identical_tokens(tmp_path):
     r = ab(tmp_path, "--config", "as-is", "--config", "v3:kdtree_numba.kernels.tree_verify.V3_MIN_HEADS=0,"
-           "kdtree_numba.kernels.gemm_choice.CANDIDATES=('rows', 'blocks 16')",     # a value with its own comma
+           "kdtree_numba.kernels.gemm_choice.CANDIDATES=('rows', 'blocks 16'),"     # a value with its own comma
+           # @MODULE.NAME: an object in place of the package's (here the NumPy reference of the gather)
+           "kdtree_numba.kernels.moe_routing.gather_rows=@kdtree_numba.kernels.moe_routing.gather_rows_ref",
            "--rounds", "2", "--passes", "1", "--budgets", "8")
     assert r.returncode == 0, r.stderr[-2000:]
     runs = json.load(open(tmp_path / "ab_replay.json"))["runs"]
@@ -33,6 +35,11 @@ def test_bad_configurations_are_one_line_errors(tmp_path):
                       (["--config", "x:no_such_module.A=1"], "cannot import 'no_such_module'"),
                       (["--config", "x:kdtree_numba.kernels.tree_verify.V3_MIN_HEADS=two"], "is not a Python literal"),
                       (["--config", "x:V3_MIN_HEADS"], "expected MODULE.ATTR=VALUE"),
+                      (["--config", "x:kdtree_numba.kernels.moe_routing.gather_rows=@no_such_module.f"],
+                       "cannot import 'no_such_module'"),
+                      (["--config", "x:kdtree_numba.kernels.moe_routing.gather_rows=@kdtree_numba.backend.nope"],
+                       "kdtree_numba.backend has no attribute 'nope'"),
+                      (["--config", "x:kdtree_numba.kernels.moe_routing.gather_rows=@f"], "expected @MODULE.NAME"),
                       (["--passes", "0"], "argument --passes: expected a whole number >= 1, got 0"),
                       (["--budgets", "8,x"], "argument --budgets: expected comma-separated whole numbers")]:
         r = ab(tmp_path, *argv)
