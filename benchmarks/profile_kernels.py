@@ -40,6 +40,7 @@ from collections import defaultdict
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the package beside this folder
 
+
 def fail(message: str) -> None:
     """One line on stderr, exit status 2 (bad input, like the project's CLI)."""
     print(message, file=sys.stderr)

@@ -51,8 +51,8 @@ def test_routing_kimi_shape():
     assert (H(idx) == moe_routing.route_ref(ds, ds_bias, 8, 8, 4, True, 2.5)[0]).mean() > 0.999
     got = [H(a) for a in moe_routing.group_by_expert_tiled(idx, 256, 16)]      # 7992 assignments: 32 chunks
     want = moe_routing.group_by_expert_ref(H(idx), 256)                       # counts, offsets, order, slot
-    for g, w in zip(got, want + (moe_grouped_gemm.tile_table_ref(want[1], 16),)):    # and the tile table
-        np.testing.assert_array_equal(g, w)
+    for g, expected in zip(got, want + (moe_grouped_gemm.tile_table_ref(want[1], 16),)):    # and the tile table
+        np.testing.assert_array_equal(g, expected)
 
 
 def test_attention_large_and_split():
