@@ -20,9 +20,6 @@
 - ``lds4(a, off)``: ``a.flat[off : off + 4]`` of a float32 shared array as a 4-tuple, one ``ld.shared.v4.f32``
   (LDS.128; ``off`` a multiple of 4 from a 16-byte aligned array): a quarter of the load instructions of four
   scalar loads, which numba's compiler does not merge.
-- ``ldg4(a, off)``: ``a.flat[off : off + 4]`` of a float32 array in global memory as a 4-tuple, one
-  ``ld.global.nc.v4.f32`` (LDG.128 through the read-only path; ``off`` a multiple of 4 from a 16-byte aligned
-  start). For data no thread of the kernel writes: a pure load, so the compiler may issue it early.
 - ``ldmatrix_x4(addr)``: the warp-wide ``ldmatrix.sync.aligned.m8n8.x4.shared.b16``, ``addr`` this lane's row
   address (a ``shared_address`` + 4 x a float offset, 16-byte aligned): lanes 8 i .. 8 i + 7 name the 8 rows
   (16 bytes = 4 floats each) of matrix i, and lane 4 g + t receives word t of row g of each of the four matrices -
@@ -88,8 +85,6 @@ if SIM:
     @cuda.jit(device=True)
     def lds4(a, off):
         return a[off], a[off + 1], a[off + 2], a[off + 3]
-
-    ldg4 = lds4
 
     def view2d(a, off, rows, cols):
         return a[off:off + rows * cols].reshape(rows, cols)
@@ -265,35 +260,24 @@ else:
             return _shared32(context, builder, sig.args[0], args[0])      # pure: LLVM may hoist it
         return types.uint32(a), codegen
 
-    def _load4(shared: bool):
-        """An intrinsic (a, off) -> a.flat[off : off + 4] as one vector load: ``ld.shared.v4.f32`` from the 32-bit
-        shared address (volatile, with a memory clobber: it reads what copies and barriers publish, and a pure asm
-        could be hoisted across the barrier), or ``ld.global.nc.v4.f32`` from the element's address (pure: the
-        kernels read data no thread writes, so the loads may be hoisted and batched)."""
-        @intrinsic
-        def impl(typingctx, a, off):
-            if not (isinstance(a, types.Array) and a.dtype == types.float32 and isinstance(off, types.Integer)):
-                return None
-            ret = types.UniTuple(types.float32, 4)
+    @intrinsic
+    def lds4(typingctx, a, off):
+        if not (isinstance(a, types.Array) and a.dtype == types.float32 and isinstance(off, types.Integer)):
+            return None
+        ret = types.UniTuple(types.float32, 4)
 
-            def codegen(context, builder, sig, args):
-                i32 = ir.IntType(32)
-                if shared:
-                    off32 = builder.trunc(context.cast(builder, args[1], sig.args[1], types.int64), i32)
-                    addr = builder.add(_shared32(context, builder, sig.args[0], args[0]),
-                                       builder.mul(off32, ir.Constant(i32, 4)))
-                    text, cons = "ld.shared.v4.f32 {$0, $1, $2, $3}, [$4];", "=f,=f,=f,=f,r,~{memory}"
-                else:
-                    addr = _element_address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
-                    text, cons = "ld.global.nc.v4.f32 {$0, $1, $2, $3}, [$4];", "=f,=f,=f,=f,l"
-                fnty = ir.FunctionType(ir.LiteralStructType([ir.FloatType()] * 4), [addr.type])
-                res = builder.call(ir.InlineAsm(fnty, text, cons, side_effect=shared), [addr])
-                return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(4)])
-            return ret(a, off), codegen
-        return impl
-
-    lds4 = _load4(shared=True)
-    ldg4 = _load4(shared=False)
+        def codegen(context, builder, sig, args):
+            i32 = ir.IntType(32)
+            off32 = builder.trunc(context.cast(builder, args[1], sig.args[1], types.int64), i32)
+            addr = builder.add(_shared32(context, builder, sig.args[0], args[0]),
+                               builder.mul(off32, ir.Constant(i32, 4)))
+            fnty = ir.FunctionType(ir.LiteralStructType([ir.FloatType()] * 4), [i32])
+            # volatile, with a memory clobber: it reads what copies and barriers publish (a pure asm could be
+            # hoisted across the barrier)
+            res = builder.call(ir.InlineAsm(fnty, "ld.shared.v4.f32 {$0, $1, $2, $3}, [$4];", "=f,=f,=f,=f,r,~{memory}",
+                                            side_effect=True), [addr])
+            return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(4)])
+        return ret(a, off), codegen
 
     @intrinsic
     def bulk_copy(typingctx, dst, dst_off, src, src_off, nbytes, mbar):

@@ -20,9 +20,7 @@ Candidates (``CANDIDATES``): ``skinny`` (kernels/skinny_gemm.py; K <= skinny_gem
 along out's columns), cuBLAS strided batches over row blocks of at most 16, 8 and 1 rows (``_cublas._row_blocks``
 with ``limit``; blocks overlap where equal ones leave rows over, or with ``accumulate`` one call takes those rows;
 at 16 rows "blocks 16" is cuBLAS's one call), ``wide`` (kernels/wide_gemm.py: the weight read once per 36-row
-panel; unit strides along k and out's columns), ``mma`` (kernels/mma_gemm.py: 3xTF32 tensor-core MMAs, a block
-per 16 x 8 tile of out; up to 80 rows, K a multiple of 4, 16-byte aligned rows: ``mma_gemm.reads``).
-(Another, the fewest and widest blocks of <= 16 rows - 33 rows
+panel; unit strides along k and out's columns). (A sixth, the fewest and widest blocks of <= 16 rows - 33 rows
 as 15-row blocks at rows 0, 9 and 18 - was kept only for q_b, 0.04 us faster, and the round did not gain: dropped,
 forty-second session.) The first product of each shape, layout and ``accumulate`` that runs outside a graph
 capture times every candidate (``_time_all``): CALLS back-to-back calls into a scratch output captured as a CUDA
@@ -54,14 +52,14 @@ import numpy as np
 
 from .. import backend
 from ..atomic_file import write_text_atomic
-from . import _cublas, mma_gemm, skinny_gemm, wide_gemm
+from . import _cublas, skinny_gemm, wide_gemm
 
 TUNE = True                 # time the candidates of each new shape (False: the default rule always)
 MIN_ROWS = _cublas.ROW_BLOCKS      # from the draft's and the chain's 16 rows; fewer (a step's 1) run cuBLAS
 MARGIN = 0.05               # a candidate replaces the default only when the default is this much slower
 CALLS = 20                  # back-to-back calls in the timed graph
 REPS = 9                    # rounds of graph replays, each candidate's graph once a round; its median is its time
-CANDIDATES = ("skinny", "blocks 16", "blocks 8", "rows", "wide", "mma")
+CANDIDATES = ("skinny", "blocks 16", "blocks 8", "rows", "wide")
 _LIMITS = {"blocks 16": 0, "blocks 8": 8, "rows": 1}   # _cublas._row_blocks' limit
 _chosen: dict = {}          # key -> (name, {candidate: us})
 
@@ -80,9 +78,9 @@ def _default(a, b, out) -> str:
 
 
 def candidates(a, b, out) -> list:
-    """The candidates that can run ``out (+)= a @ b``: all but the skinny, wide and mma kernels where they cannot
-    read this layout (``skinny_gemm.reads``, ``wide_gemm.reads``, ``mma_gemm.reads``)."""
-    reads = {"skinny": skinny_gemm.reads, "wide": wide_gemm.reads, "mma": mma_gemm.reads}
+    """The candidates that can run ``out (+)= a @ b``: all but the skinny and wide kernels where they cannot read
+    this layout (``skinny_gemm.reads``, ``wide_gemm.reads``)."""
+    reads = {"skinny": skinny_gemm.reads, "wide": wide_gemm.reads}
     return [name for name in CANDIDATES if name not in reads or reads[name](a, b, out)]
 
 
@@ -91,8 +89,6 @@ def _run(name: str, a, b, out, accumulate: bool):
         return skinny_gemm.run(a, b.T, out, accumulate)
     if name == "wide":
         return wide_gemm.run(a, b.T, out, accumulate)
-    if name == "mma":
-        return mma_gemm.run(a, b.T, out, accumulate)
     if name == "blocks 16" and a.shape[0] <= _cublas.ROW_BLOCKS:   # one block (MIN_ROWS lowered): the plain call
         return _cublas.gemm(a, b, out, accumulate)
     return _cublas._row_blocks(a, b, out, accumulate, _LIMITS[name])
