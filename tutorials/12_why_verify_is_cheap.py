@@ -174,13 +174,13 @@ check_true("Kimi dense layer, bf16: 65 tokens cost < 1.2x one token", r16 < 1.2,
 # `gemm.linear(x, W)` (`x @ W.T`, the call every projection of the target makes; NumPy/OpenBLAS on the CPU and the
 # simulator, cuBLAS on a GPU) with W 4096 x 4096 fp32 = 64 MiB, larger than the CPU's caches, so every call streams
 # the weight from DRAM. The fastest of several calls per T (`time.perf_counter`, after `kd.backend.synchronize()`
-# on a GPU): the call's own cost - a median moved 4x when a parallel test worker shared the CPU. On a CPU note
-# two things: T = 1 goes to BLAS's matrix-*vector* kernel, which reads W once; from T = 2
-# on the matrix-matrix kernel first copies (packs) W into its own layout, so it starts higher - and then grows far
-# slower than T until the arithmetic takes over (one OpenBLAS thread: T = 16 cost 1.3-3.1x T = 2 on the machines
-# the tests ran on, by how well its small-M kernel does). One CPU core moves ~12-16 GB/s but does only
-# ~40-70 GFLOP/s in fp32, so its ridge sits at a few flop/byte (T ~ 5-11, printed below) and T = 65 is already
-# compute-bound there: expect 65 tokens to cost ~10-20x one token on this machine, against ~1-3x on the H200.
+# on a GPU): the call's own cost, which other work on the machine only adds to. On a CPU note two things: T = 1
+# goes to BLAS's matrix-*vector* kernel, which reads W once; from T = 2 on the matrix-matrix kernel first copies
+# (packs) W into its own layout, so it starts higher - and then grows far slower than T until the arithmetic takes
+# over (T = 16 cost 1.3-3.1x T = 2 on the machines the tests ran on, by how well BLAS's small-M kernel does on one
+# thread). One CPU core moves ~12-16 GB/s but does only ~30-70 GFLOP/s in fp32, so its ridge sits at a few
+# flop/byte (T ~ 3-11, printed below) and T = 65 is already compute-bound there: expect 65 tokens to cost ~10-30x
+# one token on this machine, against ~1-3x on the H200.
 
 # %%
 section(f"measured: gemm.linear(x[T, K], W[N, K]) on {PROC}")
