@@ -150,7 +150,7 @@ def test_sampling_distribution_matches_autoregressive(method, numpy_backend):
     method. Each DDTree generation gets its own oracle draft (noise 1, seed s) as from ``OracleDrafter``;
     ``SharedOracle`` only shares the target's logits between generations (its rows checked against
     OracleDrafter's below; the 2500 generations emit the same tokens with either). Two layers (one dense, one
-    MoE): the sampler sees only the logits, and with three the two methods took 81 s on a 2-core CI machine; this
+    MoE): the sampler sees only the logits, and with three the two methods took 81 s on a 2-core machine; this
     target spreads its mass wider (28 cells expected >= 5, against 25)."""
     target = kd.tiny_target(7, vocab_size=4, num_hidden_layers=2)
     prompt, T, runs = [1, 2, 3], 1.3, 2500

@@ -57,7 +57,7 @@ def test_both_forms_give_the_same_logits(monkeypatch, numpy_backend):
 def test_tree_positions_none_is_start_plus_depth():
     """TreeInput(positions=None): the verify ropes each node at start + depth, the kernels adding start (a device
     start in a captured round) - the logits of explicit positions, bit for bit. One layer: positions enter every
-    layer alike, through its rope (three layers took 32 s on the simulator of a 2-core CI machine)."""
+    layer alike, through its rope (three layers took 32 s on the simulator of a 2-core machine)."""
     target = kd.tiny_target(2, num_hidden_layers=1)
     ids = (np.arange(17, dtype=np.int32) * 5) % target.config.vocab_size
     parents = np.array([-1, 0, 0, 1, 1, 2, 3, 4, 5])
